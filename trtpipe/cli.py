@@ -1,0 +1,74 @@
+"""The `trtpipe` command line: thin by design. Each command parses, calls one function, prints.
+
+Commands live in `trtpipe/commands/<area>.py`, each exposing `register(app)`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from trtpipe.commands import build as build_commands
+from trtpipe.commands import bench as bench_commands
+from trtpipe.commands import checkpoint as checkpoint_commands
+from trtpipe.commands import engine as engine_commands
+from trtpipe.commands import foundation as foundation_commands
+from trtpipe.commands import release as release_commands
+from trtpipe.commands import serving as serving_commands
+from trtpipe.commands import store as store_commands
+from trtpipe.errors import TrtpipeError
+
+AREAS = (
+    foundation_commands,
+    checkpoint_commands,
+    store_commands,
+    build_commands,
+    engine_commands,
+    serving_commands,
+    bench_commands,
+    release_commands,
+)
+
+
+def make_app() -> typer.Typer:
+    app = typer.Typer(
+        name="trtpipe",
+        help="Hugging Face checkpoint -> TensorRT-LLM engine -> Triton deployment, reproducibly.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
+    for area in AREAS:
+        area.register(app)
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    app = make_app()
+    try:
+        # standalone_mode=False: click returns typer.Exit codes instead of calling sys.exit.
+        result = app(args=argv, standalone_mode=False)
+    except TrtpipeError as err:
+        print(f"error: {err.one_line()}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except SystemExit as exc:  # typer/click exits (--help, usage errors)
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 2
+    except Exception as exc:  # click usage errors arrive as ClickException subclasses
+        import click
+
+        if isinstance(exc, click.exceptions.Abort):
+            print("error: aborted", file=sys.stderr)
+            return 130
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return exc.exit_code
+        raise
+    return result if isinstance(result, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

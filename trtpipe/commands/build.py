@@ -1,0 +1,9 @@
+"""CLI commands for the build area. Thin: parse, call one function, print."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add this area's commands to the trtpipe app."""
