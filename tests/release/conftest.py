@@ -1,0 +1,131 @@
+"""Fixtures for the release tests: a real OCI registry (Debian's docker-registry) with htpasswd auth."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+
+REGISTRY_USER = "trtpipe-ci"
+REGISTRY_PASSWORD = "s3cret-Registry-Pw-7f3a"
+
+
+@dataclass(frozen=True)
+class RegistryHandle:
+    host: str  # 127.0.0.1:PORT
+    root: Path  # the registry's storage root (blobs live under docker/registry/v2/blobs)
+    username: str
+    password: str
+
+    def url(self, repository: str) -> str:
+        return f"oci://{self.host}/{repository}"
+
+    def blob_data_path(self, digest: str) -> Path:
+        hexd = digest.split(":", 1)[1]
+        return self.root / "docker" / "registry" / "v2" / "blobs" / "sha256" / hexd[:2] / hexd / "data"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory: pytest.TempPathFactory):
+    """Start docker-registry on 127.0.0.1 with htpasswd auth for the session; stop it afterwards."""
+    binary = shutil.which("docker-registry")
+    if binary is None:
+        pytest.skip("docker-registry is not installed (apt-get install -y docker-registry; scripts/install.sh --test does it)")
+    import bcrypt
+
+    base = tmp_path_factory.mktemp("registry")
+    root = base / "storage"
+    root.mkdir()
+    htpasswd = base / "htpasswd"
+    # Written before start: a missing file makes the registry invent a password and log it. Cost 5: it is checked per request.
+    hashed = bcrypt.hashpw(REGISTRY_PASSWORD.encode(), bcrypt.gensalt(rounds=5)).decode()
+    htpasswd.write_text(f"{REGISTRY_USER}:{hashed}\n")
+    port = _free_port()
+    config = base / "config.yml"
+    config.write_text(
+        "\n".join(
+            [
+                "version: 0.1",
+                "log:",
+                "  level: warn",
+                "storage:",
+                "  filesystem:",
+                f"    rootdirectory: {root}",
+                "  delete:",
+                "    enabled: true",
+                "http:",
+                f"  addr: 127.0.0.1:{port}",
+                "  secret: trtpipe-test-secret",
+                "  draintimeout: 5s",
+                "auth:",
+                "  htpasswd:",
+                "    realm: trtpipe-test",
+                f"    path: {htpasswd}",
+                "",
+            ]
+        )
+    )
+    log = open(base / "registry.log", "wb")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}
+    proc = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT, env=env)
+    host = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if requests.get(f"http://{host}/v2/", timeout=1).status_code == 401:
+                    break
+            except requests.RequestException:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"docker-registry did not start: {(base / 'registry.log').read_text()[-2000:]}")
+            time.sleep(0.05)
+        yield RegistryHandle(host=host, root=root, username=REGISTRY_USER, password=REGISTRY_PASSWORD)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture
+def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """HOME, DOCKER_CONFIG and TRTPIPE_HOME isolated: a user's ~/.docker/config.json must not leak in."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("DOCKER_CONFIG", raising=False)
+    for var in ("TRTPIPE_REGISTRY_USERNAME", "TRTPIPE_REGISTRY_PASSWORD", "ORAS_USER", "ORAS_PASS", "GITHUB_ACTOR", "GITLAB_USER_LOGIN"):
+        monkeypatch.delenv(var, raising=False)
+    store = tmp_path / "trtpipe-home"
+    store.mkdir()
+    monkeypatch.setenv("TRTPIPE_HOME", str(store))
+    monkeypatch.setenv("TRTPIPE_USER", "release-tester")
+    return store
+
+
+@pytest.fixture
+def registry_env(registry: RegistryHandle, isolated_home: Path, monkeypatch: pytest.MonkeyPatch) -> RegistryHandle:
+    """Credentials for the test registry through the environment."""
+    monkeypatch.setenv("TRTPIPE_REGISTRY_USERNAME", registry.username)
+    monkeypatch.setenv("TRTPIPE_REGISTRY_PASSWORD", registry.password)
+    return registry
+
+

@@ -1,0 +1,666 @@
+"""OCI registry backend: push and pull store entries as OCI artifacts, move channel tags.
+
+An entry (engine, repository or checkpoint directory with its `manifest.json`) becomes one OCI
+image manifest:
+  - config: the entry's `manifest.json` bytes, media type `application/vnd.trtpipe.<kind>.manifest.v1+json`;
+  - one layer per file (no tar: a tar carries owner, mode and mtime, so its digest changes across
+    machines), media type `application/vnd.trtpipe.file.v1`, the relative path in
+    `org.opencontainers.image.title`;
+  - annotations naming the kind, key, artifact digest, model, target GPU and SM, toolchain and quant.
+No timestamp goes into the manifest, so the same entry pushed from two machines has one OCI digest.
+
+The oras SDK (oras-py) carries the HTTP; its traps (see shared/notes/oci-registry.md) are handled
+here: credentials are set as a header up front and never through `login()` (which writes the
+user's Docker config), every request has a timeout and the registry is probed with a short one
+first, blobs are pushed chunked, and every pulled byte is verified against its descriptor before
+anything is used, because neither the SDK nor the registry verifies digests.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import requests
+
+from trtpipe.errors import TrtpipeError, UsageError
+
+OCI_MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
+FILE_MEDIA_TYPE = "application/vnd.trtpipe.file.v1"
+TITLE_ANNOTATION = "org.opencontainers.image.title"
+ANNOTATION_PREFIX = "org.trtpipe."
+ARTIFACT_DIGEST_ANNOTATION = "org.trtpipe.artifact.digest"
+KINDS = ("checkpoint", "engine", "repository")
+
+PROBE_TIMEOUT_S = 5.0
+REQUEST_TIMEOUT_S = (10.0, 300.0)  # (connect, read between bytes)
+CHUNK_SIZE = 16 * 1024 * 1024
+
+_TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+_REPO_RE = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*$")
+_DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def config_media_type(kind: str) -> str:
+    return f"application/vnd.trtpipe.{kind}.manifest.v1+json"
+
+
+# --------------------------------------------------------------------------- references
+
+
+@dataclass(frozen=True)
+class OciRef:
+    """`oci://host[:port]/repo/path[:tag|@sha256:...]` split into its parts."""
+
+    host: str
+    repository: str
+    tag: str | None = None
+    digest: str | None = None
+
+    @property
+    def reference(self) -> str | None:
+        return self.digest or self.tag
+
+    @property
+    def base(self) -> str:
+        return f"oci://{self.host}/{self.repository}"
+
+    def with_tag(self, tag: str) -> OciRef:
+        return OciRef(self.host, self.repository, tag=tag)
+
+    def with_digest(self, digest: str) -> OciRef:
+        return OciRef(self.host, self.repository, digest=digest)
+
+    def __str__(self) -> str:
+        if self.digest:
+            return f"{self.base}@{self.digest}"
+        if self.tag:
+            return f"{self.base}:{self.tag}"
+        return self.base
+
+
+def is_oci_url(text: str) -> bool:
+    return text.startswith("oci://")
+
+
+def parse_oci_ref(text: str) -> OciRef:
+    """Parse `oci://host/repo[:tag|@digest]`; raise a UsageError naming what is wrong."""
+    if not is_oci_url(text):
+        raise UsageError(f"{text!r} is not an OCI reference", fix="write it as oci://HOST[:PORT]/REPOSITORY[:TAG|@sha256:DIGEST]")
+    rest = text[len("oci://") :]
+    if "/" not in rest:
+        raise UsageError(f"{text!r} has no repository", fix="write it as oci://HOST[:PORT]/REPOSITORY, e.g. oci://127.0.0.1:5000/engines")
+    host, path = rest.split("/", 1)
+    digest = tag = None
+    if "@" in path:
+        path, digest = path.split("@", 1)
+        if not _DIGEST_RE.match(digest):
+            raise UsageError(f"{text!r}: {digest!r} is not a sha256 digest", fix="use @sha256:<64 lowercase hex digits>")
+    else:
+        last = path.rsplit("/", 1)[-1]
+        if ":" in last:
+            path, tag = path.rsplit(":", 1)
+            if not _TAG_RE.match(tag):
+                raise UsageError(f"{text!r}: tag {tag!r} is invalid", fix="tags are [A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+    if not host or not _REPO_RE.match(path):
+        raise UsageError(f"{text!r}: repository {path!r} is invalid", fix="use lowercase names separated by '/', e.g. oci://HOST/team/engines")
+    return OciRef(host=host, repository=path, tag=tag, digest=digest)
+
+
+def sanitize_tag(text: str) -> str:
+    """Make a valid OCI tag out of free text (model and target names)."""
+    tag = re.sub(r"[^A-Za-z0-9._-]", "-", text)
+    if not tag or not re.match(r"[A-Za-z0-9_]", tag[0]):
+        tag = "_" + tag
+    return tag[:128]
+
+
+def key_tag(kind: str, key: str) -> str:
+    """The immutable tag an entry is pushed under, so `pull_if_present(kind, key)` can find it."""
+    return sanitize_tag(f"{kind}-{key}")
+
+
+# --------------------------------------------------------------------------- credentials
+
+
+@dataclass(frozen=True)
+class Credentials:
+    username: str
+    password: str
+    source: str  # where they came from, for error messages (never the secret itself)
+
+    def __repr__(self) -> str:  # never let a password reach a log through repr()
+        return f"Credentials(username={self.username!r}, source={self.source!r})"
+
+
+def docker_config_path() -> Path:
+    base = os.environ.get("DOCKER_CONFIG")
+    return Path(base) / "config.json" if base else Path.home() / ".docker" / "config.json"
+
+
+def resolve_credentials(host: str) -> Credentials | None:
+    """Credentials for `host`: $TRTPIPE_REGISTRY_USERNAME/PASSWORD, else the Docker config's `auths`."""
+    user = os.environ.get("TRTPIPE_REGISTRY_USERNAME")
+    password = os.environ.get("TRTPIPE_REGISTRY_PASSWORD")
+    if user and password is not None:
+        return Credentials(user, password, "TRTPIPE_REGISTRY_USERNAME/TRTPIPE_REGISTRY_PASSWORD")
+    path = docker_config_path()
+    if not path.is_file():
+        return None
+    try:
+        auths = json.loads(path.read_text(encoding="utf-8")).get("auths", {})
+    except (OSError, ValueError):
+        raise TrtpipeError(f"{path} is not valid JSON", fix="repair it or set TRTPIPE_REGISTRY_USERNAME/PASSWORD") from None
+    for name in (host, f"https://{host}", f"http://{host}", f"https://{host}/v1/", f"https://{host}/v2/"):
+        entry = auths.get(name)
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("auth"):
+            try:
+                decoded = base64.b64decode(entry["auth"]).decode("utf-8")
+                u, p = decoded.split(":", 1)
+            except (ValueError, UnicodeDecodeError):
+                raise TrtpipeError(f"{path}: auths.{name}.auth is not base64 of user:password", fix="run `docker login` again") from None
+            return Credentials(u, p, str(path))
+        if entry.get("username") and entry.get("password") is not None:
+            return Credentials(entry["username"], entry["password"], str(path))
+    return None
+
+
+def _insecure(host: str) -> bool:
+    """Plain HTTP for loopback registries or when the user says so; TLS everywhere else."""
+    name = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0] + "]"
+    if name in ("localhost", "127.0.0.1", "[::1]"):
+        return True
+    allowed = [h.strip() for h in os.environ.get("TRTPIPE_REGISTRY_INSECURE", "").split(",") if h.strip()]
+    return host in allowed or "*" in allowed
+
+
+# --------------------------------------------------------------------------- client
+
+
+class _BoundedSession(requests.Session):
+    """A requests session whose every call has a timeout (oras-py sets none)."""
+
+    def __init__(self, timeout: float | tuple[float, float]) -> None:
+        super().__init__()
+        self.default_timeout = timeout
+
+    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+        kwargs.setdefault("timeout", self.default_timeout)
+        return super().request(method, url, *args, **kwargs)
+
+
+class OciClient:
+    """A thin, bounded, verifying client for one registry host, over oras-py."""
+
+    def __init__(self, host: str, credentials: Credentials | None = None, *, timeout: float | tuple[float, float] = REQUEST_TIMEOUT_S) -> None:
+        import oras.provider
+        from http.cookiejar import DefaultCookiePolicy
+
+        self.host = host
+        self.insecure = _insecure(host)
+        self.scheme = "http" if self.insecure else "https"
+        self.credentials = credentials if credentials is not None else resolve_credentials(host)
+        # "basic": the token backend fails against htpasswd registries; basic works with every registry
+        # that accepts user/password or user/token (Harbor, GHCR, Artifactory, ECR with a login token).
+        self.reg = oras.provider.Registry(hostname=host, insecure=self.insecure, auth_backend="basic")
+        session = _BoundedSession(timeout)
+        session.cookies.set_policy(DefaultCookiePolicy(allowed_domains=[]))
+        self.reg.session = session
+        self.reg.auth.session = session
+        self._auth_header: dict[str, str] = {}
+        if self.credentials is not None:
+            self.reg.auth.set_basic_auth(self.credentials.username, self.credentials.password)
+            token = base64.b64encode(f"{self.credentials.username}:{self.credentials.password}".encode()).decode()
+            # Up front, so body-carrying requests are not sent twice (401 then retry).
+            self._auth_header = {"Authorization": f"Basic {token}"}
+            self.reg.set_header("Authorization", self._auth_header["Authorization"])
+        self._probed = False
+
+    # -- errors -------------------------------------------------------------------------
+    def _fail(self, what: str, reason: str) -> TrtpipeError:
+        reason = " ".join(reason.split())
+        if self.credentials is not None:
+            reason = reason.replace(self.credentials.password, "***") if self.credentials.password else reason
+            reason = reason.replace(self._auth_header.get("Authorization", "\0"), "***")
+        return TrtpipeError(f"registry {self.host}: {what}: {reason}")
+
+    def _unauthorized(self) -> TrtpipeError:
+        if self.credentials is None:
+            return TrtpipeError(
+                f"registry {self.host} requires credentials and none were found",
+                fix=f"set TRTPIPE_REGISTRY_USERNAME and TRTPIPE_REGISTRY_PASSWORD, or add an auths entry for {self.host} to {docker_config_path()} (docker login {self.host})",
+            )
+        return TrtpipeError(
+            f"registry {self.host} rejected the credentials of user {self.credentials.username!r} (401 Unauthorized; from {self.credentials.source})",
+            fix="check the username and password (or token) for this registry",
+        )
+
+    def _url(self, path: str) -> str:
+        return f"{self.scheme}://{self.host}{path}"
+
+    def _request(self, method: str, path: str, *, what: str, headers: dict[str, str] | None = None, data: bytes | None = None, stream: bool = False) -> requests.Response:
+        self.probe()
+        all_headers = dict(self._auth_header)
+        all_headers.update(headers or {})
+        try:
+            response = self.reg.session.request(method, self._url(path), headers=all_headers, data=data, stream=stream, verify=not self.insecure)
+        except requests.RequestException as exc:
+            raise self._fail(what, type(exc).__name__) from None
+        if response.status_code == 401:
+            raise self._unauthorized()
+        return response
+
+    def probe(self) -> None:
+        """GET /v2/ with a short timeout: fail fast (not after oras' 131 s of retries) and check credentials."""
+        if self._probed:
+            return
+        try:
+            response = self.reg.session.request("GET", self._url("/v2/"), headers=dict(self._auth_header), timeout=PROBE_TIMEOUT_S, verify=not self.insecure)
+        except requests.exceptions.SSLError:
+            raise TrtpipeError(
+                f"registry {self.host}: TLS handshake failed",
+                fix=f"use a registry with a valid certificate, or for a test registry set TRTPIPE_REGISTRY_INSECURE={self.host}",
+            ) from None
+        except requests.RequestException as exc:
+            raise TrtpipeError(
+                f"registry {self.host} is unreachable ({type(exc).__name__})",
+                fix="check the host and port, and that the registry is running",
+            ) from None
+        if response.status_code == 401:
+            raise self._unauthorized()
+        if response.status_code != 200:
+            raise self._fail("GET /v2/ (is this an OCI registry?)", f"HTTP {response.status_code} {response.reason}")
+        self._probed = True
+
+    # -- manifests ----------------------------------------------------------------------
+    def get_manifest(self, repository: str, reference: str) -> bytes | None:
+        """Raw manifest bytes, or None if the reference does not exist. Verified if `reference` is a digest."""
+        response = self._request(
+            "GET", f"/v2/{repository}/manifests/{reference}", what=f"get manifest {repository}:{reference}",
+            headers={"Accept": OCI_MANIFEST_MEDIA_TYPE},
+        )
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise self._fail(f"get manifest {repository}:{reference}", f"HTTP {response.status_code} {response.reason}")
+        body = response.content
+        if _DIGEST_RE.match(reference):
+            actual = "sha256:" + hashlib.sha256(body).hexdigest()
+            if actual != reference:
+                raise TrtpipeError(
+                    f"registry {self.host}: manifest {repository}@{reference} has digest {actual}: the registry returned tampered or wrong content",
+                    fix="nothing was used; report it to the registry's operator and push the artifact again",
+                )
+        return body
+
+    def put_manifest(self, repository: str, reference: str, body: bytes) -> str:
+        """PUT raw manifest bytes under a tag or digest; return the manifest digest."""
+        response = self._request(
+            "PUT", f"/v2/{repository}/manifests/{reference}", what=f"put manifest {repository}:{reference}",
+            headers={"Content-Type": OCI_MANIFEST_MEDIA_TYPE}, data=body,
+        )
+        if response.status_code not in (200, 201, 202):
+            raise self._fail(f"put manifest {repository}:{reference}", _oci_error_text(response))
+        return "sha256:" + hashlib.sha256(body).hexdigest()
+
+    def delete_manifest(self, repository: str, digest: str) -> None:
+        response = self._request("DELETE", f"/v2/{repository}/manifests/{digest}", what=f"delete {repository}@{digest}")
+        if response.status_code not in (200, 202, 404):
+            raise self._fail(f"delete {repository}@{digest}", _oci_error_text(response))
+
+    def list_tags(self, repository: str) -> list[str]:
+        tags: list[str] = []
+        path = f"/v2/{repository}/tags/list?n=1000"
+        while path:
+            response = self._request("GET", path, what=f"list tags of {repository}")
+            if response.status_code == 404:
+                return []
+            if response.status_code != 200:
+                raise self._fail(f"list tags of {repository}", _oci_error_text(response))
+            tags.extend(response.json().get("tags") or [])
+            link = response.headers.get("Link", "")
+            match = re.match(r"<([^>]+)>", link)
+            path = match.group(1) if match else ""
+        return sorted(tags)
+
+    # -- blobs --------------------------------------------------------------------------
+    def blob_exists(self, repository: str, digest: str) -> bool:
+        response = self._request("HEAD", f"/v2/{repository}/blobs/{digest}", what=f"check blob {digest}")
+        return response.status_code == 200
+
+    def push_blob(self, repository: str, path: Path, digest: str, size: int) -> None:
+        """Upload one file, chunked (16 MiB), unless the registry already holds it."""
+        if self.blob_exists(repository, digest):
+            return
+        container = self.reg.get_container(f"{self.host}/{repository}")
+        layer = {"mediaType": FILE_MEDIA_TYPE, "digest": digest, "size": size}
+        try:
+            response = self.reg.upload_blob(str(path), container, layer, do_chunked=True, chunk_size=CHUNK_SIZE)
+        except ValueError as exc:
+            raise self._fail(f"upload {path.name}", str(exc)) from None
+        except requests.RequestException as exc:
+            raise self._fail(f"upload {path.name}", type(exc).__name__) from None
+        if response.status_code == 401:
+            raise self._unauthorized()
+        if response.status_code not in (200, 201, 202):
+            raise self._fail(f"upload {path.name}", _oci_error_text(response))
+
+    def push_bytes(self, repository: str, body: bytes) -> str:
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        with tempfile.NamedTemporaryFile(prefix="trtpipe-blob-") as handle:
+            handle.write(body)
+            handle.flush()
+            self.push_blob(repository, Path(handle.name), digest, len(body))
+        return digest
+
+    def fetch_blob(self, repository: str, digest: str, size: int, dest: Path) -> None:
+        """Stream a blob into `dest`, verifying its size and sha256; delete `dest` and raise on mismatch."""
+        response = self._request("GET", f"/v2/{repository}/blobs/{digest}", what=f"download blob {digest}", stream=True)
+        with response:
+            if response.status_code != 200:
+                raise self._fail(f"download blob {digest}", f"HTTP {response.status_code} {response.reason}")
+            hasher = hashlib.sha256()
+            written = 0
+            try:
+                with open(dest, "wb") as out:
+                    for chunk in response.iter_content(chunk_size=1024 * 1024):
+                        written += len(chunk)
+                        if written > size:
+                            break  # longer than its descriptor: refuse without reading the rest
+                        hasher.update(chunk)
+                        out.write(chunk)
+            except requests.RequestException as exc:
+                dest.unlink(missing_ok=True)
+                raise self._fail(f"download blob {digest}", type(exc).__name__) from None
+        actual = "sha256:" + hasher.hexdigest()
+        if written != size or actual != digest:
+            dest.unlink(missing_ok=True)
+            got = f"more than {size} bytes" if written > size else f"{written} bytes, {actual}"
+            raise TrtpipeError(
+                f"registry {self.host}: blob {digest} of {repository} failed verification (expected {size} bytes, got {got}); nothing was installed",
+                fix="the registry's copy is corrupt or tampered; push the artifact again from a good copy",
+            )
+
+    def fetch_blob_bytes(self, repository: str, digest: str, size: int, limit: int = 64 * 1024 * 1024) -> bytes:
+        if size > limit:
+            raise TrtpipeError(f"registry {self.host}: blob {digest} is {size} bytes, more than a config may be")
+        with tempfile.TemporaryDirectory(prefix="trtpipe-cfg-") as tmp:
+            dest = Path(tmp) / "blob"
+            self.fetch_blob(repository, digest, size, dest)
+            return dest.read_bytes()
+
+
+def _oci_error_text(response: requests.Response) -> str:
+    """`HTTP 400 Bad Request (MANIFEST_INVALID: ...)` from a registry's error body."""
+    text = f"HTTP {response.status_code} {response.reason}"
+    try:
+        errors = response.json().get("errors", [])
+        if errors:
+            first = errors[0]
+            text += f" ({first.get('code', '')}: {first.get('message', '')})"
+    except ValueError:
+        pass
+    return text
+
+
+# --------------------------------------------------------------------------- artifacts
+
+
+@dataclass(frozen=True)
+class LocalArtifact:
+    """What a push needs from a store entry: its directory, kind, key and artifact digest."""
+
+    path: Path
+    kind: str
+    key: str
+    digest: str
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path / "manifest.json"
+
+
+@dataclass(frozen=True)
+class PushResult:
+    ref: OciRef  # pinned by OCI manifest digest
+    oci_digest: str
+    artifact_digest: str
+    tags: tuple[str, ...]
+    files: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class RemoteArtifact:
+    """A verified OCI manifest of a trtpipe artifact (nothing downloaded but the manifest and config)."""
+
+    ref: OciRef  # pinned by digest
+    oci_digest: str
+    manifest_bytes: bytes
+    manifest: dict[str, Any]
+
+    @property
+    def annotations(self) -> dict[str, str]:
+        return dict(self.manifest.get("annotations") or {})
+
+    @property
+    def kind(self) -> str:
+        return self.annotations.get("org.trtpipe.kind", "")
+
+    @property
+    def key(self) -> str:
+        return self.annotations.get("org.trtpipe.key", "")
+
+    @property
+    def artifact_digest(self) -> str:
+        return self.annotations.get(ARTIFACT_DIGEST_ANNOTATION, "")
+
+
+def _iter_files(root: Path) -> Iterator[tuple[str, Path]]:
+    """(posix relative path, path) of every regular file, sorted, `manifest.json` excluded (it is the config)."""
+    for path in sorted(root.rglob("*")):
+        if path.is_symlink():
+            raise TrtpipeError(f"{path}: symlinks cannot be pushed", fix="store entries hold regular files only")
+        if not path.is_file():
+            continue
+        rel = path.relative_to(root).as_posix()
+        if rel == "manifest.json" or rel.endswith(".lock"):
+            continue
+        yield rel, path
+
+
+def _sha256_file(path: Path) -> str:
+    hasher = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(4 * 1024 * 1024), b""):
+            hasher.update(block)
+    return "sha256:" + hasher.hexdigest()
+
+
+def describe_manifest(manifest: dict[str, Any]) -> dict[str, str]:
+    """Annotations from a store manifest: model, target GPU and SM, toolchain, quant (when present)."""
+    found: dict[str, str] = {}
+
+    def pick(*paths: tuple[str, ...]) -> str | None:
+        for path in paths:
+            node: Any = manifest
+            for part in path:
+                node = node.get(part) if isinstance(node, dict) else None
+            if node not in (None, "", {}, []) and not isinstance(node, (dict, list)):
+                return str(node)
+        return None
+
+    pairs = {
+        "model": pick(("model",), ("meta", "model"), ("inputs", "model"), ("meta", "name"), ("inputs", "name"), ("name",)),
+        "target.gpu": pick(("target",), ("meta", "target"), ("inputs", "target"), ("target", "gpu"), ("meta", "target", "gpu"), ("inputs", "target", "gpu"), ("meta", "gpu"), ("inputs", "gpu")),
+        "target.sm": pick(("sm",), ("meta", "sm"), ("inputs", "sm"), ("target", "sm"), ("meta", "target", "sm"), ("inputs", "target", "sm")),
+        "toolchain": pick(("toolchain",), ("meta", "toolchain"), ("inputs", "toolchain"), ("toolchain", "name"), ("meta", "toolchain", "name"), ("inputs", "toolchain", "name")),
+        "quant": pick(("quant",), ("meta", "quant"), ("inputs", "quant"), ("inputs", "quant_algo"), ("meta", "quant_algo"), ("inputs", "quantization", "algo"), ("meta", "quantization", "algo")),
+    }
+    for name, value in pairs.items():
+        if value is not None:
+            found[ANNOTATION_PREFIX + name] = value
+    return found
+
+
+def push_artifact(client: OciClient, base: OciRef, artifact: LocalArtifact, *, tags: tuple[str, ...] = (), progress: Any = None) -> PushResult:
+    """Push an entry's files and manifest; tag it `<kind>-<key>` plus `tags` (version tags never move)."""
+    if not artifact.manifest_path.is_file():
+        raise TrtpipeError(f"{artifact.path}: no manifest.json", fix="push a committed store entry")
+    config = artifact.manifest_path.read_bytes()
+    try:
+        store_manifest = json.loads(config)
+    except ValueError:
+        raise TrtpipeError(f"{artifact.manifest_path}: not valid JSON", fix="run `trtpipe cache verify`") from None
+    repository = base.repository
+    files = list(_iter_files(artifact.path))
+    total = sum(p.stat().st_size for _, p in files) + len(config)
+    layers = []
+    for rel, path in files:
+        size = path.stat().st_size
+        digest = _sha256_file(path)
+        client.push_blob(repository, path, digest, size)
+        layers.append({"mediaType": FILE_MEDIA_TYPE, "digest": digest, "size": size, "annotations": {TITLE_ANNOTATION: rel}})
+        if progress is not None:
+            progress(rel, size)
+    config_digest = client.push_bytes(repository, config)
+    annotations = {
+        "org.trtpipe.kind": artifact.kind,
+        "org.trtpipe.key": artifact.key,
+        ARTIFACT_DIGEST_ANNOTATION: artifact.digest,
+        **describe_manifest(store_manifest),
+    }
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST_MEDIA_TYPE,
+        "config": {"mediaType": config_media_type(artifact.kind), "digest": config_digest, "size": len(config)},
+        "layers": layers,
+        "annotations": annotations,
+    }
+    body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    oci_digest = client.put_manifest(repository, "sha256:" + hashlib.sha256(body).hexdigest(), body)
+    all_tags = (key_tag(artifact.kind, artifact.key), *tags)
+    for tag in all_tags:
+        put_immutable_tag(client, repository, tag, body)
+    return PushResult(base.with_digest(oci_digest), oci_digest, artifact.digest, all_tags, len(files) + 1, total)
+
+
+def put_immutable_tag(client: OciClient, repository: str, tag: str, body: bytes) -> None:
+    """Tag `body` as `tag`, refusing if the tag already names another manifest (a version tag never moves)."""
+    if not _TAG_RE.match(tag):
+        raise UsageError(f"tag {tag!r} is invalid", fix="tags are [A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+    digest = "sha256:" + hashlib.sha256(body).hexdigest()
+    existing = client.get_manifest(repository, tag)
+    if existing is not None:
+        current = "sha256:" + hashlib.sha256(existing).hexdigest()
+        if current == digest:
+            return
+        raise TrtpipeError(
+            f"tag {repository}:{tag} already points at {current}; a pushed version tag is never moved (refused to point it at {digest})",
+            fix="push under a new version tag",
+        )
+    client.put_manifest(repository, tag, body)
+
+
+def move_tag(client: OciClient, repository: str, tag: str, body: bytes) -> None:
+    """Point a channel tag at `body` (channel tags move; the caller holds the channel lock and checked the CAS)."""
+    client.put_manifest(repository, tag, body)
+
+
+def resolve_remote(client: OciClient, ref: OciRef) -> RemoteArtifact:
+    """Fetch and verify the manifest `ref` names; refuse anything that is not a trtpipe artifact."""
+    if ref.reference is None:
+        raise UsageError(f"{ref} names no tag or digest", fix=f"append :TAG or @sha256:DIGEST, e.g. {ref.base}:prod")
+    body = client.get_manifest(ref.repository, ref.reference)
+    if body is None:
+        raise TrtpipeError(f"{ref} not found in the registry", fix="check the repository and tag (`trtpipe cache push` first)")
+    oci_digest = "sha256:" + hashlib.sha256(body).hexdigest()
+    try:
+        manifest = json.loads(body)
+    except ValueError:
+        raise TrtpipeError(f"{ref}: manifest is not JSON") from None
+    config = manifest.get("config") or {}
+    media_type = str(config.get("mediaType", ""))
+    if not (media_type.startswith("application/vnd.trtpipe.") and media_type.endswith(".manifest.v1+json")):
+        raise TrtpipeError(f"{ref} is not a trtpipe artifact (config media type {media_type!r})", fix="pull artifacts pushed by `trtpipe cache push`")
+    return RemoteArtifact(ref.with_digest(oci_digest), oci_digest, body, manifest)
+
+
+def _safe_relpath(title: str) -> PurePosixPath:
+    rel = PurePosixPath(title)
+    if not title or rel.is_absolute() or ".." in rel.parts or "\\" in title or rel.as_posix() in (".", "manifest.json"):
+        raise TrtpipeError(f"artifact layer title {title!r} escapes the entry directory; refused")
+    return rel
+
+
+def download_verified(client: OciClient, remote: RemoteArtifact, dest: Path) -> dict[str, Any]:
+    """Download every blob of `remote` into the empty directory `dest`, verifying each; return the store manifest.
+
+    `dest` is a staging directory: on any failure the caller discards it, so nothing unverified is ever used.
+    """
+    repository = remote.ref.repository
+    config = remote.manifest["config"]
+    config_bytes = client.fetch_blob_bytes(repository, config["digest"], int(config["size"]))
+    try:
+        store_manifest = json.loads(config_bytes)
+    except ValueError:
+        raise TrtpipeError(f"{remote.ref}: its trtpipe manifest is not JSON; refused") from None
+    seen: set[str] = set()
+    for layer in remote.manifest.get("layers") or []:
+        title = (layer.get("annotations") or {}).get(TITLE_ANNOTATION, "")
+        rel = _safe_relpath(title)
+        if rel.as_posix() in seen:
+            raise TrtpipeError(f"{remote.ref}: file {title!r} appears twice; refused")
+        seen.add(rel.as_posix())
+        target = dest.joinpath(*rel.parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        client.fetch_blob(repository, str(layer["digest"]), int(layer["size"]), target)
+    _check_store_manifest(remote, store_manifest, config_bytes, dest)
+    (dest / "manifest.json").write_bytes(config_bytes)
+    return store_manifest
+
+
+def _check_store_manifest(remote: RemoteArtifact, store_manifest: dict[str, Any], config_bytes: bytes, dest: Path) -> None:
+    """Cross-check the files against the store manifest's own file list, when it has one."""
+    files = store_manifest.get("files")
+    listed: dict[str, dict[str, Any]] = {}
+    if isinstance(files, dict):
+        listed = {str(k): v for k, v in files.items() if isinstance(v, dict)}
+    elif isinstance(files, list):
+        listed = {str(f.get("path")): f for f in files if isinstance(f, dict) and f.get("path")}
+    for rel, info in listed.items():
+        path = dest.joinpath(*_safe_relpath(rel).parts)
+        if not path.is_file():
+            raise TrtpipeError(f"{remote.ref}: file {rel} listed in its manifest is missing; refused")
+        size = info.get("size")
+        if size is not None and path.stat().st_size != int(size):
+            raise TrtpipeError(f"{remote.ref}: file {rel} has the wrong size; refused")
+        want = info.get("digest") or info.get("sha256")
+        if want:
+            want = want if str(want).startswith("sha256:") else f"sha256:{want}"
+            if _sha256_file(path) != want:
+                raise TrtpipeError(f"{remote.ref}: file {rel} does not match its manifest digest; refused")
+
+
+@contextmanager
+def staging_dir(parent: Path) -> Iterator[Path]:
+    """A temp dir on the same filesystem as `parent`, removed unless the caller renamed it away."""
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".pull-", dir=parent))
+    try:
+        yield tmp
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
