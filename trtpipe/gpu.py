@@ -1,0 +1,241 @@
+"""The GPU catalog (`build_configs/gpus.yaml`) and the probe of this host's GPUs (NVML).
+
+The probe sits behind `HostProbe` so `trtpipe check` can be fed a recorded answer of another host
+(`RecordedProbe`), which is how the tests compare real A100 and H100 hosts with specs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Protocol
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from trtpipe.errors import TrtpipeError
+from trtpipe.toolchain import build_configs_dir
+
+# Quantization needs (minimum SM), shared by resolve, plan and check.
+FP8_MIN_SM = 89  # FP8 weights, FP8 KV cache, W4A8 (Ada, Hopper and newer)
+NVFP4_MIN_SM = 100  # NVFP4 (Blackwell)
+AMPERE_MIN_SM = 80  # bf16, INT4-AWQ (W4A16), INT8 SmoothQuant
+
+
+class GpuInfo(BaseModel):
+    """One GPU model of the catalog."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description='Catalog name, e.g. "h100-sxm".')
+    aliases: list[str] = Field(default_factory=list)
+    product: str = Field(description='Product string as NVML reports it, e.g. "NVIDIA H100 80GB HBM3".')
+    nvml_names: list[str] = Field(default_factory=list, description="Every product string NVML may report.")
+    architecture: str
+    sm: int = Field(description="Compute capability as major*10+minor, e.g. 90.")
+    memory_gib: float
+    memory_type: str | None = None
+    memory_bandwidth_gbs: float = Field(description="Datasheet memory bandwidth in GB/s (1e9 bytes).")
+    precisions: list[str]
+    source: str
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gib * 2**30)
+
+    @property
+    def sm_label(self) -> str:
+        return f"SM{self.sm}"
+
+
+class UnknownGpu(TrtpipeError):
+    exit_code = 2
+
+
+def load_catalog(path: Path | None = None) -> dict[str, GpuInfo]:
+    """Every GPU of the catalog by canonical name."""
+    path = path or build_configs_dir() / "gpus.yaml"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise TrtpipeError(f"GPU catalog {path} is missing", fix="reinstall trtpipe from a full checkout") from None
+    except yaml.YAMLError as exc:
+        raise TrtpipeError(f"GPU catalog {path} is not valid YAML: {exc}", fix="restore the file from git") from None
+    entries = data.get("gpus") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise TrtpipeError(f"{path}: top-level `gpus:` list is missing", fix="restore the file from git")
+    catalog: dict[str, GpuInfo] = {}
+    for index, entry in enumerate(entries):
+        try:
+            gpu = GpuInfo.model_validate(entry)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"])
+            raise TrtpipeError(f"{path}: gpus[{index}].{loc}: {first['msg']}", fix="fix the entry") from None
+        catalog[gpu.name] = gpu
+    return catalog
+
+
+def _normalise(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(" ", "-")
+
+
+def find_gpu(name: str, catalog: dict[str, GpuInfo] | None = None) -> GpuInfo | None:
+    """A catalog entry by name, alias or NVML product string; None when unknown."""
+    catalog = catalog if catalog is not None else load_catalog()
+    wanted = _normalise(name)
+    for gpu in catalog.values():
+        names = [gpu.name, *gpu.aliases, gpu.product, *gpu.nvml_names]
+        if wanted in (_normalise(n) for n in names):
+            return gpu
+    return None
+
+
+def get_gpu(name: str, catalog: dict[str, GpuInfo] | None = None) -> GpuInfo:
+    """A catalog entry by name or alias; raises UnknownGpu with the nearest names."""
+    catalog = catalog if catalog is not None else load_catalog()
+    gpu = find_gpu(name, catalog)
+    if gpu is not None:
+        return gpu
+    known = list(catalog)
+    every = known + [a for g in catalog.values() for a in g.aliases]
+    close = difflib.get_close_matches(_normalise(name), every, n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise UnknownGpu(
+        f"unknown GPU {name!r}",
+        fix=f"{hint}known GPUs: {', '.join(known)}, or cpu-reference (build_configs/gpus.yaml)",
+    )
+
+
+# ---------------------------------------------------------------------------------------------- host probe
+
+
+class HostGpu(BaseModel):
+    """One GPU seen on this host."""
+
+    index: int
+    name: str = Field(description="Product string from NVML.")
+    sm: int
+    memory_gib: float
+    uuid: str | None = None
+
+
+class HostInfo(BaseModel):
+    """What the probe learned about this host."""
+
+    driver_version: str | None = None
+    cuda_driver_version: str | None = Field(default=None, description='CUDA version the driver supports, "12.4".')
+    gpus: list[HostGpu] = Field(default_factory=list)
+    probe: str = Field(default="nvml", description="nvml, or recorded:<file>.")
+    error: str | None = Field(default=None, description="Why NVML gave no answer, when it did not.")
+
+    @property
+    def has_gpu(self) -> bool:
+        return bool(self.gpus)
+
+
+class HostProbe(Protocol):
+    """Anything that can say which driver and GPUs a host has."""
+
+    def probe(self) -> HostInfo: ...
+
+
+class NvmlProbe:
+    """Asks NVML (nvidia-ml-py) on this host. No GPU or no driver is an answer, not an error."""
+
+    def probe(self) -> HostInfo:
+        try:
+            import pynvml
+        except ImportError:
+            return HostInfo(error="nvidia-ml-py (pynvml) is not installed")
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            return HostInfo(error=f"NVML is not available: {exc} (no NVIDIA driver or GPU on this host)")
+        try:
+            driver = _text(pynvml.nvmlSystemGetDriverVersion())
+            try:
+                cuda = pynvml.nvmlSystemGetCudaDriverVersion()
+                cuda_text: str | None = f"{cuda // 1000}.{(cuda % 1000) // 10}"
+            except pynvml.NVMLError:
+                cuda_text = None
+            gpus = []
+            for index in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+                memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+                try:
+                    uuid: str | None = _text(pynvml.nvmlDeviceGetUUID(handle))
+                except pynvml.NVMLError:
+                    uuid = None
+                gpus.append(
+                    HostGpu(
+                        index=index,
+                        name=_text(pynvml.nvmlDeviceGetName(handle)),
+                        sm=major * 10 + minor,
+                        memory_gib=round(memory.total / 2**30, 2),
+                        uuid=uuid,
+                    )
+                )
+            return HostInfo(driver_version=driver, cuda_driver_version=cuda_text, gpus=gpus)
+        except pynvml.NVMLError as exc:
+            return HostInfo(error=f"NVML query failed: {exc}")
+        finally:
+            try:
+                pynvml.nvmlShutdown()
+            except pynvml.NVMLError:
+                pass
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class RecordedProbe:
+    """Replays a recorded NVML answer (JSON), e.g. one captured on an A100 or H100 host.
+
+    Format: {"driver_version": "535.129.03", "cuda_driver_version": "12.2",
+             "gpus": [{"index": 0, "name": "NVIDIA A100-SXM4-80GB", "compute_capability": [8, 0],
+                       "memory_total_bytes": 85899345920, "uuid": "GPU-..."}]}
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    def probe(self) -> HostInfo:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise TrtpipeError(f"recorded probe {self.path} does not exist", fix="check the path") from None
+        except json.JSONDecodeError as exc:
+            raise TrtpipeError(f"recorded probe {self.path} is not JSON: {exc}", fix="record it again") from None
+        gpus = []
+        for entry in data.get("gpus", []):
+            major, minor = entry["compute_capability"]
+            gpus.append(
+                HostGpu(
+                    index=entry["index"],
+                    name=entry["name"],
+                    sm=int(major) * 10 + int(minor),
+                    memory_gib=round(entry["memory_total_bytes"] / 2**30, 2),
+                    uuid=entry.get("uuid"),
+                )
+            )
+        return HostInfo(
+            driver_version=data.get("driver_version"),
+            cuda_driver_version=data.get("cuda_driver_version"),
+            gpus=gpus,
+            probe=f"recorded:{self.path.name}",
+            error=data.get("error"),
+        )
+
+
+def probe_host(probe: HostProbe | None = None) -> HostInfo:
+    """This host's driver and GPUs (NVML unless another probe is given)."""
+    return (probe or NvmlProbe()).probe()
+
+
+def catalog_entry_for(host_gpu: HostGpu, catalog: dict[str, GpuInfo] | None = None) -> GpuInfo | None:
+    """The catalog entry whose NVML product string matches a host GPU, if any."""
+    return find_gpu(host_gpu.name, catalog)

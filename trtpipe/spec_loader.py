@@ -1,0 +1,394 @@
+"""Load a build spec from YAML, remembering where every key was written.
+
+Every problem becomes ONE positioned `SpecError`: `file:line:col: field.path: what is wrong; how to fix it`.
+YAML is composed into nodes first (marks per key path, duplicate keys refused), then constructed with the safe
+loader and validated by pydantic; pydantic error locations are mapped back to the YAML positions.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from trtpipe.errors import SpecError
+from trtpipe.spec import BuildSpec
+
+FieldPath = tuple[str | int, ...]
+Position = tuple[int, int]
+
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def format_field(field_path: FieldPath) -> str:
+    """('engine', 'plugins', 'x') -> 'engine.plugins.x'; list indexes as [i]."""
+    text = ""
+    for part in field_path:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += ("." if text else "") + str(part)
+    return text
+
+
+@dataclass
+class LoadedSpec:
+    """A validated BuildSpec plus where each field was written in its YAML file."""
+
+    spec: BuildSpec
+    path: Path
+    display_path: str = ""
+    positions: dict[FieldPath, Position] = field(default_factory=dict)
+
+    def position(self, field_path: FieldPath) -> Position | None:
+        """(line, col), 1-based, of the key `field_path` in the file; None if it was not written."""
+        return self.positions.get(tuple(field_path))
+
+    def nearest_position(self, field_path: FieldPath) -> tuple[Position, FieldPath]:
+        """The position of the field, or of its closest written ancestor (the file start at worst)."""
+        path = tuple(field_path)
+        while path:
+            found = self.positions.get(path)
+            if found is not None:
+                return found, path
+            path = path[:-1]
+        return (1, 1), ()
+
+    def error(self, field_path: FieldPath, message: str, fix: str | None = None) -> SpecError:
+        """A SpecError citing `field_path` (or its nearest written ancestor) in this spec file."""
+        (line, col), _ = self.nearest_position(field_path)
+        return SpecError(
+            message,
+            file=self.display_path or str(self.path),
+            line=line,
+            col=col,
+            field=format_field(tuple(field_path)) or None,
+            fix=fix,
+        )
+
+
+# ------------------------------------------------------------------------------------------------ YAML
+
+
+def _mark(mark: yaml.Mark | None) -> Position:
+    if mark is None:
+        return (1, 1)
+    return (mark.line + 1, mark.column + 1)
+
+
+def _record_positions(
+    node: yaml.Node, path: FieldPath, positions: dict[FieldPath, Position], file: str, depth: int = 0
+) -> None:
+    """Record the position of every key (and list item) under `node`; refuse duplicate keys."""
+    if depth > 64:  # aliases can nest deeply; a spec never does
+        return
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, Position] = {}
+        for key_node, value_node in node.value:
+            if key_node.tag == MERGE_TAG:
+                # `<<: *anchor` merges keys; they keep the anchor's positions
+                _record_positions(value_node, path, positions, file, depth + 1)
+                continue
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.value)
+            where = _mark(key_node.start_mark)
+            if key in seen:
+                raise SpecError(
+                    f"duplicate key {key!r} (first written at line {seen[key][0]})",
+                    file=file,
+                    line=where[0],
+                    col=where[1],
+                    field=format_field(path + (key,)),
+                    fix="keep only one of them: YAML would silently use the last",
+                )
+            seen[key] = where
+            positions.setdefault(path + (key,), where)
+            _record_positions(value_node, path + (key,), positions, file, depth + 1)
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            positions.setdefault(path + (index,), _mark(item.start_mark))
+            _record_positions(item, path + (index,), positions, file, depth + 1)
+
+
+def parse_yaml(text: str, file: str) -> tuple[Any, dict[FieldPath, Position]]:
+    """YAML text -> (data, key positions). Raises a positioned SpecError for broken YAML or duplicate keys."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, {}
+        positions: dict[FieldPath, Position] = {}
+        _record_positions(node, (), positions, file)
+        data = loader.construct_document(node)
+    except yaml.MarkedYAMLError as exc:
+        line, col = _mark(exc.problem_mark or exc.context_mark)
+        what = " ".join(str(p) for p in (exc.context, exc.problem) if p)
+        raise SpecError(
+            f"invalid YAML: {what}",
+            file=file,
+            line=line,
+            col=col,
+            fix="fix the YAML syntax here (indent with spaces, `key: value`, quote values containing ': ' or '#')",
+        ) from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"invalid YAML: {exc}", file=file, line=1, col=1, fix="fix the YAML syntax") from None
+    finally:
+        loader.dispose()
+    return data, positions
+
+
+# --------------------------------------------------------------------------------------------- pydantic
+
+
+def _unwrap(annotation: Any) -> list[Any]:
+    """The member types of Optional/Union annotations."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return [a for a in typing.get_args(annotation) if a is not type(None)]
+    return [annotation]
+
+
+def model_at(field_path: FieldPath, root: type[BaseModel] = BuildSpec) -> type[BaseModel] | None:
+    """The pydantic model class that holds the keys at `field_path` (None if not a model)."""
+    current: Any = root
+    index = 0
+    while index < len(field_path):
+        part = field_path[index]
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        info = current.model_fields.get(str(part))
+        if info is None:
+            return None
+        nxt = None
+        for member in _unwrap(info.annotation):
+            if isinstance(member, type) and issubclass(member, BaseModel):
+                nxt = member
+                break
+            if typing.get_origin(member) is dict:
+                # dict[str, Model]: skip the user's key
+                value_type = typing.get_args(member)[1]
+                for inner in _unwrap(value_type):
+                    if isinstance(inner, type) and issubclass(inner, BaseModel):
+                        nxt = inner
+                        index += 1
+                        break
+                if nxt is None:
+                    return None
+                break
+        if nxt is None:
+            return None
+        current = nxt
+        index += 1
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _present_prefix(data: Any, loc: FieldPath) -> FieldPath:
+    """The longest prefix of a pydantic loc that names real keys in the data (drops union tags etc.)."""
+    prefix: list[str | int] = []
+    current = data
+    for part in loc:
+        if isinstance(current, dict) and part in current:
+            current = current[part]
+        elif isinstance(current, list) and isinstance(part, int) and 0 <= part < len(current):
+            current = current[part]
+        else:
+            break
+        prefix.append(part)
+    return tuple(prefix)
+
+
+def _field_in_message(section: FieldPath, message: str, data: Any) -> FieldPath:
+    """A section-level (model validator) error names its fields; cite the first one written in the YAML."""
+    model = model_at(section)
+    if model is None:
+        return section
+    node = data
+    for part in section:
+        node = node.get(part) if isinstance(node, dict) else None
+    if not isinstance(node, dict):
+        return section
+    best: tuple[int, str] | None = None
+    for name in model.model_fields:
+        if name in node:
+            for token in (f"`{name}`", f"{name} "):
+                at = message.find(token)
+                if at >= 0 and (best is None or at < best[0]):
+                    best = (at, name)
+    return section + (best[1],) if best else section
+
+
+def _describe(error: dict[str, Any], field_path: FieldPath) -> tuple[str, str]:
+    """(what is wrong, how to fix it) for one pydantic error."""
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    value = error.get("input")
+    shown = repr(value) if not isinstance(value, (dict, list)) else type(value).__name__
+    name = str(field_path[-1]) if field_path else "spec"
+    if kind == "missing":
+        return "required field is missing", f"add `{name}:` here"
+    if kind == "extra_forbidden":
+        model = model_at(field_path[:-1])
+        valid = list(model.model_fields) if model else []
+        close = difflib.get_close_matches(str(name), valid, n=1, cutoff=0.5)
+        if close:
+            return f"unknown key {name!r}", f"did you mean {close[0]!r}?"
+        return f"unknown key {name!r}", f"valid keys here: {', '.join(valid)}"
+    if kind == "enum":
+        expected = str(ctx.get("expected", "")).replace("'", "")
+        return f"{shown} is not allowed", f"use one of: {expected}"
+    if kind == "literal_error":
+        return f"{shown} is not allowed", f"use one of: {ctx.get('expected', '')}"
+    if kind in ("int_parsing", "int_type", "int_from_float"):
+        return f"expected a whole number, got {shown}", "write an integer such as 8 (no quotes, no decimals)"
+    if kind in ("float_parsing", "float_type"):
+        return f"expected a number, got {shown}", "write a number such as 0.9"
+    if kind in ("bool_parsing", "bool_type"):
+        return f"expected true or false, got {shown}", "write true or false"
+    if kind in ("string_type", "str_type"):
+        return f"expected text, got {shown}", "write a plain string"
+    if kind in ("path_type",):
+        return f"expected a path, got {shown}", "write a file or folder path"
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return (
+            f"expected a mapping of keys, got {shown}",
+            f"write `{name}:` followed by indented `key: value` lines",
+        )
+    if kind == "list_type":
+        return f"expected a list, got {shown}", "write a YAML list (`- item` lines or [a, b])"
+    bounds = {
+        "greater_than_equal": ("at least", "ge"),
+        "greater_than": ("greater than", "gt"),
+        "less_than_equal": ("at most", "le"),
+        "less_than": ("less than", "lt"),
+    }
+    if kind in bounds:
+        words, key = bounds[kind]
+        limit = ctx.get(key)
+        return f"{shown} is out of range: it must be {words} {limit}", f"use a value {words} {limit}"
+    if kind == "value_error":
+        text = str(ctx.get("error", error["msg"]))
+        text = text.removeprefix("Value error, ")
+        if "; " in text:
+            what, fix = text.split("; ", 1)
+            return what, fix
+        return text, "see the field's description in trtpipe/spec.py"
+    return error["msg"], "fix the value (see trtpipe/spec.py for the allowed values)"
+
+
+def spec_error_from_validation(
+    exc: ValidationError, data: Any, positions: dict[FieldPath, Position], file: str
+) -> SpecError:
+    """The first (in file order) pydantic error as one positioned SpecError."""
+    candidates: list[tuple[Position, int, FieldPath, str, str]] = []
+    seen: set[FieldPath] = set()
+    for order, error in enumerate(exc.errors()):
+        loc: FieldPath = tuple(error["loc"])
+        kind = error["type"]
+        if kind == "missing":
+            field_path = _present_prefix(data, loc[:-1]) + (loc[-1],) if loc else ()
+        else:
+            field_path = _present_prefix(data, loc)
+            if kind == "value_error" and field_path == loc[: len(field_path)] and model_at(field_path) is not None:
+                field_path = _field_in_message(field_path, str(error.get("msg", "")), data)
+        if field_path in seen:
+            continue
+        seen.add(field_path)
+        what, fix = _describe(error, field_path)
+        probe = field_path
+        position = None
+        while probe and position is None:
+            position = positions.get(probe)
+            probe = probe[:-1]
+        candidates.append((position or (1, 1), order, field_path, what, fix))
+    candidates.sort(key=lambda c: (c[0], c[1]))
+    (line, col), _, field_path, what, fix = candidates[0]
+    more = len(candidates) - 1
+    if more:
+        fix = f"{fix} ({more} more problem{'s' if more > 1 else ''} after this one)"
+    return SpecError(what, file=file, line=line, col=col, field=format_field(field_path) or None, fix=fix)
+
+
+# ------------------------------------------------------------------------------------------------ load
+
+_RELATIVE_PATH_FIELDS: tuple[tuple[str, str], ...] = (
+    ("model", "path"),
+    ("model", "config"),
+    ("model", "tokenizer"),
+)
+
+
+def _anchor_paths(spec: BuildSpec, base: Path) -> None:
+    """Resolve the spec's relative paths against the spec file's folder."""
+
+    def anchored(value: Path | None) -> Path | None:
+        if value is None:
+            return None
+        value = value.expanduser()
+        return value if value.is_absolute() else (base / value).resolve()
+
+    for section, name in _RELATIVE_PATH_FIELDS:
+        holder = getattr(spec, section)
+        setattr(holder, name, anchored(getattr(holder, name)))
+    calibration = spec.quantization.calibration
+    calibration.dataset = anchored(calibration.dataset)
+
+
+def load_spec(path: Path | str) -> LoadedSpec:
+    """Read, parse and validate a build spec. Raises one positioned SpecError (exit code 2) on any problem."""
+    display = str(path)
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise SpecError(
+            "spec file does not exist", file=display, line=1, col=1, fix="check the path (see build_configs/examples/)"
+        ) from None
+    except IsADirectoryError:
+        raise SpecError("is a directory, not a spec file", file=display, line=1, col=1, fix="pass the YAML file") from None
+    except OSError as exc:
+        raise SpecError(
+            f"cannot read the spec: {exc.strerror}", file=display, line=1, col=1, fix="check the file's permissions"
+        ) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise SpecError("spec is not UTF-8 text", file=display, line=line, col=1, fix="save the file as UTF-8") from None
+    data, positions = parse_yaml(text, display)
+    if data is None:
+        raise SpecError(
+            "spec file is empty",
+            file=display,
+            line=1,
+            col=1,
+            fix="write at least a `model:` section (see build_configs/examples/tiny-cpu.yaml)",
+        )
+    if not isinstance(data, dict):
+        kind = "a list" if isinstance(data, list) else f"a {type(data).__name__} value"
+        raise SpecError(
+            f"the top level is {kind}, not a mapping of sections",
+            file=display,
+            line=1,
+            col=1,
+            fix="write sections as `model:`, `target:`, `engine:` ... at the start of lines",
+        )
+    bad_keys = [k for k in data if not isinstance(k, str)]
+    if bad_keys:
+        raise SpecError(
+            f"key {bad_keys[0]!r} is not text", file=display, line=1, col=1, fix="section names are words like `model`"
+        )
+    try:
+        spec = BuildSpec.model_validate(data)
+    except ValidationError as exc:
+        raise spec_error_from_validation(exc, data, positions, display) from None
+    loaded = LoadedSpec(spec=spec, path=path.resolve(), display_path=display, positions=positions)
+    try:
+        _anchor_paths(spec, path.resolve().parent)
+    except ValidationError as exc:  # validate_assignment re-checks a resolved path
+        raise spec_error_from_validation(exc, data, positions, display) from None
+    return loaded

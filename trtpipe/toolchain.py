@@ -1,0 +1,132 @@
+"""Pinned toolchains: which TensorRT-LLM release goes with which TensorRT, CUDA, PyTorch ... and container.
+
+The table lives in `build_configs/toolchains.yaml` (one copy, user-facing). It is located relative to the
+package (`<repo>/build_configs/`), which holds for a source checkout and the editable install; a caller may
+pass another path. A fact that could not be confirmed is `null` in the file (None here), never guessed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from trtpipe.errors import TrtpipeError
+
+# trtllm-build (the engine path this tool drives) and the C++ Triton backend were removed after the 1.2 line.
+LAST_SUPPORTED_LINE = (1, 2)
+REMOVAL_REASON = (
+    "TensorRT-LLM removed `trtllm-build` and the C++ Triton backend after the 1.2 line, "
+    "so trtpipe pins toolchains up to 1.2.x only"
+)
+
+
+def build_configs_dir() -> Path:
+    """The `build_configs/` folder beside the package (source checkout or editable install)."""
+    import trtpipe
+
+    return Path(trtpipe.__file__).resolve().parent.parent / "build_configs"
+
+
+class Toolchain(BaseModel):
+    """One pinned TensorRT-LLM release and everything that must match it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description='e.g. "trtllm-1.2.1"')
+    trtllm_version: str
+    tensorrt_version: str | None = Field(description="Full 4-part version, e.g. 10.13.3.9.")
+    cuda_version: str | None
+    torch_version: str | None
+    modelopt_version: str | None
+    transformers_version: str | None
+    triton_container: str | None = Field(description="Full NGC image ref of the Triton trtllm-python-py3 container.")
+    triton_container_digest: str | None = None
+    min_driver: str | None = Field(description="Minimum Linux driver for the container's CUDA (data-center GPUs).")
+    sm_min: int
+    sm_max: int
+    python_version: str | None = None
+    sources: dict[str, str] = Field(default_factory=dict, description="Where each fact comes from.")
+
+    @property
+    def version_tuple(self) -> tuple[int, ...]:
+        return version_tuple(self.trtllm_version)
+
+    def supports_sm(self, sm: int) -> bool:
+        return self.sm_min <= sm <= self.sm_max
+
+
+class UnknownToolchain(TrtpipeError):
+    """A toolchain name that is not pinned (or is newer than the last supported line)."""
+
+    exit_code = 2
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """'1.2.1' -> (1, 2, 1); stops at the first non-numeric part ('1.2.0rc3' -> (1, 2, 0))."""
+    parts: list[int] = []
+    for piece in version.split("."):
+        match = re.match(r"\d+", piece)
+        if not match:
+            break
+        parts.append(int(match.group()))
+        if match.group() != piece:
+            break
+    return tuple(parts)
+
+
+def load_toolchains(path: Path | None = None) -> dict[str, Toolchain]:
+    """All pinned toolchains by name, oldest first."""
+    path = path or build_configs_dir() / "toolchains.yaml"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise TrtpipeError(f"toolchain table {path} is missing", fix="reinstall trtpipe from a full checkout") from None
+    except yaml.YAMLError as exc:
+        raise TrtpipeError(f"toolchain table {path} is not valid YAML: {exc}", fix="restore the file from git") from None
+    entries = (data or {}).get("toolchains") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        raise TrtpipeError(f"{path}: top-level `toolchains:` list is missing", fix="restore the file from git")
+    toolchains: dict[str, Toolchain] = {}
+    for index, entry in enumerate(entries):
+        try:
+            toolchain = Toolchain.model_validate(entry)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"])
+            raise TrtpipeError(
+                f"{path}: toolchains[{index}].{loc}: {first['msg']}", fix="fix the entry or restore the file from git"
+            ) from None
+        toolchains[toolchain.name] = toolchain
+    return dict(sorted(toolchains.items(), key=lambda item: item[1].version_tuple))
+
+
+def newest_toolchain(toolchains: dict[str, Toolchain]) -> Toolchain:
+    return max(toolchains.values(), key=lambda t: t.version_tuple)
+
+
+def get_toolchain(name: str | None, *, path: Path | None = None) -> Toolchain:
+    """The pinned toolchain called `name` ("trtllm-1.2.1" or just "1.2.1"); None means the newest."""
+    toolchains = load_toolchains(path)
+    if name is None:
+        return newest_toolchain(toolchains)
+    wanted = name.strip()
+    candidates = (wanted, f"trtllm-{wanted}")
+    for candidate in candidates:
+        if candidate in toolchains:
+            return toolchains[candidate]
+    numbers = version_tuple(wanted.removeprefix("trtllm-").removeprefix("v"))
+    if len(numbers) >= 2 and numbers[:2] > LAST_SUPPORTED_LINE:
+        raise UnknownToolchain(
+            f"toolchain {name!r} is newer than the 1.2 line; {REMOVAL_REASON}",
+            fix=f"use one of: {', '.join(toolchains)}",
+        )
+    close = difflib.get_close_matches(wanted, list(toolchains), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise UnknownToolchain(
+        f"unknown toolchain {name!r}",
+        fix=f"{hint}pinned toolchains: {', '.join(toolchains)} (build_configs/toolchains.yaml)",
+    )
