@@ -2,8 +2,181 @@
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
 import typer
+
+from trtpipe.errors import UsageError
+
+
+def _parse_rates(rate: Optional[float], rates: Optional[str]) -> list[float] | None:
+    if rate is not None and rates:
+        raise UsageError("give --rate or --rates, not both", fix="use --rates 1,2,4 for a sweep")
+    if rate is not None:
+        return [rate]
+    if not rates:
+        return None
+    values = []
+    for part in rates.split(","):
+        try:
+            value = float(part)
+        except ValueError:
+            raise UsageError(f"--rates: cannot read {part.strip()!r} as a rate", fix="write --rates 1,2,4") from None
+        if value <= 0:
+            raise UsageError(f"--rates: a rate must be positive, got {part.strip()!r}", fix="write --rates 1,2,4")
+        values.append(value)
+    return values
+
+
+def _trtpipe_home() -> Path:
+    env = os.environ.get("TRTPIPE_HOME")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("trtpipe"))
+
+
+def _repository_digest(repo: Path) -> str:
+    """The artifact digest a published repository serves, from its `trtpipe.json` manifest."""
+    manifest_path = repo / "trtpipe.json"
+    if not manifest_path.is_file():
+        raise UsageError(
+            f"--record: {manifest_path} does not exist",
+            fix="pass a model repository written by `trtpipe publish` (it has trtpipe.json)",
+        )
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise UsageError(f"{manifest_path}:{err.lineno}:{err.colno}: not valid JSON ({err.msg})") from None
+    for key in ("engine_digest", "artifact_digest", "digest"):
+        value = manifest.get(key) if isinstance(manifest, dict) else None
+        if isinstance(value, str) and value:
+            return value
+    engine = manifest.get("engine") if isinstance(manifest, dict) else None
+    if isinstance(engine, dict) and isinstance(engine.get("digest"), str):
+        return engine["digest"]
+    raise UsageError(f"{manifest_path}: engine_digest: missing", fix="republish the repository with `trtpipe publish`")
+
+
+def bench(
+    url: str = typer.Argument(..., help="Triton gRPC address, e.g. localhost:8001"),
+    model: str = typer.Option("ensemble", "--model", help="model to call: ensemble or tensorrt_llm_bls"),
+    mode: str = typer.Option("open", "--mode", help="open (Poisson arrivals at --rate) or closed (fixed --concurrency)"),
+    rate: Optional[float] = typer.Option(None, "--rate", help="open loop: requests per second"),
+    rates: Optional[str] = typer.Option(None, "--rates", help="open loop sweep: comma-separated rates, e.g. 1,2,4"),
+    concurrency: Optional[int] = typer.Option(None, "--concurrency", help="closed loop: requests kept in flight"),
+    requests: int = typer.Option(100, "--requests", help="requests per load level (at most)"),
+    duration: str = typer.Option("60s", "--duration", help="stop sending after this long per load level"),
+    timeout: str = typer.Option("30s", "--timeout", help="after --duration, how long running requests may finish"),
+    input_len: str = typer.Option("128", "--input-len", help="prompt tokens: 128, uniform:64,256 or normal:128,32"),
+    output_len: str = typer.Option("64", "--output-len", help="max_tokens: 64, uniform:16,128 or normal:64,16"),
+    dataset: Optional[Path] = typer.Option(None, "--dataset", help="JSONL prompts ({'prompt': ...} or ShareGPT)"),
+    tokenizer: Optional[Path] = typer.Option(
+        None, "--tokenizer", help="tokenizer dir or model repository for exact prompt lengths (default: --record REPO)"
+    ),
+    seed: int = typer.Option(0, "--seed", help="seed for the workload and the arrivals"),
+    slo: Optional[str] = typer.Option(None, "--slo", help="goodput SLOs, e.g. ttft=500ms,tpot=50ms"),
+    metrics_url: Optional[str] = typer.Option(
+        None, "--metrics-url", help="Triton metrics endpoint (default: port 8002 when URL uses 8001)"
+    ),
+    json_out: Optional[str] = typer.Option(None, "--json", help="write the full result as JSON to FILE, or - for stdout"),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="write throughput-latency and TTFT plots to FILE.png"),
+    record: Optional[Path] = typer.Option(
+        None, "--record", help="store the result for the artifact served from this model repository"
+    ),
+    gpu_class: Optional[str] = typer.Option(None, "--gpu-class", help="GPU class to file the recorded result under"),
+) -> None:
+    """Load a Triton LLM endpoint over streaming gRPC; report TTFT, TPOT, ITL, E2E, throughput and goodput.
+
+    Exits 1 when any request failed (or missed an SLO given with --slo), else 0.
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from trtpipe.bench import default_metrics_url, run_bench
+    from trtpipe.bench.metrics import Slo
+    from trtpipe.bench.report import render_table, write_json
+    from trtpipe.bench.workload import (
+        LengthDist,
+        dataset_workload,
+        make_counter,
+        parse_duration_s,
+        synthetic_workload,
+    )
+
+    if mode not in ("open", "closed"):
+        raise UsageError(f"--mode must be open or closed, got {mode!r}")
+    sweep = _parse_rates(rate, rates)
+    if mode == "open" and not sweep:
+        raise UsageError("--mode open needs --rate or --rates", fix="pass --rate 4, or --mode closed --concurrency 4")
+    if mode == "closed" and sweep:
+        raise UsageError("--rate/--rates apply to --mode open", fix="use --concurrency with --mode closed")
+    if mode == "closed" and not concurrency:
+        raise UsageError("--mode closed needs --concurrency", fix="pass --concurrency 4")
+    duration_s = parse_duration_s(duration, option="--duration")
+    drain_s = parse_duration_s(timeout, option="--timeout")
+    slo_limits = Slo.parse(slo)
+    digest = _repository_digest(record) if record is not None else None
+    counter = make_counter(tokenizer or record)
+    out_len = LengthDist.parse(output_len, option="--output-len")
+    if dataset is not None:
+        workload = dataset_workload(dataset, requests, out_len, seed=seed, counter=counter)
+    else:
+        workload = synthetic_workload(
+            requests, LengthDist.parse(input_len, option="--input-len"), out_len, seed=seed, counter=counter
+        )
+
+    # With --json -, stdout carries only JSON: the table and progress go to stderr.
+    console = Console(stderr=json_out == "-")
+    levels = len(sweep) if sweep else 1
+    with Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        tasks = [
+            progress.add_task(f"{'rate ' + format(r, 'g') + '/s' if r else 'c=' + str(concurrency)}", total=requests)
+            for r in (sweep or [None])
+        ]
+        result = run_bench(
+            url,
+            workload,
+            mode,  # type: ignore[arg-type]
+            model=model,
+            rates=sweep,
+            concurrency=concurrency,
+            duration_s=duration_s,
+            drain_s=drain_s,
+            slo=slo_limits,
+            metrics_url=metrics_url or default_metrics_url(url),
+            seed=seed,
+            on_progress=lambda level, _record: progress.advance(tasks[min(level, levels - 1)]),
+        )
+
+    render_table(result, console)
+    if json_out:
+        write_json(result, json_out)
+    if plot is not None:
+        from trtpipe.bench.plot import plot_result
+
+        plot_result(result, plot)
+        console.print(f"plot written to {plot}")
+    if digest is not None:
+        from trtpipe.results import ResultsLog
+
+        ResultsLog(_trtpipe_home()).record(digest, "bench", result.passed, result.summary(), gpu_class)
+        console.print(f"bench result recorded for {digest} ({'passed' if result.passed else 'failed'})")
+    if not result.passed:
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the trtpipe app."""
+    app.command("bench")(bench)

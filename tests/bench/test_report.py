@@ -1,0 +1,52 @@
+"""run_bench with an in-process sender: the JSON schema round-trips and the PNG is drawn."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from rich.console import Console
+
+from trtpipe.bench import run_bench
+from trtpipe.bench.loadgen import TokenChunk
+from trtpipe.bench.metrics import Slo
+from trtpipe.bench.plot import plot_result
+from trtpipe.bench.report import BenchResult, load_json, render_table, write_json
+from trtpipe.bench.workload import LengthDist, RequestSpec, synthetic_workload
+
+
+def quick_sender(request: RequestSpec, deadline: float) -> Iterator[TokenChunk]:
+    time.sleep(0.003 + 0.0005 * request.input_tokens)  # "prefill"
+    for i in range(request.max_tokens):
+        time.sleep(0.001)
+        yield TokenChunk(time.monotonic(), 1, i == request.max_tokens - 1)
+
+
+@pytest.mark.timeout(60)
+def test_sweep_json_table_and_plot(tmp_path: Path) -> None:
+    workload = synthetic_workload(25, LengthDist.parse("uniform:4,20"), LengthDist.parse("uniform:2,8"), seed=1)
+    result = run_bench(
+        "in-process", workload, "open", model="fake", rates=[40.0, 160.0], duration_s=20, drain_s=5,
+        slo=Slo.parse("ttft=1s"), sender=quick_sender,
+    )
+    assert [run.rate for run in result.runs] == [40.0, 160.0]
+    assert all(run.aggregates.requests_sent == 25 and run.aggregates.requests_ok == 25 for run in result.runs)
+    assert result.passed
+    assert all(run.server.error for run in result.runs)  # no metrics URL: said, not hidden
+
+    out = tmp_path / "result.json"
+    write_json(result, str(out))
+    again = load_json(out)
+    assert again == result
+    assert isinstance(BenchResult.model_json_schema(), dict)
+
+    console = Console(record=True, width=200)
+    render_table(result, console)
+    text = console.export_text()
+    assert "40 req/s" in text and "160 req/s" in text and "25/25" in text
+
+    png = plot_result(result, tmp_path / "plots" / "bench.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not [p for p in png.parent.iterdir() if p.name.startswith(".")]  # no temp file left

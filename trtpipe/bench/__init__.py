@@ -1,0 +1,127 @@
+"""Benchmark a Triton LLM endpoint over streaming gRPC: `run_bench(url, workload, mode, ...) -> BenchResult`.
+
+Modules: `workload` (what is sent), `loadgen` (when it is sent), `metrics` (per-request records
+and genai-perf-compatible aggregates), `prometheus` (the server's own counters), `report`
+(the JSON schema and the table), `plot` (the PNG).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Callable, Literal
+from urllib.parse import urlsplit
+
+from trtpipe.bench.loadgen import LoadSettings, RequestSender, TritonSender, run_load
+from trtpipe.bench.metrics import RequestRecord, Slo, aggregate
+from trtpipe.bench.prometheus import ServerSide, delta, scrape
+from trtpipe.bench.report import BenchResult, RunResult
+from trtpipe.bench.workload import Workload
+from trtpipe.errors import UsageError
+
+__all__ = ["run_bench", "BenchResult", "RunResult", "default_metrics_url"]
+
+ProgressHook = Callable[[int, RequestRecord], None]
+
+
+def default_metrics_url(grpc_url: str) -> str | None:
+    """Triton's default metrics port (8002) when the gRPC URL uses its default port (8001), else None."""
+    parts = urlsplit(grpc_url if "://" in grpc_url else f"grpc://{grpc_url}")
+    if parts.port == 8001 and parts.hostname:
+        return f"http://{parts.hostname}:8002/metrics"
+    return None
+
+
+def _scrape_or_error(metrics_url: str | None) -> tuple[dict | None, str | None]:
+    if not metrics_url:
+        return None, "no metrics URL given (--metrics-url)"
+    try:
+        return scrape(metrics_url), None
+    except Exception as exc:  # noqa: BLE001 - server metrics are optional; the reason is reported
+        return None, f"cannot scrape {metrics_url}: {' '.join(str(exc).split())[:200]}"
+
+
+def run_bench(
+    url: str,
+    workload: Workload,
+    mode: Literal["open", "closed"],
+    *,
+    model: str = "ensemble",
+    rates: list[float] | None = None,
+    concurrency: int | None = None,
+    duration_s: float = 60.0,
+    drain_s: float = 30.0,
+    slo: Slo | None = None,
+    metrics_url: str | None = None,
+    seed: int | None = None,
+    sender: RequestSender | None = None,
+    on_progress: ProgressHook | None = None,
+) -> BenchResult:
+    """Send `workload` once per load level and measure it.
+
+    Open loop: one run per rate in `rates` (Poisson arrivals seeded with the workload's seed).
+    Closed loop: one run at `concurrency`. Each run sends at most every request of the workload and
+    stops sending after `duration_s`; a request still running `drain_s` later is abandoned as a
+    timeout. Server counters are scraped from `metrics_url` before and after each run.
+    `sender` replaces the Triton gRPC sender (the load generator takes any `RequestSender`).
+    """
+    if mode == "open":
+        if not rates or any(r <= 0 for r in rates):
+            raise UsageError("open loop needs one or more positive rates", fix="pass --rate 4 or --rates 1,2,4")
+        levels: list[tuple[float | None, int | None]] = [(float(r), None) for r in rates]
+    elif mode == "closed":
+        if not concurrency or concurrency < 1:
+            raise UsageError("closed loop needs --concurrency of at least 1", fix="pass --concurrency 4")
+        levels = [(None, concurrency)]
+    else:
+        raise UsageError(f"--mode must be open or closed, got {mode!r}")
+    if duration_s <= 0 or drain_s < 0:
+        raise UsageError("--duration must be positive and --drain not negative")
+    slo = slo or Slo()
+    seed = workload.seed if seed is None else seed
+    own_sender = sender is None
+    active_sender: RequestSender = sender if sender is not None else TritonSender(url, model, timeout=max(drain_s, 1.0))
+    started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    runs: list[RunResult] = []
+    try:
+        for level_index, (rate, conc) in enumerate(levels):
+            before, before_error = _scrape_or_error(metrics_url)
+            settings = LoadSettings(
+                mode=mode, duration_s=duration_s, drain_s=drain_s, rate=rate, concurrency=conc, seed=seed
+            )
+            hook = (lambda record, i=level_index: on_progress(i, record)) if on_progress else None
+            records = run_load(workload.requests, active_sender, settings, on_complete=hook)
+            after, after_error = _scrape_or_error(metrics_url)
+            if before is not None and after is not None:
+                server = delta(before, after, metrics_url)
+            else:
+                server = ServerSide(metrics_url=metrics_url, error=before_error or after_error)
+            aggregates = aggregate(records, slo)
+            server_model = server.for_model(model)
+            overhead = None
+            if server_model and server_model.mean_request_s is not None and aggregates.e2e_s.mean is not None:
+                overhead = aggregates.e2e_s.mean - server_model.mean_request_s
+            runs.append(
+                RunResult(
+                    mode=mode,
+                    rate=rate,
+                    concurrency=conc,
+                    aggregates=aggregates,
+                    server=server,
+                    client_overhead_s=overhead,
+                    records=records,
+                )
+            )
+    finally:
+        if own_sender:
+            active_sender.close()  # type: ignore[union-attr]
+    return BenchResult(
+        url=url,
+        model=model,
+        mode=mode,
+        duration_limit_s=duration_s,
+        drain_s=drain_s,
+        slo=slo,
+        workload=workload,
+        runs=runs,
+        started_at=started_at,
+    )

@@ -1,0 +1,276 @@
+"""The load generator: sends a workload's requests in open loop (Poisson arrivals) or closed loop.
+
+It talks to the server only through a `RequestSender`: a callable that sends one request and
+yields its responses as `TokenChunk`s (receive time on `time.monotonic()`, tokens in the response,
+final flag). `TritonSender` is the real one (streaming gRPC through the serving client); tests and
+the overhead benchmark use the same path.
+
+Threads, not asyncio: tritonclient's gRPC streaming runs one stream per client object on its own
+thread, so every in-flight request gets its own thread and a client taken from a pool.
+
+Bounds: no request is sent after `duration_s` or after the last request of the workload; a
+request still running `drain_s` after that is abandoned and recorded as a `timeout` error. The
+run therefore always ends within `duration_s + drain_s` (plus thread start-up jitter), even when
+the server hangs or dies, and abandoned threads are daemons that cannot keep the process alive.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Literal, Protocol
+
+from trtpipe.bench.metrics import RequestRecord, record_from_chunks
+from trtpipe.bench.workload import RequestSpec
+
+Mode = Literal["open", "closed"]
+
+
+@dataclass(frozen=True)
+class TokenChunk:
+    """One response of a streamed request."""
+
+    t_received: float  # time.monotonic() when the response arrived
+    n_tokens: int
+    is_final: bool
+
+
+class RequestSender(Protocol):
+    """Sends one request and yields its responses until the final one.
+
+    `deadline` is a `time.monotonic()` instant after which the sender should give up (raise
+    `TimeoutError`); the load generator abandons it at that instant anyway.
+    """
+
+    def __call__(self, request: RequestSpec, deadline: float) -> Iterator[TokenChunk]: ...
+
+
+def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
+    """Seconds after start at which each of `n` requests is sent: exponential gaps of mean 1/rate.
+
+    The first request goes at 0. `rate=inf` sends everything at once.
+    """
+    if rate <= 0:
+        raise ValueError(f"rate must be positive, got {rate}")
+    if rate == float("inf"):
+        return [0.0] * n
+    rng = random.Random(seed)
+    times, t = [], 0.0
+    for i in range(n):
+        times.append(t)
+        t += rng.expovariate(rate)
+    return times
+
+
+def classify_error(exc: BaseException) -> str:
+    """A short, stable kind for an error: a gRPC status (`unavailable`, `cancelled` ...) or the exception type."""
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    status = getattr(exc, "status", None)
+    if callable(status):
+        try:
+            status = status()
+        except Exception:  # noqa: BLE001 - a broken status() must not hide the error itself
+            status = None
+    if status:
+        text = str(status)
+        return text.split(".")[-1].lower()  # "StatusCode.UNAVAILABLE" -> "unavailable"
+    name = type(exc).__name__
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")
+
+
+@dataclass
+class _InFlight:
+    spec: RequestSpec
+    t_scheduled: float
+    t_sent: float
+    chunks: list[tuple[float, int]] = field(default_factory=list)
+
+
+@dataclass
+class LoadSettings:
+    """How to send: `rate` (requests/s) for open loop, `concurrency` for closed loop."""
+
+    mode: Mode
+    duration_s: float
+    drain_s: float
+    rate: float | None = None
+    concurrency: int | None = None
+    seed: int = 0
+    max_in_flight: int = 1024  # open loop only: a safety cap on threads; lag shows in t_sent - t_scheduled
+
+
+def run_load(
+    requests: list[RequestSpec],
+    sender: RequestSender,
+    settings: LoadSettings,
+    *,
+    on_complete: Callable[[RequestRecord], None] | None = None,
+) -> list[RequestRecord]:
+    """Send `requests` as `settings` says and return one record per request sent, in index order."""
+    if settings.mode == "open":
+        if not settings.rate or settings.rate <= 0:
+            raise ValueError("open loop needs a positive rate")
+        slots = threading.BoundedSemaphore(settings.max_in_flight)
+        arrivals = poisson_arrivals(len(requests), settings.rate, settings.seed)
+    else:
+        if not settings.concurrency or settings.concurrency < 1:
+            raise ValueError("closed loop needs a concurrency of at least 1")
+        slots = threading.BoundedSemaphore(settings.concurrency)
+        arrivals = [0.0] * len(requests)
+
+    t0 = time.monotonic()
+    stop_sending = t0 + settings.duration_s
+    hard_deadline = stop_sending + settings.drain_s
+    lock = threading.Condition()
+    in_flight: dict[int, _InFlight] = {}
+    done: dict[int, RequestRecord] = {}
+
+    def finish(state: _InFlight, final_seen: bool, error: BaseException | None) -> None:
+        with lock:
+            if state.spec.index in done:  # already abandoned by the main thread
+                return
+            record = record_from_chunks(
+                index=state.spec.index,
+                t_scheduled=state.t_scheduled,
+                t_sent=state.t_sent,
+                t_end=time.monotonic() - t0,
+                input_tokens=state.spec.input_tokens,
+                requested_output_tokens=state.spec.max_tokens,
+                chunks=list(state.chunks),
+                final_seen=final_seen,
+                error_kind=None if error is None else classify_error(error),
+                error_message=None if error is None else " ".join(str(error).split())[:500],
+            )
+            done[state.spec.index] = record
+            lock.notify_all()
+        if on_complete is not None:
+            on_complete(record)
+
+    def execute(state: _InFlight) -> None:
+        final_seen = False
+        error: BaseException | None = None
+        try:
+            for chunk in sender(state.spec, hard_deadline):
+                with lock:
+                    state.chunks.append((chunk.t_received - t0, chunk.n_tokens))
+                if chunk.is_final:
+                    final_seen = True
+                    break
+                if time.monotonic() > hard_deadline:
+                    raise TimeoutError("the run's time bound passed before the final response")
+            else:
+                error = RuntimeError("the stream ended without a final response")
+        except BaseException as exc:  # noqa: BLE001 - every failure is a measured outcome
+            error = exc
+        finally:
+            slots.release()
+        finish(state, final_seen, error)
+
+    for spec, offset in zip(requests, arrivals):
+        now = time.monotonic()
+        if settings.mode == "open":
+            wait = t0 + offset - now
+            if t0 + offset >= stop_sending:
+                break
+            if wait > 0:
+                time.sleep(wait)
+        if not slots.acquire(timeout=max(0.0, stop_sending - time.monotonic())):
+            break
+        if time.monotonic() >= stop_sending:
+            slots.release()
+            break
+        scheduled = offset if settings.mode == "open" else time.monotonic() - t0
+        state = _InFlight(spec=spec, t_scheduled=scheduled, t_sent=time.monotonic() - t0)
+        with lock:
+            in_flight[spec.index] = state
+        threading.Thread(target=execute, args=(state,), name=f"bench-req-{spec.index}", daemon=True).start()
+
+    with lock:
+        while len(done) < len(in_flight):
+            remaining = hard_deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            lock.wait(timeout=remaining)
+        abandoned = [state for index, state in in_flight.items() if index not in done]
+        for state in abandoned:
+            done[state.spec.index] = record_from_chunks(
+                index=state.spec.index,
+                t_scheduled=state.t_scheduled,
+                t_sent=state.t_sent,
+                t_end=time.monotonic() - t0,
+                input_tokens=state.spec.input_tokens,
+                requested_output_tokens=state.spec.max_tokens,
+                chunks=list(state.chunks),
+                final_seen=False,
+                error_kind="timeout",
+                error_message="no final response within the run's time bound; abandoned",
+            )
+        records = [done[index] for index in sorted(done)]
+    if on_complete is not None:
+        for state in abandoned:
+            on_complete(done[state.spec.index])
+    return records
+
+
+class TritonSender:
+    """Streams requests through `trtpipe.serving.client.TritonLLMClient`, one client per in-flight request.
+
+    tritonclient gRPC streaming allows one stream per client object, so clients are pooled: a
+    request takes an idle client (or makes one), and gives it back when its stream ended cleanly.
+    A client whose request failed is dropped, so a broken channel is never reused.
+    """
+
+    def __init__(self, url: str, model: str = "ensemble", *, timeout: float = 30.0, sampling: dict | None = None) -> None:
+        from trtpipe.serving.client import TritonLLMClient  # the serving area's client, imported when used
+
+        self._client_type = TritonLLMClient
+        self.url = url
+        self.model = model
+        self.timeout = timeout
+        self.sampling = dict(sampling or {})
+        self._idle: list[object] = []
+        self._lock = threading.Lock()
+
+    def _take(self, timeout: float) -> object:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return self._client_type(self.url, model=self.model, timeout=timeout)
+
+    def _give_back(self, client: object) -> None:
+        with self._lock:
+            self._idle.append(client)
+
+    def __call__(self, request: RequestSpec, deadline: float) -> Iterator[TokenChunk]:
+        timeout = max(0.1, min(self.timeout, deadline - time.monotonic()))
+        client = self._take(timeout)
+        clean = False
+        try:
+            for chunk in client.stream(request.prompt, request.max_tokens, **self.sampling):
+                yield TokenChunk(t_received=chunk.t_received, n_tokens=len(chunk.token_ids), is_final=chunk.is_final)
+                if chunk.is_final:
+                    clean = True
+                    break
+        finally:
+            if clean:
+                self._give_back(client)
+            else:
+                _close_quietly(client)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for client in idle:
+            _close_quietly(client)
+
+
+def _close_quietly(client: object) -> None:
+    close = getattr(client, "close", None)
+    if callable(close):
+        try:
+            close()
+        except Exception:  # noqa: BLE001 - closing a dead channel may fail; nothing to do about it
+            pass

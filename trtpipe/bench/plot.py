@@ -1,0 +1,95 @@
+"""`--plot FILE.png`: the throughput-latency curve of a sweep and the TTFT distribution.
+
+Left panel: one point per load level (rate or concurrency), x = achieved output-token
+throughput, y = E2E and TTFT latency at P50 (solid) and P99 (dashed); each point is labelled with
+its load level, so the knee where throughput stops growing and latency takes off is visible.
+Right panel: the TTFT histogram of every load level (successful requests), with P50 and P99 marks
+for the highest load.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from trtpipe.bench.report import BenchResult
+
+
+def plot_result(result: BenchResult, path: Path) -> Path:
+    """Draw the figure and write it as PNG (atomically). Uses matplotlib's Agg backend (no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(13, 5.2), dpi=110, layout="constrained")
+    curve, hist = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.25, 1]})
+
+    runs = [r for r in result.runs if r.aggregates.requests_ok > 0]
+    x = [r.aggregates.output_token_throughput for r in runs]
+    series = (
+        ("E2E P50", [r.aggregates.e2e_s.p50 for r in runs], "tab:blue", "-"),
+        ("E2E P99", [r.aggregates.e2e_s.p99 for r in runs], "tab:blue", "--"),
+        ("TTFT P50", [r.aggregates.ttft_s.p50 for r in runs], "tab:orange", "-"),
+        ("TTFT P99", [r.aggregates.ttft_s.p99 for r in runs], "tab:orange", "--"),
+    )
+    for name, values, color, style in series:
+        ms = [v * 1e3 if v is not None else float("nan") for v in values]
+        curve.plot(x, ms, style, marker="o", color=color, label=name)
+    for run, xv, yv in zip(runs, x, [r.aggregates.e2e_s.p99 for r in runs]):
+        if yv is not None:
+            curve.annotate(run.label, (xv, yv * 1e3), textcoords="offset points", xytext=(4, 6), fontsize=8)
+    curve.set_xlabel("achieved output throughput (tokens/s)")
+    curve.set_ylabel("latency (ms)")
+    curve.set_title("Throughput vs latency across the sweep")
+    curve.grid(True, alpha=0.3)
+    curve.set_ylim(bottom=0)
+    curve.set_xlim(left=0)
+    if runs:
+        curve.legend(loc="upper left", fontsize=9)
+    failed = sum(r.aggregates.requests_failed for r in result.runs)
+    if failed:
+        curve.text(
+            0.99, 0.02, f"{failed} failed request(s) not plotted", transform=curve.transAxes,
+            ha="right", va="bottom", color="tab:red", fontsize=9,
+        )
+    if not runs:
+        curve.text(0.5, 0.5, "no successful request", transform=curve.transAxes, ha="center", va="center")
+
+    all_ttft = [r.ttft_s * 1e3 for run in runs for r in run.records if r.ok and r.ttft_s is not None]
+    if all_ttft:
+        lo, hi = min(all_ttft), max(all_ttft)
+        bins = 30 if hi > lo else 1
+        edges = [lo + (hi - lo) * i / bins for i in range(bins + 1)] if hi > lo else [lo - 0.5, lo + 0.5]
+        for run in runs:
+            values = [r.ttft_s * 1e3 for r in run.records if r.ok and r.ttft_s is not None]
+            hist.hist(values, bins=edges, histtype="step", linewidth=1.6, label=f"{run.label} (n={len(values)})")
+        top = runs[-1].aggregates.ttft_s
+        for name, value, style in (("P50", top.p50, "-"), ("P99", top.p99, "--")):
+            if value is not None:
+                hist.axvline(value * 1e3, color="black", linestyle=style, linewidth=1)
+                hist.annotate(
+                    f"{name} {value * 1e3:.1f} ms", (value * 1e3, 1), xycoords=("data", "axes fraction"),
+                    xytext=(3, -12 if name == "P50" else -24), textcoords="offset points", fontsize=8,
+                )
+        hist.legend(fontsize=8, title="load", title_fontsize=8)
+    else:
+        hist.text(0.5, 0.5, "no TTFT measured", transform=hist.transAxes, ha="center", va="center")
+    hist.set_xlabel("time to first token (ms)")
+    hist.set_ylabel("requests")
+    hist.set_title(f"TTFT distribution (P50/P99 lines: {runs[-1].label if runs else '-'})")
+    hist.grid(True, alpha=0.3)
+
+    fig.suptitle(f"trtpipe bench: {result.model} @ {result.url}, {result.mode} loop", fontsize=12)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

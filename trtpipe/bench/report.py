@@ -1,0 +1,166 @@
+"""The result of `trtpipe bench` (pydantic, the `--json` schema) and its terminal table."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from rich.console import Console
+from rich.table import Table
+
+from trtpipe.bench.metrics import Aggregates, RequestRecord, Slo, Stats
+from trtpipe.bench.prometheus import ServerSide
+from trtpipe.bench.workload import Workload
+
+SCHEMA_VERSION = 1
+
+
+class RunResult(BaseModel):
+    """One load level of a benchmark: an open-loop rate or a closed-loop concurrency."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["open", "closed"]
+    rate: float | None = Field(default=None, description="requests per second asked for (open loop)")
+    concurrency: int | None = Field(default=None, description="requests kept in flight (closed loop)")
+    aggregates: Aggregates
+    server: ServerSide
+    client_overhead_s: float | None = Field(
+        default=None,
+        description="mean client E2E minus the server's mean request duration for the served model",
+    )
+    records: list[RequestRecord]
+
+    @property
+    def label(self) -> str:
+        if self.mode == "open":
+            return f"{self.rate:g} req/s"
+        return f"c={self.concurrency}"
+
+
+class BenchResult(BaseModel):
+    """Everything `trtpipe bench` measured; `--json` writes exactly this."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    url: str
+    model: str
+    mode: Literal["open", "closed"]
+    duration_limit_s: float
+    drain_s: float
+    slo: Slo
+    workload: Workload
+    runs: list[RunResult]
+    started_at: str = Field(description="UTC ISO-8601 time the first run started")
+
+    @property
+    def passed(self) -> bool:
+        """Every request of every run succeeded (and met the SLOs when some were given)."""
+        for run in self.runs:
+            agg = run.aggregates
+            if agg.requests_failed or agg.requests_sent == 0:
+                return False
+            if agg.requests_meeting_slo is not None and agg.requests_meeting_slo < agg.requests_ok:
+                return False
+        return True
+
+    def summary(self) -> dict:
+        """The aggregates without the raw records: what a results log keeps."""
+        return {
+            "url": self.url,
+            "model": self.model,
+            "mode": self.mode,
+            "slo": self.slo.model_dump(exclude_none=True),
+            "workload": self.workload.model_dump(exclude={"requests"}),
+            "runs": [
+                run.model_dump(exclude={"records"}) | {"label": run.label}
+                for run in self.runs
+            ],
+        }
+
+
+def write_json(result: BenchResult, destination: str) -> None:
+    """Write the result as JSON to a file (atomically: temp file then rename) or to stdout for "-"."""
+    text = result.model_dump_json(indent=2)
+    if destination == "-":
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+        return
+    path = Path(destination)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_json(path: Path) -> BenchResult:
+    """Read and validate a result written by `write_json`."""
+    return BenchResult.model_validate_json(path.read_text(encoding="utf-8"))
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.1f}"
+
+
+def _stat_ms(stats: Stats) -> str:
+    if stats.count == 0:
+        return "-"
+    return f"{_ms(stats.mean)} / {_ms(stats.p50)} / {_ms(stats.p90)} / {_ms(stats.p99)}"
+
+
+def render_table(result: BenchResult, console: Console) -> None:
+    """One row per load level: throughput, latencies (mean / P50 / P90 / P99 in ms), errors, server time."""
+    table = Table(
+        title=f"trtpipe bench  {result.model} @ {result.url}  ({result.mode} loop, {len(result.workload.requests)} requests max)",
+        caption="latencies in ms: mean / P50 / P90 / P99;  server = Triton's mean request duration for the model",
+    )
+    table.add_column("load", justify="right")
+    table.add_column("ok/sent", justify="right")
+    table.add_column("req/s", justify="right")
+    table.add_column("out tok/s", justify="right")
+    if result.slo.is_set():
+        table.add_column("goodput req/s", justify="right")
+    table.add_column("TTFT", justify="right")
+    table.add_column("TPOT", justify="right")
+    table.add_column("ITL", justify="right")
+    table.add_column("E2E", justify="right")
+    table.add_column("server ms", justify="right")
+    table.add_column("errors")
+    for run in result.runs:
+        agg = run.aggregates
+        server_model = run.server.for_model(result.model)
+        server_ms = _ms(server_model.mean_request_s) if server_model else "-"
+        errors = ", ".join(f"{kind}={n}" for kind, n in agg.errors_by_kind.items()) or "-"
+        row = [
+            run.label,
+            f"{agg.requests_ok}/{agg.requests_sent}",
+            f"{agg.request_throughput:.2f}",
+            f"{agg.output_token_throughput:.1f}",
+        ]
+        if result.slo.is_set():
+            row.append("-" if agg.goodput is None else f"{agg.goodput:.2f}")
+        row += [
+            _stat_ms(agg.ttft_s),
+            _stat_ms(agg.tpot_s),
+            _stat_ms(agg.itl_s),
+            _stat_ms(agg.e2e_s),
+            server_ms,
+            errors,
+        ]
+        table.add_row(*row, style="red" if agg.requests_failed else None)
+    console.print(table)
+
+
+def dumps_summary(result: BenchResult) -> str:
+    return json.dumps(result.summary(), indent=2, sort_keys=True)
