@@ -664,3 +664,82 @@ def staging_dir(parent: Path) -> Iterator[Path]:
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def sha256_bytes(body: bytes) -> str:
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def artifact_from_entry(entry: Any) -> LocalArtifact:
+    """A push source from a local store `Entry` (kind, key, path, digest)."""
+    return LocalArtifact(path=Path(entry.path), kind=entry.kind, key=entry.key, digest=entry.digest)
+
+
+# --------------------------------------------------------------------------- local store integration
+
+
+def install_pulled(client: OciClient, remote: RemoteArtifact, store: Any) -> Any:
+    """Download `remote` into the local store as `<kind>/<key>`, verified, published by one rename.
+
+    The entry keeps its original manifest.json bytes, so its digest (the artifact digest that
+    results and channels name) is the same on every machine. Returns the store's `Entry`.
+    """
+    from trtpipe.store.local import Entry
+
+    kind, key = remote.kind, remote.key
+    if kind not in KINDS:
+        raise TrtpipeError(f"{remote.ref}: unknown artifact kind {kind!r}; refused")
+    with store.building(kind, key) as handle:
+        if handle.existing is not None:
+            return handle.existing
+        staging = Path(handle.dir)
+        download_verified(client, remote, staging)
+        raw = (staging / "manifest.json").read_bytes()
+        if sha256_bytes(raw) != remote.artifact_digest:
+            raise TrtpipeError(
+                f"{remote.ref}: its trtpipe manifest hashes to {sha256_bytes(raw)}, not the annotated artifact digest {remote.artifact_digest}; refused",
+                fix="push the artifact again from a good copy",
+            )
+        manifest = json.loads(raw)
+        if manifest.get("kind") not in (None, kind) or manifest.get("key") not in (None, key):
+            raise TrtpipeError(f"{remote.ref}: its manifest names {manifest.get('kind')}/{manifest.get('key')}, not {kind}/{key}; refused")
+        for item in manifest.get("files") or []:
+            if isinstance(item, dict) and item.get("sha256") and item.get("path"):
+                path = staging.joinpath(*_safe_relpath(str(item["path"])).parts)
+                store.objects.adopt(path, str(item["sha256"]), int(item["size"]))
+        final = store.entry_dir(kind, key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(staging, final)  # the publish: one atomic rename, after every byte was verified
+        entry = Entry(kind=kind, key=key, path=final, manifest=manifest, digest=sha256_bytes(raw))
+        handle.entry = entry  # tells the store's context the staging dir was consumed
+    return entry
+
+
+class RemoteStore:
+    """An OCI repository used as a shared build cache: `trtpipe build --store oci://host/repo`.
+
+    Entries are found by their immutable `<kind>-<key>` tag; a hit is pulled, verified and
+    installed into the local store; a built entry is pushed after the build.
+    """
+
+    def __init__(self, url: str, *, credentials: Credentials | None = None) -> None:
+        self.base = parse_oci_ref(url)
+        if self.base.reference is not None:
+            raise UsageError(f"--store {url} names a tag or digest", fix=f"give the repository only, e.g. {self.base.base}")
+        self.client = OciClient(self.base.host, credentials)
+
+    def __str__(self) -> str:
+        return self.base.base
+
+    def pull_if_present(self, kind: str, key: str, local_store: Any) -> Any | None:
+        """The entry from the registry, installed locally, or None if the registry does not hold it."""
+        body = self.client.get_manifest(self.base.repository, key_tag(kind, key))
+        if body is None:
+            return None
+        remote = resolve_remote(self.client, self.base.with_digest(sha256_bytes(body)))
+        if remote.kind != kind or remote.key != key:
+            raise TrtpipeError(f"{self.base}:{key_tag(kind, key)} holds {remote.kind}/{remote.key}; refused")
+        return install_pulled(self.client, remote, local_store)
+
+    def push(self, entry: Any, *, tags: tuple[str, ...] = ()) -> PushResult:
+        return push_artifact(self.client, self.base, artifact_from_entry(entry), tags=tags)

@@ -1,0 +1,1 @@
+"""Release: channels (named pointers to immutable artifact digests), promotion gates, and the audit trail."""

@@ -1,0 +1,146 @@
+"""Channel pointers: `<home>/channels/<model>/<target>/<channel>.json`, each naming one artifact digest.
+
+A pointer file holds the current `digest` and the stack of earlier ones (`history`, newest last) that
+`rollback` returns to. Every digest in these files sits under a `"digest"` key, so the store's gc can
+pin every digest it finds anywhere in them. Writes are atomic (temp file + os.replace) and happen
+under one release lock (`channels/.lock`), which promote and rollback hold across their
+compare-and-swap and the audit append.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+from filelock import FileLock
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from trtpipe.errors import TrtpipeError, UsageError
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
+LOCK_TIMEOUT_S = 60.0
+
+
+def check_name(what: str, value: str) -> str:
+    """Channel, model and target names become path parts and tags: plain names only."""
+    if not _NAME_RE.match(value or "") or value in (".", ".."):
+        raise UsageError(
+            f"{what} {value!r} is not a plain name",
+            fix=f"use letters, digits, '.', '_' or '-' (not starting with '.' or '-') for the {what}",
+        )
+    return value
+
+
+class ChannelScope(BaseModel):
+    """Channels are per model and per target (a prod for h100 is not a prod for l40s)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str
+    target: str
+
+    def __str__(self) -> str:
+        return f"{self.model}/{self.target}"
+
+
+class PointerTarget(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    digest: str
+    ref: str | None = None  # where the artifact lives: "engine/<key>" locally, or a pinned oci:// ref
+    set_at: str
+    set_by: str
+
+
+class ChannelPointer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    channel: str
+    model: str
+    target: str
+    digest: str
+    ref: str | None = None
+    set_at: str
+    set_by: str
+    history: list[PointerTarget] = Field(default_factory=list)
+
+    @property
+    def scope(self) -> ChannelScope:
+        return ChannelScope(model=self.model, target=self.target)
+
+    @property
+    def previous(self) -> PointerTarget | None:
+        return self.history[-1] if self.history else None
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+class ChannelStore:
+    """Reads and atomically replaces channel pointer files under `<home>/channels/`."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = Path(home)
+        self.root = self.home / "channels"
+
+    def lock(self) -> FileLock:
+        self.root.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.root / ".lock"), timeout=LOCK_TIMEOUT_S)
+
+    def path(self, scope: ChannelScope, channel: str) -> Path:
+        return self.root / check_name("model", scope.model) / check_name("target", scope.target) / f"{check_name('channel', channel)}.json"
+
+    def get(self, scope: ChannelScope, channel: str) -> ChannelPointer | None:
+        return self._read(self.path(scope, channel))
+
+    def _read(self, path: Path) -> ChannelPointer | None:
+        if not path.is_file():
+            return None
+        try:
+            return ChannelPointer.model_validate_json(path.read_text(encoding="utf-8"))
+        except (ValidationError, ValueError):
+            raise TrtpipeError(
+                f"{path}: channel pointer is corrupt",
+                fix="restore it from the audit trail (`trtpipe history --channel NAME`) or remove it and promote again",
+            ) from None
+
+    def write(self, pointer: ChannelPointer) -> Path:
+        """Atomically replace the pointer file (the caller holds `lock()`)."""
+        path = self.path(pointer.scope, pointer.channel)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(pointer.model_dump_json(indent=2) + "\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    def all(self) -> list[ChannelPointer]:
+        if not self.root.is_dir():
+            return []
+        out = [p for p in (self._read(path) for path in sorted(self.root.glob("*/*/*.json"))) if p is not None]
+        return sorted(out, key=lambda p: (p.model, p.target, p.channel))
+
+    def find(self, channel: str, *, model: str | None = None, target: str | None = None) -> list[ChannelPointer]:
+        return [
+            p
+            for p in self.all()
+            if p.channel == channel and (model is None or p.model == model) and (target is None or p.target == target)
+        ]
+
+    def pinned_digests(self) -> set[str]:
+        """Every digest a channel holds or can roll back to (what gc must keep)."""
+        out: set[str] = set()
+        for pointer in self.all():
+            out.add(pointer.digest)
+            out.update(h.digest for h in pointer.history)
+        return out

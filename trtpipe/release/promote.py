@@ -1,0 +1,295 @@
+"""Promote an artifact into a channel, or roll a channel back, with gates, CAS and an audit record.
+
+Where the gates come from (in this order): `--spec SPEC` (its `release.gates.<channel>`), else the
+spec stored in the artifact's manifest (`meta.spec` or `inputs.spec`, any `release.gates` found
+there), else the default `ChannelGates()` (smoke required). The source is recorded in the audit.
+
+Concurrency: the channel's digest is read before the gates are checked (the regression gate compares
+against it) and is the expected "from" of a compare-and-swap done under the release lock. If another
+promotion moved the channel in between, this one fails with a `conflict` audit record and changes
+nothing. `expect_from` makes the expected digest explicit (CI passes what it tested against).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from trtpipe.errors import TrtpipeError, UsageError
+from trtpipe.release.audit import AuditRecord, append_audit, read_audit
+from trtpipe.release.channels import ChannelPointer, ChannelScope, ChannelStore, PointerTarget, check_name, now_iso
+from trtpipe.release.gates import GateResult, evaluate_gates, gates_for_channel
+from trtpipe.results import ResultsLog, current_user, normalize_digest
+from trtpipe.spec import BuildSpec, ChannelGates
+
+UNSET = "__unset__"
+
+
+@dataclass
+class ResolvedArtifact:
+    """The artifact a REF names: its digest (what results and channels key on) and where it lives."""
+
+    digest: str
+    model: str
+    target: str
+    ref: str | None  # "kind/key" in the local store, or a pinned oci:// reference
+    manifest: dict[str, Any] = field(default_factory=dict)
+    oci_manifest_bytes: bytes | None = None  # set for oci:// refs: what a channel tag is pointed at
+    oci_base: Any = None  # OciRef of the repository (oci:// refs)
+    oci_client: Any = None
+
+
+@dataclass
+class PromotionOutcome:
+    channel: str
+    model: str
+    target: str
+    from_digest: str | None
+    to_digest: str
+    action: str  # promote | force-promote | unchanged
+    gates: list[GateResult]
+    gates_source: str
+    audit: AuditRecord | None
+    tag: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "channel": self.channel,
+            "model": self.model,
+            "target": self.target,
+            "from_digest": self.from_digest,
+            "to_digest": self.to_digest,
+            "action": self.action,
+            "gates": [g.model_dump() for g in self.gates],
+            "gates_source": self.gates_source,
+            "tag": self.tag,
+            "audit_seq": self.audit.seq if self.audit else None,
+        }
+
+
+# --------------------------------------------------------------------------- resolving
+
+
+def _scope_from(manifest: dict[str, Any], model: str | None, target: str | None, ref: str) -> tuple[str, str]:
+    from trtpipe.store.oci import ANNOTATION_PREFIX, describe_manifest
+
+    described = describe_manifest(manifest)
+    model = model or described.get(ANNOTATION_PREFIX + "model")
+    target = target or described.get(ANNOTATION_PREFIX + "target.gpu")
+    if not model or not target:
+        raise UsageError(
+            f"cannot tell which model and target {ref} is for (its manifest does not say)",
+            fix="pass --model NAME --target GPU",
+        )
+    return check_name("model", model), check_name("target", target)
+
+
+def resolve_artifact(home: Path, ref: str, *, model: str | None = None, target: str | None = None) -> ResolvedArtifact:
+    """REF: `oci://host/repo:tag|@digest`, a local `kind/key`, key prefix, or artifact digest."""
+    from trtpipe.store import oci
+
+    if oci.is_oci_url(ref):
+        base = oci.parse_oci_ref(ref)
+        client = oci.OciClient(base.host)
+        remote = oci.resolve_remote(client, base)
+        if not remote.artifact_digest:
+            raise TrtpipeError(f"{ref} carries no {oci.ARTIFACT_DIGEST_ANNOTATION} annotation", fix="push it with `trtpipe cache push`")
+        config = remote.manifest["config"]
+        config_bytes = client.fetch_blob_bytes(base.repository, config["digest"], int(config["size"]))
+        if oci.sha256_bytes(config_bytes) != remote.artifact_digest:
+            raise TrtpipeError(f"{ref}: its manifest config does not match its artifact digest annotation; refused")
+        manifest = json.loads(config_bytes)
+        ann = remote.annotations
+        m, t = _scope_from(
+            manifest, model or ann.get(oci.ANNOTATION_PREFIX + "model"), target or ann.get(oci.ANNOTATION_PREFIX + "target.gpu"), ref
+        )
+        return ResolvedArtifact(
+            digest=remote.artifact_digest, model=m, target=t, ref=str(remote.ref), manifest=manifest,
+            oci_manifest_bytes=remote.manifest_bytes, oci_base=base, oci_client=client,
+        )
+    from trtpipe.store.local import Store
+
+    store = Store.open(home)
+    try:
+        entry = store.find(ref)
+    except UsageError:
+        full = ref.removeprefix("sha256:")
+        if len(full) == 64 and model and target:
+            # Not in this store (results were recorded for it elsewhere): promote the bare digest.
+            return ResolvedArtifact(digest=normalize_digest(full), model=check_name("model", model), target=check_name("target", target), ref=None)
+        raise
+    m, t = _scope_from(entry.manifest, model, target, ref)
+    return ResolvedArtifact(digest=entry.digest, model=m, target=t, ref=f"{entry.kind}/{entry.key}", manifest=entry.manifest)
+
+
+def _find_gates(node: Any) -> dict[str, Any] | None:
+    """The first `release: {gates: {...}}` inside a stored manifest's spec."""
+    if isinstance(node, dict):
+        release = node.get("release")
+        if isinstance(release, dict) and isinstance(release.get("gates"), dict):
+            return release["gates"]
+        for value in node.values():
+            found = _find_gates(value)
+            if found is not None:
+                return found
+    return None
+
+
+def load_gates(spec_path: Path | None, manifest: dict[str, Any], channel: str) -> tuple[ChannelGates, str]:
+    if spec_path is not None:
+        from trtpipe.spec_loader import load_spec
+
+        loaded = load_spec(spec_path)
+        return gates_for_channel(loaded.spec, channel), f"spec {spec_path}"
+    stored = _find_gates(manifest)
+    if stored is not None:
+        if channel not in stored:
+            return ChannelGates(), "artifact manifest (no gates for this channel: default, smoke required)"
+        try:
+            return ChannelGates.model_validate(stored[channel]), "artifact manifest"
+        except ValidationError as exc:
+            raise TrtpipeError(f"the gates stored in the artifact manifest for {channel} are invalid: {exc.errors()[0]['msg']}", fix="pass --spec SPEC") from None
+    return gates_for_channel(None, channel), "default (smoke required)"
+
+
+# --------------------------------------------------------------------------- promote
+
+
+def channel_tag(model: str, target: str, channel: str) -> str:
+    from trtpipe.store.oci import sanitize_tag
+
+    return sanitize_tag(f"{model}.{target}.{channel}")
+
+
+def _gate_summary(gates: list[GateResult]) -> str:
+    return ", ".join(f"{g.gate} {g.status} ({g.detail})" for g in gates)
+
+
+def promote(
+    home: Path,
+    ref: str,
+    channel: str,
+    *,
+    force: bool = False,
+    reason: str | None = None,
+    spec_path: Path | None = None,
+    model: str | None = None,
+    target: str | None = None,
+    expect_from: str | None = UNSET,
+) -> PromotionOutcome:
+    """Point `channel` (of the artifact's model and target) at REF's digest if its gates pass."""
+    check_name("channel", channel)
+    if force and not (reason and reason.strip()):
+        raise UsageError("--force needs --reason", fix='say why, e.g. --force --reason "hotfix for incident 123, smoke run by hand"')
+    art = resolve_artifact(home, ref, model=model, target=target)
+    gates, gates_source = load_gates(spec_path, art.manifest, channel)
+    channels = ChannelStore(home)
+    scope = ChannelScope(model=art.model, target=art.target)
+    before = channels.get(scope, channel)
+    seen_from = before.digest if before else None
+    expected = seen_from if expect_from == UNSET else (None if expect_from in (None, "", "none") else normalize_digest(expect_from))
+    results = ResultsLog(home)
+    gate_results = evaluate_gates(
+        gates, results.for_digest(art.digest), target=art.target,
+        current_results=results.for_digest(seen_from) if seen_from else None, current_digest=seen_from,
+    )
+    failed = [g for g in gate_results if not g.passed]
+    who = current_user()
+    common = dict(channel=channel, model=art.model, target=art.target, ref=art.ref,
+                  gates=[g.model_dump() for g in gate_results], gates_source=gates_source)
+    with channels.lock():
+        now = channels.get(scope, channel)
+        now_digest = now.digest if now else None
+        if now_digest != expected:
+            append_audit(home, at=now_iso(), who=who, action="conflict", from_digest=now_digest, to_digest=art.digest,
+                         reason=reason, detail=f"expected {channel} at {expected or 'empty'}, found {now_digest or 'empty'}", **common)
+            raise TrtpipeError(
+                f"channel {channel} of {scope} moved to {now_digest or 'empty'} while this promotion expected {expected or 'empty'}; nothing changed",
+                fix="look at `trtpipe history --channel " + channel + "` and promote again if still wanted",
+            )
+        if failed and not force:
+            append_audit(home, at=now_iso(), who=who, action="refused", from_digest=now_digest, to_digest=art.digest,
+                         reason=None, detail="gates not met: " + ", ".join(f"{g.gate} {g.status}" for g in failed), **common)
+            raise TrtpipeError(
+                f"refused to promote {art.digest} to {channel} of {scope}: gates not met: {_gate_summary(failed)}",
+                fix='record passing results (trtpipe smoke / bench) for exactly this digest, or use --force --reason "..."',
+            )
+        if now_digest == art.digest:
+            return PromotionOutcome(channel, art.model, art.target, now_digest, art.digest, "unchanged", gate_results, gates_source, None)
+        tag = None
+        if art.oci_client is not None:
+            from trtpipe.store.oci import move_tag
+
+            tag = channel_tag(art.model, art.target, channel)
+            move_tag(art.oci_client, art.oci_base.repository, tag, art.oci_manifest_bytes)
+        history = list(now.history) if now else []
+        if now is not None:
+            history.append(PointerTarget(digest=now.digest, ref=now.ref, set_at=now.set_at, set_by=now.set_by))
+        channels.write(ChannelPointer(channel=channel, model=art.model, target=art.target, digest=art.digest,
+                                      ref=art.ref, set_at=now_iso(), set_by=who, history=history))
+        action = "force-promote" if force else "promote"
+        record = append_audit(home, at=now_iso(), who=who, action=action, from_digest=now_digest, to_digest=art.digest,
+                              reason=reason, detail=f"channel tag {tag}" if tag else None, **common)
+    return PromotionOutcome(channel, art.model, art.target, now_digest, art.digest, action, gate_results, gates_source, record, tag)
+
+
+# --------------------------------------------------------------------------- rollback
+
+
+def pick_channel(channels: ChannelStore, channel: str, model: str | None, target: str | None) -> ChannelPointer:
+    check_name("channel", channel)
+    found = channels.find(channel, model=model, target=target)
+    if not found:
+        raise UsageError(f"no channel {channel!r}" + (f" for {model or '*'}/{target or '*'}" if model or target else ""), fix="see `trtpipe channels`")
+    if len(found) > 1:
+        names = ", ".join(f"{p.model}/{p.target}" for p in found)
+        raise UsageError(f"channel {channel!r} exists for several models/targets ({names})", fix="pass --model and --target")
+    return found[0]
+
+
+def rollback(home: Path, channel: str, *, model: str | None = None, target: str | None = None, reason: str | None = None) -> AuditRecord:
+    """Move `channel` back to the digest it held before its latest promotion (recorded)."""
+    channels = ChannelStore(home)
+    chosen = pick_channel(channels, channel, model, target)
+    with channels.lock():
+        now = channels.get(chosen.scope, channel)
+        if now is None or not now.history:
+            raise TrtpipeError(f"channel {channel} of {chosen.scope} has no earlier digest to roll back to", fix="promote the wanted artifact instead")
+        previous = now.history[-1]
+        tag = None
+        if previous.ref and previous.ref.startswith("oci://"):
+            from trtpipe.store import oci
+
+            pinned = oci.parse_oci_ref(previous.ref)
+            client = oci.OciClient(pinned.host)
+            body = client.get_manifest(pinned.repository, pinned.digest or "")
+            if body is None:
+                raise TrtpipeError(f"{previous.ref} is gone from the registry; cannot move the channel tag back", fix="push it again, then roll back")
+            tag = channel_tag(now.model, now.target, channel)
+            oci.move_tag(client, pinned.repository, tag, body)
+        who = current_user()
+        channels.write(ChannelPointer(channel=channel, model=now.model, target=now.target, digest=previous.digest, ref=previous.ref,
+                                      set_at=now_iso(), set_by=who, history=now.history[:-1]))
+        return append_audit(home, at=now_iso(), who=who, action="rollback", channel=channel, model=now.model, target=now.target,
+                            from_digest=now.digest, to_digest=previous.digest, ref=previous.ref, reason=reason,
+                            detail=f"channel tag {tag}" if tag else None)
+
+
+def channel_states(home: Path) -> list[dict[str, Any]]:
+    """Each channel with its digest, where it lives, who set it and the depth of its rollback history."""
+    audit = read_audit(home)
+    out = []
+    for pointer in ChannelStore(home).all():
+        last = next((r for r in reversed(audit) if r.channel == pointer.channel and r.model == pointer.model and r.target == pointer.target
+                     and r.action in ("promote", "force-promote", "rollback")), None)
+        out.append({
+            "channel": pointer.channel, "model": pointer.model, "target": pointer.target, "digest": pointer.digest,
+            "ref": pointer.ref, "set_at": pointer.set_at, "set_by": pointer.set_by,
+            "previous": pointer.previous.digest if pointer.previous else None, "history_depth": len(pointer.history),
+            "last_action": last.action if last else None, "last_reason": last.reason if last else None,
+        })
+    return out
