@@ -1,0 +1,1 @@
+"""The engine stage: build plan, trtllm-build flag contracts, executors, engine validation, log doctor."""

@@ -1,0 +1,337 @@
+"""The docker executor: runs trtllm-build (or the checkpoint conversion) inside the toolchain's pinned
+NGC container through the Docker SDK.
+
+`container_spec` / `conversion_container_spec` are pure functions (tested without a daemon): image by
+tag or, once the toolchain has it, by digest; GPUs by count or by ids; the checkpoint mounted
+read-only and the output read-write; the shared memory, ulimits and IPC that TRT-LLM's NCCL/MPI
+need. `DockerExecutor.run` talks to the daemon: it fails in well under a second with one line when
+there is none, streams the container log to the build log, and detects the exit status and OOM-kill.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from trtpipe.engine.executors.base import ExecutorResult, failure_from_log
+from trtpipe.errors import MissingCapability, TrtpipeError
+
+CHECKPOINT_MOUNT = "/trtpipe/checkpoint"
+ENGINE_MOUNT = "/trtpipe/engine"
+TRTPIPE_SOURCE_MOUNT = "/opt/trtpipe-src"
+DEFAULT_SHM_SIZE = "16g"
+# What NVIDIA's TRT-LLM container docs ask for: unlimited locked memory (pinned host buffers, NCCL)
+# and a 64 MiB stack.
+ULIMITS = ({"name": "memlock", "soft": -1, "hard": -1}, {"name": "stack", "soft": 67108864, "hard": 67108864})
+DAEMON_TIMEOUT_S = 0.8
+
+
+class Mount(BaseModel):
+    source: str
+    target: str
+    read_only: bool
+
+
+class ContainerSpec(BaseModel):
+    """Everything needed to start the build container; `run_kwargs()` maps it onto the Docker SDK."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image: str
+    image_tag: str
+    image_digest: str | None
+    command: list[str]
+    gpu_count: int | None = None
+    gpu_ids: list[str] | None = None
+    mounts: list[Mount]
+    shm_size: str | None = DEFAULT_SHM_SIZE
+    ipc_mode: str | None = "host"
+    ulimits: list[dict[str, int | str]] = Field(default_factory=lambda: [dict(u) for u in ULIMITS])
+    environment: dict[str, str] = Field(default_factory=dict)
+    working_dir: str = "/tmp"
+    user: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def device_requests(self) -> list[dict[str, Any]]:
+        """The NVIDIA device request (Docker API form): by ids when given, else by count."""
+        request: dict[str, Any] = {"Driver": "nvidia", "Capabilities": [["gpu"]]}
+        if self.gpu_ids:
+            request["DeviceIDs"] = list(self.gpu_ids)
+        else:
+            request["Count"] = self.gpu_count if self.gpu_count is not None else -1
+        return [request]
+
+    def run_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for docker's `client.containers.run(..., detach=True)`."""
+        import docker.types
+
+        requests = []
+        for req in self.device_requests:
+            requests.append(
+                docker.types.DeviceRequest(
+                    driver=req["Driver"], count=req.get("Count", 0), device_ids=req.get("DeviceIDs"),
+                    capabilities=req["Capabilities"],
+                )
+            )
+        kwargs: dict[str, Any] = {
+            "image": self.image,
+            "command": self.command,
+            "device_requests": requests,
+            "mounts": [
+                docker.types.Mount(target=m.target, source=m.source, type="bind", read_only=m.read_only)
+                for m in self.mounts
+            ],
+            "ulimits": [docker.types.Ulimit(name=u["name"], soft=u["soft"], hard=u["hard"]) for u in self.ulimits],
+            "environment": self.environment,
+            "working_dir": self.working_dir,
+            "labels": self.labels,
+            "detach": True,
+        }
+        if self.ipc_mode:
+            kwargs["ipc_mode"] = self.ipc_mode
+        if self.shm_size and self.ipc_mode != "host":
+            kwargs["shm_size"] = self.shm_size
+        if self.user:
+            kwargs["user"] = self.user
+        return kwargs
+
+    def docker_cli(self) -> list[str]:
+        """The equivalent `docker run` command line, for dry runs and for users without the SDK."""
+        argv = ["docker", "run", "--rm"]
+        if self.gpu_ids:
+            argv += ["--gpus", f'"device={",".join(self.gpu_ids)}"']
+        else:
+            argv += ["--gpus", "all" if self.gpu_count is None else str(self.gpu_count)]
+        if self.ipc_mode:
+            argv += ["--ipc", self.ipc_mode]
+        if self.shm_size and self.ipc_mode != "host":
+            argv += ["--shm-size", self.shm_size]
+        for u in self.ulimits:
+            argv += ["--ulimit", f"{u['name']}={u['soft']}:{u['hard']}" if u["soft"] != u["hard"] else f"{u['name']}={u['soft']}"]
+        for m in self.mounts:
+            argv += ["-v", f"{m.source}:{m.target}:{'ro' if m.read_only else 'rw'}"]
+        for key, value in sorted(self.environment.items()):
+            argv += ["-e", f"{key}={value}"]
+        if self.user:
+            argv += ["--user", self.user]
+        argv += ["-w", self.working_dir, self.image, *self.command]
+        return argv
+
+
+def image_reference(toolchain: Any) -> tuple[str, str, str | None]:
+    """(image to run, tag reference, digest): by digest when the toolchain has pinned one."""
+    tag_ref = toolchain.triton_container
+    digest = getattr(toolchain, "triton_container_digest", None)
+    if digest:
+        repo = tag_ref.split("@")[0]
+        last = repo.rsplit("/", 1)[-1]
+        if ":" in last:
+            repo = repo[: len(repo) - len(last)] + last.split(":")[0]
+        return f"{repo}@{digest}", tag_ref, digest
+    return tag_ref, tag_ref, None
+
+
+def _gpu_selection(gpus: int | list[str] | list[int] | None, world_size: int) -> tuple[int | None, list[str] | None]:
+    if gpus is None:
+        return world_size, None
+    if isinstance(gpus, int):
+        if gpus < world_size:
+            raise TrtpipeError(f"{gpus} GPU(s) requested but the engine's world size is {world_size}",
+                               fix=f"request at least {world_size} GPUs")
+        return gpus, None
+    ids = [str(g) for g in gpus]
+    if len(ids) < world_size:
+        raise TrtpipeError(f"GPU ids {ids} are fewer than the engine's world size {world_size}",
+                           fix=f"give {world_size} GPU ids")
+    return None, ids
+
+
+def container_spec(
+    plan: Any,
+    toolchain: Any,
+    checkpoint_dir: Path,
+    out_dir: Path,
+    gpus: int | list[str] | list[int] | None = None,
+    *,
+    shm_size: str = DEFAULT_SHM_SIZE,
+    ipc_host: bool = True,
+    user: str | None = None,
+) -> ContainerSpec:
+    """The container that runs this plan's trtllm-build. Pure: no daemon, no filesystem access."""
+    image, tag_ref, digest = image_reference(toolchain)
+    count, ids = _gpu_selection(gpus, plan.world_size)
+    command = plan.render_command(CHECKPOINT_MOUNT, ENGINE_MOUNT)
+    return ContainerSpec(
+        image=image,
+        image_tag=tag_ref,
+        image_digest=digest,
+        command=command,
+        gpu_count=count,
+        gpu_ids=ids,
+        mounts=[
+            Mount(source=str(Path(checkpoint_dir).absolute()), target=CHECKPOINT_MOUNT, read_only=True),
+            Mount(source=str(Path(out_dir).absolute()), target=ENGINE_MOUNT, read_only=False),
+        ],
+        shm_size=shm_size,
+        ipc_mode="host" if ipc_host else None,
+        environment={"HOME": "/tmp"},
+        user=user,
+        labels={"org.trtpipe.stage": "engine", "org.trtpipe.toolchain": toolchain.name},
+    )
+
+
+def conversion_container_spec(
+    toolchain: Any,
+    *,
+    spec_path: Path,
+    model_dir: Path,
+    out_dir: Path,
+    trtpipe_source: Path,
+    extra_read_only: list[Path] = (),  # type: ignore[assignment]
+    gpus: int | list[str] | None = None,
+    world_size: int = 1,
+    shm_size: str = DEFAULT_SHM_SIZE,
+    user: str | None = None,
+) -> ContainerSpec:
+    """The container that runs the checkpoint stage (HF -> TRT-LLM checkpoint, ModelOpt calibration on the GPU).
+
+    The toolchain's container carries TensorRT-LLM, ModelOpt and torch with CUDA; trtpipe itself is
+    mounted read-only and put on PYTHONPATH. Host paths are mounted at the SAME paths inside, so the
+    spec's relative paths (model, calibration data) resolve unchanged in the container.
+    """
+    image, tag_ref, digest = image_reference(toolchain)
+    count, ids = _gpu_selection(gpus, world_size)
+    ro = [Path(spec_path).absolute().parent, Path(model_dir).absolute(), *[Path(p).absolute() for p in extra_read_only]]
+    mounts: list[Mount] = []
+    seen: set[str] = set()
+    for path in ro:
+        if str(path) not in seen:
+            seen.add(str(path))
+            mounts.append(Mount(source=str(path), target=str(path), read_only=True))
+    mounts.append(Mount(source=str(Path(out_dir).absolute()), target=str(Path(out_dir).absolute()), read_only=False))
+    mounts.append(Mount(source=str(Path(trtpipe_source).absolute()), target=TRTPIPE_SOURCE_MOUNT, read_only=True))
+    command = [
+        "python3", "-m", "trtpipe.engine.convert_entry",
+        "--spec", str(Path(spec_path).absolute()),
+        "--out", str(Path(out_dir).absolute()),
+    ]
+    return ContainerSpec(
+        image=image,
+        image_tag=tag_ref,
+        image_digest=digest,
+        command=command,
+        gpu_count=count,
+        gpu_ids=ids,
+        mounts=mounts,
+        shm_size=shm_size,
+        ipc_mode="host",
+        environment={"HOME": "/tmp", "PYTHONPATH": TRTPIPE_SOURCE_MOUNT, "HF_HUB_OFFLINE": "1"},
+        user=user,
+        labels={"org.trtpipe.stage": "checkpoint", "org.trtpipe.toolchain": toolchain.name},
+    )
+
+
+def connect(timeout_s: float = DAEMON_TIMEOUT_S) -> Any:
+    """A Docker client, or MissingCapability (one line) when no daemon answers within timeout_s."""
+    try:
+        import docker
+    except ImportError as err:  # pragma: no cover - docker is a dependency
+        raise MissingCapability("docker executor: the `docker` Python package is not installed",
+                                fix="pip install docker") from err
+    try:
+        client = docker.from_env(timeout=timeout_s)  # type: ignore[arg-type]
+        client.ping()
+        return client
+    except Exception as err:
+        reason = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
+        raise MissingCapability(
+            f"docker executor: no Docker daemon reachable ({reason})",
+            fix="start dockerd with the NVIDIA container toolkit, set DOCKER_HOST, or use target.executor: local",
+        ) from None
+
+
+class DockerExecutor:
+    name = "docker"
+
+    def __init__(
+        self,
+        toolchain: Any,
+        *,
+        gpus: int | list[str] | None = None,
+        timeout_s: float | None = 4 * 3600.0,
+        client: Any = None,
+        pull: bool = True,
+    ) -> None:
+        self.toolchain = toolchain
+        self.gpus = gpus
+        self.timeout_s = timeout_s
+        self.client = client
+        self.pull = pull
+
+    def _client(self) -> Any:
+        if self.client is None:
+            self.client = connect()
+        return self.client
+
+    def run(self, plan: Any, checkpoint_dir: Path, out_dir: Path, log: Path) -> ExecutorResult:
+        client = self._client()
+        spec = container_spec(plan, self.toolchain, checkpoint_dir, out_dir, self.gpus)
+        result = self.run_container(client, spec, log, what="trtllm-build")
+        result.tensorrt_version = self.toolchain.tensorrt_version
+        result.gpu_sm = plan.gpu_sm
+        return result
+
+    def run_container(self, client: Any, spec: ContainerSpec, log: Path, *, what: str) -> ExecutorResult:
+        """Start the container, stream its log into `log`, wait, and turn failure into a diagnosed error."""
+        import docker.errors
+
+        log.parent.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        try:
+            client.images.get(spec.image)
+        except docker.errors.ImageNotFound:
+            if not self.pull:
+                raise MissingCapability(f"docker executor: image {spec.image} is not present", fix=f"docker pull {spec.image}")
+            client.images.pull(spec.image)
+        container = client.containers.run(**spec.run_kwargs())
+        timed_out = False
+        try:
+            with open(log, "a", encoding="utf-8") as out:
+                out.write(f"$ {' '.join(spec.docker_cli())}\n")
+                for chunk in container.logs(stream=True, follow=True):
+                    out.write(chunk.decode("utf-8", errors="replace"))
+                    out.flush()
+                    if self.timeout_s is not None and time.monotonic() - started > self.timeout_s:
+                        timed_out = True
+                        container.kill()
+                        out.write(f"\n[trtpipe] killed after timeout of {self.timeout_s}s\n")
+                        break
+                status = container.wait()
+                container.reload()
+                state = container.attrs.get("State", {})
+                oom = bool(state.get("OOMKilled"))
+                if oom:
+                    out.write("\n[trtpipe] container was OOM-killed\n")
+        except KeyboardInterrupt:
+            container.kill()
+            raise
+        finally:
+            try:
+                container.remove(force=True)
+            except Exception:
+                pass
+        code = int(status.get("StatusCode", 1)) if isinstance(status, dict) else int(status)
+        if timed_out or oom or code != 0:
+            reason = "timed out" if timed_out else ("OOM-killed" if oom else None)
+            raise failure_from_log(what, log, code, reason=reason)
+        return ExecutorResult(
+            executor=self.name, returncode=code, log_path=log, duration_s=time.monotonic() - started,
+            command=spec.command, image=spec.image,
+        )
+
+    def run_conversion(self, spec: ContainerSpec, log: Path) -> ExecutorResult:
+        return self.run_container(self._client(), spec, log, what="checkpoint conversion")

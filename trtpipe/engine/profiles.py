@@ -1,0 +1,184 @@
+"""Build profiles: which trtllm-build plugin and feature settings to use, per GPU family and goal.
+
+Two profiles per family: `throughput` (many concurrent requests, tokens/s per GPU) and `latency`
+(few requests, time to first token and per-output-token latency). Every setting carries the reason
+it is set, taken from NVIDIA's TensorRT-LLM performance guides:
+
+- DOC_BUILD_FLAGS: docs/source/performance/performance-tuning-guide/useful-build-time-flags.md
+- DOC_LIMITS: docs/source/performance/performance-tuning-guide/tuning-max-batch-size-and-max-num-tokens.md
+- DOC_BEST: docs/source/performance/perf-best-practices.md
+- DOC_IFB: the Triton TRT-LLM backend's in-flight batching requirement (TrtGptModelInflightBatching).
+
+The in-flight batching requirements (GPT attention plugin, packed input, paged KV cache) are set by
+`inflight_batching_settings` and are never left to a version's defaults.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel
+
+from trtpipe.errors import TrtpipeError
+
+DOC_BUILD_FLAGS = "TRT-LLM performance-tuning-guide/useful-build-time-flags"
+DOC_LIMITS = "TRT-LLM performance-tuning-guide/tuning-max-batch-size-and-max-num-tokens"
+DOC_BEST = "TRT-LLM performance/perf-best-practices"
+DOC_IFB = "tensorrtllm_backend: TrtGptModelInflightBatching requires GPT attention plugin, packed input, paged KV cache"
+
+GpuFamily = Literal["ampere", "ada", "hopper", "blackwell", "reference"]
+ProfileName = Literal["throughput", "latency"]
+
+# Architectures whose TRT-LLM model implements the AllReduce + ResidualAdd + RMSNorm fusion.
+REDUCE_FUSION_ARCHITECTURES = frozenset({"LlamaForCausalLM"})
+
+
+class Setting(BaseModel):
+    value: str | bool | int | None
+    why: str
+
+
+def gpu_family(sm: int | None) -> GpuFamily:
+    """The GPU family of a compute capability (SM 80 -> ampere, 89 -> ada, 90 -> hopper, 100+ -> blackwell)."""
+    if sm is None:
+        return "reference"
+    if sm in (80, 86, 87):
+        return "ampere"
+    if sm == 89:
+        return "ada"
+    if sm == 90:
+        return "hopper"
+    if 100 <= sm < 130:
+        return "blackwell"
+    raise TrtpipeError(
+        f"no build profile for GPU SM {sm}",
+        fix="TensorRT-LLM 1.x supports SM 80 (Ampere) and newer; pick a supported target.gpu",
+    )
+
+
+def inflight_batching_settings(tokens_per_block: int) -> dict[str, Setting]:
+    """What in-flight batching in Triton needs; enforced for every profile."""
+    return {
+        "gpt_attention_plugin": Setting(
+            value="auto",
+            why=f"in-flight batching needs the GPT attention plugin (in-place KV cache update) [{DOC_IFB}]",
+        ),
+        "remove_input_padding": Setting(
+            value=True,
+            why=f"in-flight batching needs packed input; also saves compute and memory on padding [{DOC_IFB}]",
+        ),
+        "context_fmha": Setting(
+            value=True,
+            why=f"fused multi-head attention for the context phase: one kernel for MHA/MQA/GQA [{DOC_BEST}]",
+        ),
+        "use_paged_context_fmha": Setting(
+            value=True,
+            why=f"context FMHA over the paged KV cache: enables chunked context and KV cache reuse [{DOC_BUILD_FLAGS}]",
+        ),
+        "tokens_per_block": Setting(
+            value=tokens_per_block,
+            why="paged KV cache block size (engine.tokens_per_block); the serving config must use the same",
+        ),
+    }
+
+
+def profile_settings(
+    family: GpuFamily,
+    profile: ProfileName,
+    *,
+    quant_algo: str,
+    tp: int,
+    architecture: str | None,
+) -> dict[str, Setting]:
+    """Plugin and feature settings of one profile (beyond the in-flight batching requirements)."""
+    fp8 = quant_algo == "fp8"
+    settings: dict[str, Setting] = {}
+
+    settings["use_fused_mlp"] = Setting(
+        value=True,
+        why=f"horizontal fusion of the gate and up projections of a gated MLP into one GEMM [{DOC_BUILD_FLAGS}]",
+    )
+    settings["multiple_profiles"] = Setting(
+        value=True,
+        why=(
+            "several TensorRT optimization profiles let TensorRT pick kernels per batch shape; longer build, "
+            f"no runtime cost, recommended for production builds [{DOC_BUILD_FLAGS}]"
+        ),
+    )
+
+    # GEMM plugin: cuBLASLt GEMMs help FP16/BF16 (and the unquantized GEMMs of weight-only INT4);
+    # for FP8 the guide recommends leaving it off and letting TensorRT choose FP8 kernels.
+    if fp8:
+        settings["gemm_plugin"] = Setting(
+            value=None,
+            why=f"FP8: TensorRT's own FP8 GEMM tactics beat the cuBLASLt plugin; keep the GEMM plugin off [{DOC_BUILD_FLAGS}]",
+        )
+    elif quant_algo == "nvfp4":
+        settings["gemm_plugin"] = Setting(
+            value="nvfp4",
+            why="NVFP4 GEMMs run through the plugin on Blackwell (TRT-LLM enables it for nvfp4 unless disabled)",
+        )
+    else:
+        settings["gemm_plugin"] = Setting(
+            value="auto",
+            why=f"FP16/BF16 GEMMs: the cuBLASLt GEMM plugin is recommended and uses the model dtype [{DOC_BUILD_FLAGS}]",
+        )
+
+    fp8_capable = family in ("ada", "hopper", "blackwell")
+    settings["use_fp8_context_fmha"] = Setting(
+        value=bool(fp8 and fp8_capable),
+        why=(
+            "FP8 context FMHA accelerates attention when the model is FP8-quantized (SM89+)"
+            if fp8 and fp8_capable
+            else "only for FP8-quantized models on SM89+; off so the engine's config matches the plan"
+        ),
+    )
+
+    low_latency = profile == "latency" and fp8 and family == "hopper"
+    settings["low_latency_gemm_plugin"] = Setting(
+        value="fp8" if low_latency else None,
+        why=(
+            f"latency profile, FP8 on Hopper: GEMM kernels tuned for small batches [{DOC_BUILD_FLAGS}]"
+            if low_latency
+            else "only for the latency profile with FP8 on Hopper (kernels are SM90-specific)"
+        ),
+    )
+    settings["low_latency_gemm_swiglu_plugin"] = Setting(
+        value="fp8" if low_latency else None,
+        why=(
+            f"latency profile, FP8 on Hopper: fuses the gated-MLP GEMM with SwiGLU for small batches [{DOC_BUILD_FLAGS}]"
+            if low_latency
+            else "only for the latency profile with FP8 on Hopper (kernels are SM90-specific)"
+        ),
+    )
+
+    fusion = profile == "latency" and tp > 1 and architecture in REDUCE_FUSION_ARCHITECTURES
+    settings["reduce_fusion"] = Setting(
+        value=fusion,
+        why=(
+            f"latency profile with tp>1: fuses AllReduce + ResidualAdd + RMSNorm into one kernel [{DOC_BUILD_FLAGS}]"
+            if fusion
+            else "only with tensor parallelism (tp>1) on Llama-family models, in the latency profile"
+        ),
+    )
+    user_buffer = fusion and fp8 and family == "hopper"
+    settings["user_buffer"] = Setting(
+        value=user_buffer,
+        why=(
+            f"with reduce_fusion on FP8 Llama: removes the copy into the communication buffer [{DOC_BUILD_FLAGS}]"
+            if user_buffer
+            else "only with reduce_fusion on FP8 Llama models (Hopper)"
+        ),
+    )
+    return settings
+
+
+def default_max_num_tokens(profile: ProfileName) -> tuple[int, str]:
+    """The profile's default max_num_tokens and why."""
+    if profile == "throughput":
+        return 8192, (
+            f"throughput: 8192 batched tokens per step keeps GEMMs large while leaving memory for the KV cache [{DOC_LIMITS}]"
+        )
+    return 2048, (
+        f"latency: a smaller token budget per step keeps a long prompt from delaying the decode steps of others [{DOC_LIMITS}]"
+    )

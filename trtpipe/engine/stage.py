@@ -1,0 +1,94 @@
+"""The engine stage: pick the executor for a resolved spec, build, validate.
+
+cpu-reference -> reference; otherwise `target.executor` (auto = local when TensorRT-LLM is
+installed here, else docker). The engine is validated against the plan before it is returned;
+the caller (the store's `building(...)` block) commits only what comes back from here.
+"""
+
+from __future__ import annotations
+
+import time
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from trtpipe.engine.executors.base import ExecutorResult
+from trtpipe.engine.plan import BuildPlan
+from trtpipe.engine.validate import EngineValidation, validate_engine
+
+
+class EngineResult(BaseModel):
+    engine_dir: Path
+    executor: str
+    log_path: Path
+    duration_s: float
+    command: list[str]
+    image: str | None
+    validation: EngineValidation
+
+    @property
+    def manifest_meta(self) -> dict[str, Any]:
+        """What the store's manifest should record about the engine."""
+        return {
+            "executor": self.executor,
+            "trtllm_version": self.validation.trtllm_version,
+            "tensorrt_version": self.validation.tensorrt_version,
+            "gpu_sm": self.validation.gpu_sm,
+            "gpu_product": self.validation.gpu_product,
+            "world_size": self.validation.world_size,
+            "reference": self.validation.reference,
+            "image": self.image,
+        }
+
+
+def choose_executor_name(resolved: Any) -> str:
+    """reference | local | docker for this spec and host (no side effects, no heavy imports)."""
+    spec = resolved.spec
+    if spec.target.is_cpu_reference:
+        return "reference"
+    chosen = spec.target.executor.value
+    if chosen == "reference":
+        raise resolved.error(
+            ("target", "executor"), "the reference executor only builds for target.gpu: cpu-reference",
+            "use local, docker or auto",
+        )
+    if chosen == "auto":
+        return "local" if find_spec("tensorrt_llm") is not None else "docker"
+    return chosen
+
+
+def make_executor(resolved: Any, plan: BuildPlan, *, gpus: int | list[str] | None = None,
+                  timeout_s: float | None = None) -> Any:
+    name = choose_executor_name(resolved)
+    if name == "reference":
+        from trtpipe.engine.executors.reference import ReferenceExecutor
+
+        return ReferenceExecutor(resolved.spec)
+    if name == "local":
+        from trtpipe.engine.executors.local import DEFAULT_TIMEOUT_S, LocalExecutor
+
+        return LocalExecutor(resolved.toolchain, target_sm=plan.gpu_sm,
+                             timeout_s=timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S)
+    from trtpipe.engine.executors.docker import DockerExecutor
+
+    return DockerExecutor(resolved.toolchain, gpus=gpus, **({"timeout_s": timeout_s} if timeout_s else {}))
+
+
+def build_engine(resolved: Any, plan: BuildPlan, checkpoint_dir: Path, out_dir: Path, log_path: Path,
+                 *, executor: Any = None) -> EngineResult:
+    """Build the engine for `plan` into out_dir (created by the caller or here) and validate it."""
+    started = time.monotonic()
+    executor = executor or make_executor(resolved, plan)
+    result: ExecutorResult = executor.run(plan, Path(checkpoint_dir), Path(out_dir), Path(log_path))
+    validation = validate_engine(Path(out_dir), plan, tensorrt_version=result.tensorrt_version, gpu_sm=result.gpu_sm)
+    return EngineResult(
+        engine_dir=Path(out_dir),
+        executor=result.executor,
+        log_path=Path(log_path),
+        duration_s=time.monotonic() - started,
+        command=result.command,
+        image=result.image,
+        validation=validation,
+    )
