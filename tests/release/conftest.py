@@ -10,6 +10,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -129,3 +130,48 @@ def registry_env(registry: RegistryHandle, isolated_home: Path, monkeypatch: pyt
     return registry
 
 
+
+
+
+def make_store_entry(home: Path, key: str, *, seed: str = "a", kind: str = "engine", model: str = "tiny-llama",
+                     target: str = "cpu-reference", gates: dict[str, Any] | None = None):
+    """Commit a small engine-like entry into the real local store under `home`."""
+    from trtpipe.store.local import Store
+
+    store = Store.open(home)
+    with store.building(kind, key) as b:
+        if b.existing is not None:
+            return b.existing
+        (b.dir / "config.json").write_text(json.dumps({"trtpipe_reference": True, "seed": seed}))
+        (b.dir / "rank0.safetensors").write_bytes((seed * 50000).encode())
+        (b.dir / "tokenizer").mkdir()
+        (b.dir / "tokenizer" / "tokenizer.json").write_text("{}")
+        meta: dict[str, Any] = {"model": model, "target": target, "toolchain": "trtllm-1.2.1"}
+        if gates is not None:
+            meta["spec"] = {"release": {"gates": gates}}
+        return b.commit(inputs={"seed": seed}, meta=meta)
+
+
+def run_cli(*args: str) -> tuple[int, str, str]:
+    """Run the CLI in-process; return (exit code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from trtpipe.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def store_entry():
+    """make_store_entry(home, key, seed=..., model=..., target=..., gates=...) -> Entry."""
+    return make_store_entry
+
+
+@pytest.fixture
+def cli():
+    """run_cli(*args) -> (exit code, stdout, stderr)."""
+    return run_cli

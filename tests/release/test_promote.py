@@ -1,0 +1,186 @@
+"""Channels, gates, audit and rollback on the local store, through the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trtpipe.release.audit import audit_path, read_audit, verify_audit
+from trtpipe.release.channels import ChannelScope, ChannelStore
+from trtpipe.results import ResultsLog
+
+pytestmark = pytest.mark.timeout(120)
+
+SCOPE = ChannelScope(model="tiny-llama", target="cpu-reference")
+
+
+def prod_digest(home: Path, channel: str = "prod") -> str | None:
+    pointer = ChannelStore(home).get(SCOPE, channel)
+    return pointer.digest if pointer else None
+
+
+def test_promotion_without_results_is_refused_and_audited(isolated_home, store_entry, cli) -> None:
+    entry = store_entry(isolated_home, "e" * 16)
+    code, out, err = cli("promote", entry.digest, "--to", "staging")
+    assert code == 1
+    assert "gates not met" in err and "smoke missing" in err
+    assert len([l for l in err.splitlines() if l.strip()]) == 1
+    assert prod_digest(isolated_home, "staging") is None
+    records = read_audit(isolated_home)
+    assert [r.action for r in records] == ["refused"]
+    assert records[0].to_digest == entry.digest and records[0].who == "release-tester"
+
+
+def test_force_needs_reason_and_is_recorded(isolated_home, store_entry, cli) -> None:
+    entry = store_entry(isolated_home, "f" * 16)
+    code, _, err = cli("promote", entry.digest, "--to", "prod", "--force")
+    assert code == 2 and "--force needs --reason" in err
+    code, out, err = cli("promote", entry.digest, "--to", "prod", "--force", "--reason", "hotfix INC-42, smoke run by hand", "--json")
+    assert code == 0, err
+    outcome = json.loads(out)
+    assert outcome["action"] == "force-promote"
+    assert {g["gate"]: g["status"] for g in outcome["gates"]} == {"smoke": "missing"}
+    last = read_audit(isolated_home, channel="prod")[-1]
+    assert last.action == "force-promote" and last.reason == "hotfix INC-42, smoke run by hand"
+    assert prod_digest(isolated_home) == entry.digest
+
+
+def test_promote_staging_then_prod_then_rollback(isolated_home, store_entry, cli) -> None:
+    first = store_entry(isolated_home, "a1" * 8, seed="a")
+    second = store_entry(isolated_home, "b2" * 8, seed="b")
+    log = ResultsLog(isolated_home)
+    for entry in (first, second):
+        log.record(entry.digest, "smoke", True, {"checks": 6})
+    assert cli("promote", first.digest, "--to", "staging")[0] == 0
+    assert cli("promote", "engine/" + first.key, "--to", "prod")[0] == 0
+    code, out, err = cli("promote", second.key[:8], "--to", "prod")
+    assert code == 0, err
+    assert prod_digest(isolated_home) == second.digest
+    # The store's gc pins what channels hold and can roll back to.
+    from trtpipe.store.local import Store
+
+    assert {first.digest, second.digest} <= Store.open(isolated_home).pinned_digests()
+    code, out, err = cli("rollback", "prod", "--json")
+    assert code == 0, err
+    record = json.loads(out)
+    assert (record["action"], record["from_digest"], record["to_digest"]) == ("rollback", second.digest, first.digest)
+    assert prod_digest(isolated_home) == first.digest
+    code, _, err = cli("rollback", "prod")
+    assert code == 1 and "no earlier digest" in err
+    code, out, _ = cli("channels", "--json", "--verify")
+    assert code == 0
+    states = {s["channel"]: s for s in json.loads(out)["channels"]}
+    assert states["prod"]["digest"] == first.digest and states["staging"]["digest"] == first.digest
+    actions = [(r.action, r.channel) for r in read_audit(isolated_home)]
+    assert actions == [("promote", "staging"), ("promote", "prod"), ("promote", "prod"), ("rollback", "prod")]
+
+
+def test_failed_smoke_after_pass_blocks(isolated_home, store_entry, cli) -> None:
+    entry = store_entry(isolated_home, "c3" * 8)
+    log = ResultsLog(isolated_home)
+    log.record(entry.digest, "smoke", True, {})
+    log.record(entry.digest, "smoke", False, {"error": "model not ready"})
+    code, _, err = cli("promote", entry.digest, "--to", "prod")
+    assert code == 1 and "smoke failed" in err
+
+
+def test_results_of_another_digest_do_not_count(isolated_home, store_entry, cli) -> None:
+    tested = store_entry(isolated_home, "d4" * 8, seed="d")
+    untested = store_entry(isolated_home, "e5" * 8, seed="e")
+    ResultsLog(isolated_home).record(tested.digest, "smoke", True, {})
+    assert cli("promote", untested.digest, "--to", "prod")[0] == 1
+    assert cli("promote", tested.digest, "--to", "prod")[0] == 0
+
+
+def test_gates_stored_with_the_artifact_bench_and_regression(isolated_home, store_entry, cli) -> None:
+    gates = {"prod": {"smoke": True, "parity": True, "bench": {"ttft_p99_ms": 200, "min_output_tokens_per_s": 50}, "max_regression_pct": 10}}
+    base = store_entry(isolated_home, "f6" * 8, seed="f", gates=gates)
+    cand = store_entry(isolated_home, "a7" * 8, seed="g", gates=gates)
+    log = ResultsLog(isolated_home)
+    code, _, err = cli("promote", base.digest, "--to", "prod")
+    assert code == 1
+    for gate in ("smoke missing", "parity missing", "bench missing"):
+        assert gate in err
+    for entry, ttft in ((base, 100.0), (cand, 130.0)):
+        log.record(entry.digest, "smoke", True, {})
+        log.record(entry.digest, "parity", True, {"max_abs_logit_diff": 0.0})
+        log.record(entry.digest, "bench", True, {"ttft_p99_ms": ttft, "output_tokens_per_s": 80.0}, gpu_class="cpu-reference")
+    code, out, err = cli("promote", base.digest, "--to", "prod", "--json")
+    assert code == 0, err
+    assert json.loads(out)["gates_source"] == "artifact manifest"
+    # 130 ms vs 100 ms in prod: 30 % worse, limit 10 %.
+    code, _, err = cli("promote", cand.digest, "--to", "prod")
+    assert code == 1 and "regression.ttft_p99_ms failed" in err
+    log.record(cand.digest, "bench", True, {"ttft_p99_ms": 105.0, "output_tokens_per_s": 79.0}, gpu_class="cpu-reference")
+    code, _, err = cli("promote", cand.digest, "--to", "prod")
+    assert code == 0, err
+    # A bench result from another GPU class does not satisfy the target's gate.
+    other = store_entry(isolated_home, "b8" * 8, seed="h", gates=gates)
+    log.record(other.digest, "smoke", True, {})
+    log.record(other.digest, "parity", True, {})
+    log.record(other.digest, "bench", True, {"ttft_p99_ms": 1.0, "output_tokens_per_s": 999.0}, gpu_class="h100-sxm")
+    code, _, err = cli("promote", other.digest, "--to", "prod")
+    assert code == 1 and "bench missing" in err
+
+
+def test_gates_from_spec_option(isolated_home, store_entry, cli, tmp_path) -> None:
+    entry = store_entry(isolated_home, "c9" * 8)
+    ResultsLog(isolated_home).record(entry.digest, "smoke", True, {})
+    model_dir = tmp_path / "tiny-llama"
+    model_dir.mkdir()
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("model:\n  path: tiny-llama\nrelease:\n  gates:\n    prod:\n      smoke: true\n      parity: true\n")
+    code, _, err = cli("promote", entry.digest, "--to", "prod", "--spec", str(spec))
+    assert code == 1 and "parity missing" in err
+    assert "spec" in read_audit(isolated_home)[-1].gates_source
+
+
+def test_audit_edit_is_detected(isolated_home, store_entry, cli) -> None:
+    entry = store_entry(isolated_home, "d0" * 8)
+    ResultsLog(isolated_home).record(entry.digest, "smoke", True, {})
+    assert cli("promote", entry.digest, "--to", "dev")[0] == 0
+    assert cli("promote", entry.digest, "--to", "prod", "--force", "--reason", "r1")[0] == 0
+    assert verify_audit(isolated_home) == []
+    path = audit_path(isolated_home)
+    lines = path.read_text().splitlines()
+    lines[0] = lines[0].replace('"release-tester"', '"someone-else"')
+    path.write_text("\n".join(lines) + "\n")
+    problems = verify_audit(isolated_home)
+    assert any("edited" in p for p in problems)
+    code, out, _ = cli("channels", "--verify")
+    assert code == 1 and "BROKEN" in out
+    path.write_text("\n".join(lines[1:]) + "\n")  # dropping a record breaks the chain too
+    assert any("chain broken" in p for p in verify_audit(isolated_home))
+
+
+def test_concurrent_promotions_one_wins(isolated_home, store_entry) -> None:
+    """Two processes promote different digests into the same empty channel: one wins, one fails cleanly."""
+    a = store_entry(isolated_home, "1a" * 8, seed="1")
+    b = store_entry(isolated_home, "2b" * 8, seed="2")
+    for entry in (a, b):
+        ResultsLog(isolated_home).record(entry.digest, "smoke", True, {})
+    env = dict(os.environ)
+    cmd = [sys.executable, "-m", "trtpipe.cli", "promote"]
+    procs = [
+        subprocess.Popen(cmd + [e.digest, "--to", "prod", "--expect-from", "none"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for e in (a, b)
+    ]
+    outcomes = [(p.wait(timeout=90), p.stdout.read(), p.stderr.read()) for p in procs]
+    codes = sorted(code for code, _, _ in outcomes)
+    assert codes == [0, 1], outcomes
+    loser_err = next(err for code, _, err in outcomes if code == 1)
+    assert "moved to" in loser_err and "nothing changed" in loser_err and "Traceback" not in loser_err
+    winner = a if outcomes[0][0] == 0 else b
+    loser = b if winner is a else a
+    assert prod_digest(isolated_home) == winner.digest
+    records = read_audit(isolated_home, channel="prod")
+    assert [(r.action, r.from_digest, r.to_digest) for r in records] == [
+        ("promote", None, winner.digest),
+        ("conflict", winner.digest, loser.digest),
+    ]
+    assert verify_audit(isolated_home) == []
