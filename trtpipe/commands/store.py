@@ -1,9 +1,229 @@
-"""CLI commands for the store area. Thin: parse, call one function, print."""
+"""CLI commands for the store area: `trtpipe cache ...` and `trtpipe history`. Thin: parse, call, print.
+
+`cache_app` is module level so the Release area can add `cache push | pull` to it.
+"""
 
 from __future__ import annotations
 
+import json
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
 import typer
+
+cache_app = typer.Typer(name="cache", help="Inspect, verify and clean the local artifact store.", no_args_is_help=True)
+
+StoreOption = Annotated[Optional[Path], typer.Option("--store", help="Artifact store root (default $TRTPIPE_HOME).")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+def _open(store: Path | None):
+    from trtpipe.store.local import Store
+
+    return Store.open(store)
+
+
+def _human(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if value < 1000 or unit == "TB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{size} B"
+
+
+def _when(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(epoch)) if epoch else "-"
+
+
+def _entry_row(entry: Any, pinned: set[str]) -> dict[str, Any]:
+    meta = entry.manifest.get("meta", {})
+    return {
+        "kind": entry.kind,
+        "key": entry.key,
+        "digest": entry.digest,
+        "model": meta.get("model"),
+        "target": meta.get("target"),
+        "size": entry.size,
+        "files": len(entry.files),
+        "created_at": entry.manifest.get("created_at"),
+        "last_used": entry.last_used,
+        "pinned": entry.digest in pinned,
+        "path": str(entry.path),
+    }
+
+
+def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)
+
+
+@cache_app.command("ls")
+def cache_ls(store: StoreOption = None, json_out: JsonOption = False) -> None:
+    """List stored artifacts."""
+    opened = _open(store)
+    pinned = opened.pinned_digests()
+    rows = [_entry_row(e, pinned) for e in opened.entries()]
+    if json_out:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    _table(
+        f"artifacts in {opened.root}",
+        ["kind", "key", "model", "target", "size", "files", "last used", "pinned"],
+        [[r["kind"], r["key"][:16], str(r["model"] or "-"), str(r["target"] or "-"), _human(r["size"]),
+          str(r["files"]), _when(r["last_used"]), "yes" if r["pinned"] else ""] for r in rows],
+    )
+
+
+@cache_app.command("show")
+def cache_show(
+    key: Annotated[str, typer.Argument(help="kind/key, a key prefix or an artifact digest.")],
+    store: StoreOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Show one artifact's manifest."""
+    opened = _open(store)
+    entry = opened.find(key)
+    data = {"path": str(entry.path), "digest": entry.digest, "manifest": entry.manifest,
+            "pinned": entry.digest in opened.pinned_digests()}
+    if json_out:
+        typer.echo(json.dumps(data, indent=2))
+        return
+    typer.echo(f"{entry.kind}/{entry.key}\n  path:   {entry.path}\n  digest: {entry.digest}")
+    typer.echo(json.dumps(entry.manifest, indent=2))
+
+
+@cache_app.command("verify")
+def cache_verify(
+    key: Annotated[Optional[str], typer.Argument(help="One artifact (default: all, and every object).")] = None,
+    store: StoreOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Re-hash stored files; corrupt artifacts are moved aside (rebuilt by the next build). Exit 1 if any."""
+    from trtpipe.store.verify import verify_store
+
+    opened = _open(store)
+    result = verify_store(opened, ref=key)
+    if json_out:
+        typer.echo(result.model_dump_json(indent=2))
+    else:
+        for problem in result.problems:
+            where = f"{problem.kind}/{problem.key[:16]}" if problem.key else problem.kind
+            typer.echo(f"CORRUPT {where} {problem.file or ''}: {problem.reason}", err=True)
+        typer.echo(f"verified {result.entries} artifacts and {result.objects} objects: "
+                   f"{len(result.problems)} problem(s), {len(result.quarantined)} artifact(s) moved aside")
+    if result.problems:
+        raise typer.Exit(1)
+
+
+@cache_app.command("gc")
+def cache_gc(
+    max_size: Annotated[Optional[str], typer.Option("--max-size", help="Keep the store under this size, e.g. 10GB.")] = None,
+    max_age: Annotated[Optional[str], typer.Option("--max-age", help="Remove artifacts unused this long, e.g. 30d.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would be removed.")] = False,
+    store: StoreOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Remove leftovers, unreferenced objects and (LRU) artifacts beyond --max-size / --max-age.
+    Never removes an artifact a channel pins or a running build uses."""
+    from trtpipe.store.gc import collect, parse_age, parse_size
+
+    size = parse_size(max_size) if max_size else None
+    age = parse_age(max_age) if max_age else None
+    report = collect(_open(store), max_size=size, max_age_s=age, dry_run=dry_run)
+    if json_out:
+        typer.echo(report.model_dump_json(indent=2))
+        return
+    verb = "would remove" if dry_run else "removed"
+    for action in report.removed:
+        typer.echo(f"{verb} {action.what} {action.name[:40]} ({_human(action.bytes)}): {action.reason}")
+    for name in report.kept_pinned:
+        typer.echo(f"kept {name[:40]}: pinned by a channel")
+    for name in report.kept_in_use:
+        typer.echo(f"kept {name[:40]}: in use by a running build")
+    typer.echo(f"{verb} {len(report.removed)} item(s), {_human(report.freed_bytes)}; "
+               f"artifacts now {_human(report.entries_bytes_after)}")
+
+
+@cache_app.command("rm")
+def cache_rm(
+    key: Annotated[str, typer.Argument(help="kind/key, a key prefix or an artifact digest.")],
+    store: StoreOption = None,
+    json_out: JsonOption = False,
+) -> None:
+    """Remove one artifact (refused while a channel pins it or a build uses it)."""
+    from trtpipe.errors import TrtpipeError
+
+    opened = _open(store)
+    entry = opened.find(key)
+    if entry.digest in opened.pinned_digests():
+        raise TrtpipeError(f"{entry.kind}/{entry.key[:16]} is pinned by a channel",
+                           fix="promote another artifact into that channel first")
+    if not opened.remove(entry):
+        raise TrtpipeError(f"{entry.kind}/{entry.key[:16]} is in use by a running build", fix="retry when it ends")
+    if json_out:
+        typer.echo(json.dumps({"removed": f"{entry.kind}/{entry.key}", "digest": entry.digest}))
+    else:
+        typer.echo(f"removed {entry.kind}/{entry.key}")
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the trtpipe app."""
+    app.add_typer(cache_app, name="cache")
+
+    @app.command("history")
+    def history(
+        model: Annotated[Optional[str], typer.Option("--model", help="Only builds of this model (artifact name).")] = None,
+        target: Annotated[Optional[str], typer.Option("--target", help="Only builds for this target GPU.")] = None,
+        channel: Annotated[Optional[str], typer.Option("--channel", help="Show this channel's promotion audit trail.")] = None,
+        store: StoreOption = None,
+        json_out: JsonOption = False,
+    ) -> None:
+        """Build records, newest first (or a channel's audit trail with --channel)."""
+        opened = _open(store)
+        if channel is not None:
+            _channel_history(opened.root, channel, json_out)
+            return
+        from trtpipe.build_record import read_records
+
+        records = read_records(opened.root, model=model, target=target)
+        if json_out:
+            typer.echo(json.dumps([r.model_dump(mode="json") for r in records], indent=2))
+            return
+        _table(
+            f"builds recorded in {opened.root}",
+            ["when", "model", "target", "status", "stages", "seconds", "repository"],
+            [[r.started_at[:19].replace("T", " "), str(r.model or "-"), str(r.target or "-"), r.status,
+              " ".join(f"{s.name}:{s.outcome}" for s in r.stages if s.outcome != "skipped"),
+              f"{r.seconds:.2f}", (r.artifacts.get("repository") or "-")[:19]] for r in records],
+        )
+
+
+def _channel_history(home: Path, channel: str, json_out: bool) -> None:
+    import importlib.util
+
+    from trtpipe.errors import TrtpipeError
+
+    if importlib.util.find_spec("trtpipe.release.audit") is None:
+        raise TrtpipeError("channel history needs trtpipe.release.audit, which is not installed",
+                           fix="update trtpipe, or run `trtpipe history` without --channel")
+    from trtpipe.release.audit import read_audit
+
+    records = read_audit(home, channel=channel)
+    rows = [r.model_dump(mode="json") if hasattr(r, "model_dump") else dict(r) for r in records]
+    if json_out:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        typer.echo(f"no audit records for channel {channel}")
+        return
+    columns = list(rows[0].keys())[:7]
+    _table(f"channel {channel}", columns, [[str(row.get(c, ""))[:40] for c in columns] for row in rows])

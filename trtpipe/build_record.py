@@ -1,0 +1,160 @@
+"""Build records: what was built, where, with which versions, how long each stage took.
+
+Every `trtpipe build` (not a dry run) writes one JSON record under `<store>/records/`, written to
+a temporary file and renamed into place. `read_records` lists them newest first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import sys
+import tempfile
+import uuid
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+RECORD_VERSION = 1
+# Installed distributions whose versions a record notes (looked up in metadata: nothing imported).
+_DISTRIBUTIONS = (
+    "trtpipe", "torch", "transformers", "nvidia-modelopt", "tensorrt-llm", "tensorrt", "safetensors",
+    "tokenizers", "pydantic", "numpy",
+)  # fmt: skip
+
+
+class StageOutcome(BaseModel):
+    name: str
+    outcome: str
+    seconds: float
+    key: str | None = None
+    digest: str | None = None
+    detail: str | None = None
+
+
+class BuildRecord(BaseModel):
+    record_version: int = RECORD_VERSION
+    id: str
+    started_at: str
+    finished_at: str
+    status: str
+    error: str | None = None
+    message: str | None = None
+    host: str
+    gpus: list[dict[str, Any]] = Field(default_factory=list)
+    driver: str | None = None
+    platform: str
+    python: str
+    versions: dict[str, str | None] = Field(default_factory=dict)
+    toolchain: dict[str, Any] | None = None
+    spec_path: str
+    spec: dict[str, Any] | None = None
+    model: str | None = None
+    target: str | None = None
+    keys: dict[str, str] = Field(default_factory=dict)
+    artifacts: dict[str, str] = Field(default_factory=dict)
+    repository_path: str | None = None
+    stages: list[StageOutcome] = Field(default_factory=list)
+    memory_plan: dict[str, Any] | None = None
+    seconds: float = 0.0
+
+
+def installed_versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {}
+    for name in _DISTRIBUTIONS:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def _host_gpus() -> tuple[list[dict[str, Any]], str | None]:
+    try:
+        from trtpipe.gpu import probe_host
+
+        host = probe_host()
+    except Exception:  # a record is best effort about the host; the build result stands regardless
+        return [], None
+    return [g.model_dump(mode="json") for g in host.gpus], host.driver_version
+
+
+def make_record(*, report: Any, resolved: Any, memory_plan: dict[str, Any] | None, started_at: str) -> BuildRecord:
+    gpus, driver = _host_gpus()
+    spec = resolved.spec if resolved is not None else None
+    return BuildRecord(
+        id=f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S%fZ')}-{uuid.uuid4().hex[:8]}",
+        started_at=started_at,
+        finished_at=datetime.now(timezone.utc).isoformat(timespec="microseconds"),
+        status=report.status,
+        error=report.error,
+        message=report.message,
+        host=socket.gethostname(),
+        gpus=gpus,
+        driver=driver,
+        platform=platform.platform(),
+        python=sys.version.split()[0],
+        versions=installed_versions(),
+        toolchain=resolved.toolchain.model_dump(mode="json") if resolved is not None else None,
+        spec_path=report.spec_path,
+        spec=spec.model_dump(mode="json") if spec is not None else None,
+        model=report.name,
+        target=report.target,
+        keys=dict(report.keys),
+        artifacts=dict(report.artifacts),
+        repository_path=report.repository_path,
+        stages=[
+            StageOutcome(name=s.name, outcome=s.outcome, seconds=round(s.seconds, 6), key=s.key, digest=s.digest,
+                         detail=s.detail)
+            for s in report.stages
+        ],
+        memory_plan=memory_plan,
+        seconds=round(report.seconds, 6),
+    )
+
+
+def records_dir(store_root: Path) -> Path:
+    return Path(store_root) / "records"
+
+
+def write_record(store_root: Path, record: BuildRecord) -> Path:
+    """Write atomically: a reader sees the whole record or none."""
+    folder = records_dir(store_root)
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / f"{record.id}.json"
+    fd, tmp = tempfile.mkstemp(prefix=".record-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(record.model_dump_json(indent=1))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return final
+
+
+def read_records(store_root: Path, *, model: str | None = None, target: str | None = None) -> list[BuildRecord]:
+    """Records newest first, optionally only those of one model (artifact name) or target GPU."""
+    folder = records_dir(store_root)
+    records: list[BuildRecord] = []
+    if not folder.is_dir():
+        return records
+    for path in folder.glob("*.json"):
+        try:
+            record = BuildRecord.model_validate(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue  # a foreign or damaged file is not a record
+        if model is not None and record.model != model:
+            continue
+        if target is not None and record.target != target:
+            continue
+        records.append(record)
+    records.sort(key=lambda r: (r.started_at, r.id), reverse=True)
+    return records

@@ -1,0 +1,552 @@
+"""The stage runner: resolve -> plan -> checkpoint -> engine -> publish, each stage cached by its key.
+
+`run_build(spec_path)` computes each stage's key from exactly the inputs that determine its output
+(`trtpipe.store.keys`), reuses the store entry of that key when it exists, and otherwise builds
+it into a temporary directory that the store publishes with one rename. Concurrent runs of the
+same spec wait on the per-key lock and then reuse the first run's result.
+
+The stage implementations belong to other areas and are imported lazily, only when a stage
+actually has to build: a warm run (every stage a hit) never imports torch, transformers or
+ModelOpt. A stage whose module is not installed yet stops the run after the last stage that
+exists, and the report says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import inspect
+import os
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from trtpipe.errors import TrtpipeError, UsageError
+from trtpipe.store import keys as keymod
+from trtpipe.store.local import Entry, Store
+
+STAGES = ("resolve", "plan", "checkpoint", "engine", "publish")
+STORED_STAGES = {"checkpoint": "checkpoint", "engine": "engine", "publish": "repository"}
+
+Outcome = Literal["ran", "hit", "built", "would-build", "skipped", "unavailable", "failed"]
+
+# HF files that determine a converted checkpoint (tokenizer files enter the repository key instead).
+_WEIGHT_SUFFIXES = (".safetensors",)
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
+_INDEX_SUFFIXES = (".safetensors.index.json", ".bin.index.json")
+# Tokenizer files a repository carries; the Serving area's list wins when it is importable.
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+)
+
+
+class StageReport(BaseModel):
+    name: str
+    outcome: Outcome
+    seconds: float = 0.0
+    key: str | None = None
+    digest: str | None = None
+    path: str | None = None
+    detail: str | None = None
+    waited: bool = Field(default=False, description="Waited for a concurrent build of the same key.")
+    command: list[str] | None = Field(default=None, description="Engine stage: the trtllm-build argv (dry run).")
+    container: dict[str, Any] | None = Field(default=None, description="Engine stage: docker container spec (dry run).")
+
+
+class BuildReport(BaseModel):
+    spec_path: str
+    name: str | None = None
+    target: str | None = None
+    toolchain: str | None = None
+    dry_run: bool = False
+    verify: bool = False
+    status: Literal["ok", "incomplete", "failed", "dry-run"] = "ok"
+    message: str | None = None
+    stopped_after: str | None = None
+    stages: list[StageReport] = Field(default_factory=list)
+    keys: dict[str, str] = Field(default_factory=dict)
+    artifacts: dict[str, str] = Field(default_factory=dict, description="kind -> artifact digest")
+    repository_path: str | None = None
+    store: str | None = None
+    record_path: str | None = None
+    seconds: float = 0.0
+    error: str | None = None
+
+    def stage(self, name: str) -> StageReport | None:
+        return next((s for s in self.stages if s.name == name), None)
+
+
+class StageUnavailable(Exception):
+    """A stage's implementing module is not installed (yet)."""
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def _need(module: str, attr: str) -> Callable[..., Any]:
+    """Import `module.attr` or raise StageUnavailable (never hides a bug inside an existing module)."""
+    if not _module_exists(module):
+        raise StageUnavailable(f"{module} is not available")
+    mod = importlib.import_module(module)
+    if not hasattr(mod, attr):
+        raise StageUnavailable(f"{module}.{attr} is not available")
+    return getattr(mod, attr)
+
+
+def _check_available(module: str, attr: str) -> None:
+    """Like _need, without importing the module (it may import torch): for the warm path."""
+    if not _module_exists(module):
+        raise StageUnavailable(f"{module} is not available")
+
+
+def check_force(force: Sequence[str]) -> tuple[str, ...]:
+    wanted = tuple(dict.fromkeys(force))
+    if "all" in wanted:
+        return tuple(STORED_STAGES)
+    for name in wanted:
+        if name not in STORED_STAGES:
+            raise UsageError(
+                f"--force {name}: not a stored stage", fix=f"use one of {', '.join(STORED_STAGES)} or all"
+            )
+    return wanted
+
+
+def _now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+class _Printer:
+    """One line per stage on stderr (rich when it is a terminal)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._console = None
+
+    def _out(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(stderr=True, highlight=False)
+        self._console.print(text)
+
+    def stage(self, report: StageReport) -> None:
+        colour = {"hit": "green", "built": "cyan", "ran": "white", "would-build": "yellow", "failed": "red"}.get(
+            report.outcome, "magenta"
+        )
+        key = report.key[:16] if report.key else ""
+        detail = f"  {report.detail}" if report.detail else ""
+        self._out(
+            f"  {report.name:<11} [{colour}]{report.outcome:<11}[/{colour}] {report.seconds:8.2f}s  {key}{detail}"
+        )
+
+    def note(self, text: str) -> None:
+        self._out(text)
+
+
+class _Runner:
+    def __init__(
+        self, spec_path: Path, store: Store, *, dry_run: bool, force: tuple[str, ...], verify: bool, progress: bool
+    ) -> None:
+        self.spec_path = spec_path
+        self.store = store
+        self.dry_run = dry_run
+        self.force = force
+        self.verify = verify
+        self.progress = progress
+        self.printer = _Printer(progress)
+        self.report = BuildReport(spec_path=str(spec_path), dry_run=dry_run, verify=verify, store=str(store.root))
+        self.resolved: Any = None
+        self.memory_plan: dict[str, Any] | None = None
+        self.build_plan: Any = None
+        self.entries: dict[str, Entry] = {}
+        self.started_at = _now_iso()
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _add(self, stage: StageReport) -> StageReport:
+        self.report.stages.append(stage)
+        if stage.key:
+            self.report.keys[stage.name] = stage.key
+        self.printer.stage(stage)
+        return stage
+
+    def _skip_rest(self, after: str, reason: str) -> None:
+        names = STAGES[STAGES.index(after) + 1 :]
+        for name in names:
+            self.report.stages.append(StageReport(name=name, outcome="skipped", detail=reason))
+
+    def _meta(self, stage_seconds: float | None = None) -> dict[str, Any]:
+        spec = self.resolved.spec
+        meta: dict[str, Any] = {
+            "model": spec.artifact_name,
+            "target": spec.target.gpu,
+            "sm": self.resolved.sm,
+            "gpu_product": self.resolved.gpu.product if self.resolved.gpu else None,
+            "toolchain": self.resolved.toolchain.name,
+            "quant": spec.quantization.algo.value,
+            "tp": spec.target.tp,
+            "pp": spec.target.pp,
+        }
+        if stage_seconds is not None:
+            meta["timings"] = {"stage_seconds": round(stage_seconds, 6)}
+        return meta
+
+    def _stored_stage(
+        self,
+        stage: str,
+        key: keymod.StageKey,
+        build: Callable[[Path], dict[str, Any] | None],
+        leases: contextlib.ExitStack,
+        *,
+        still_valid: Callable[[Entry], bool] | None = None,
+    ) -> Entry | None:
+        """Reuse the entry of `key` or build it. Returns the entry (None in a dry run that would build)."""
+        kind = STORED_STAGES[stage]
+        forced = stage in self.force
+        started = time.monotonic()
+        # A lease first: from here on gc cannot remove the entry we are about to use.
+        leases.enter_context(self.store.locks.lease(kind, key.key))
+        if self.dry_run:
+            entry = self.store.peek(kind, key.key)
+            present = entry is not None and not self.store.check(entry, digests=self.verify)
+            if present and still_valid is not None and not still_valid(entry):
+                present = False
+            outcome: Outcome = "hit" if present and not forced else "would-build"
+            detail = "forced" if forced and present else None
+            self._add(StageReport(name=stage, outcome=outcome, key=key.key, seconds=time.monotonic() - started,
+                                  digest=entry.digest if present else None,
+                                  path=str(self.store.entry_dir(kind, key.key)), detail=detail))
+            return entry if present and not forced else None
+
+        entry = None if forced else self.store.get(kind, key.key, verify=self.verify)
+        if entry is not None and still_valid is not None and not still_valid(entry):
+            entry, forced = None, True
+        waited = False
+        outcome = "hit"
+        if entry is None:
+            def on_wait() -> None:
+                nonlocal waited
+                waited = True
+                self.printer.note(f"  {stage:<11} waiting for another build of {kind} {key.key[:16]}")
+
+            with self.store.building(kind, key.key, force=forced, verify=self.verify, on_wait=on_wait) as handle:
+                if handle.existing is not None and (still_valid is None or still_valid(handle.existing)):
+                    entry = handle.existing
+                elif handle.existing is not None:  # present but stale: rebuild under the lock we hold
+                    with self.store.building(kind, key.key, force=True) as fresh:
+                        entry = self._build_into(fresh, key, build)
+                    outcome = "built"
+                else:
+                    entry = self._build_into(handle, key, build)
+                    outcome = "built"
+        self.entries[kind] = entry
+        self.report.artifacts[kind] = entry.digest
+        self._add(StageReport(name=stage, outcome=outcome, key=key.key, digest=entry.digest, path=str(entry.path),
+                              seconds=time.monotonic() - started, waited=waited,
+                              detail="reused a concurrent build" if waited and outcome == "hit" else None))
+        return entry
+
+    def _build_into(self, handle: Any, key: keymod.StageKey, build: Callable[[Path], dict[str, Any] | None]) -> Entry:
+        build_started = time.monotonic()
+        extra_meta = build(handle.dir) or {}
+        seconds = time.monotonic() - build_started
+        entry = handle.commit(inputs=key.inputs, meta={**self._meta(seconds), **extra_meta})
+        self.store.log_built(handle.kind, handle.key, entry.digest, seconds)
+        return entry
+
+    # -- stages ----------------------------------------------------------------------------
+    def resolve_stage(self) -> None:
+        started = time.monotonic()
+        load_spec = _need("trtpipe.spec_loader", "load_spec")
+        resolve = _need("trtpipe.resolve", "resolve")
+        self.resolved = resolve(load_spec(self.spec_path))
+        spec = self.resolved.spec
+        self.report.name = spec.artifact_name
+        self.report.target = spec.target.gpu
+        self.report.toolchain = self.resolved.toolchain.name
+        self._add(StageReport(name="resolve", outcome="ran", seconds=time.monotonic() - started,
+                              detail=f"{spec.artifact_name} -> {spec.target.gpu} ({self.resolved.toolchain.name})"))
+
+    def plan_stage(self) -> None:
+        started = time.monotonic()
+        memory_plan = _need("trtpipe.plan", "memory_plan")
+        plan = memory_plan(self.resolved)
+        self.memory_plan = plan.model_dump(mode="json") if hasattr(plan, "model_dump") else dict(plan)
+        fits = getattr(plan, "fits", None)
+        self._add(StageReport(name="plan", outcome="ran", seconds=time.monotonic() - started,
+                              detail=None if fits is None else ("fits" if fits else "does NOT fit the target")))
+
+    def checkpoint_key(self) -> keymod.StageKey:
+        resolved = self.resolved
+        spec = resolved.spec
+        digests = self.store.digests
+        hf_source = None
+        weights: list[str] | None = None
+        if resolved.model_dir is not None:
+            files = weight_files(Path(resolved.model_dir), allow_pickle=spec.model.allow_pickle)
+            if not files:
+                raise TrtpipeError(
+                    f"{resolved.model_dir}: no .safetensors weight files",
+                    fix="point model.path at a Hugging Face directory saved with safe_serialization=True",
+                )
+            weights = [digests.digest(f) for f in files]
+        elif spec.model.repo_id and spec.model.revision:
+            hf_source = {"repo_id": spec.model.repo_id, "revision": spec.model.revision}
+        else:
+            raise StageUnavailable("model.config is for planning only: there are no weights to convert")
+        calibration = spec.quantization.calibration
+        kv = resolved.kv_cache_dtype
+        calibration_digest = None
+        if keymod.needs_calibration(spec.quantization.algo.value, kv):
+            calibration_source = _need("trtpipe.checkpoint.calibration", "calibration_source")
+            calibration_digest = digests.digest(Path(calibration_source(spec)))
+        toolchain = resolved.toolchain
+        return keymod.checkpoint_key(
+            config_digest=digests.digest(Path(resolved.config_path)),
+            weight_digests=weights,
+            hf_source=hf_source,
+            dtype=resolved.weight_dtype,
+            algo=spec.quantization.algo.value,
+            kv_cache=kv,
+            group_size=spec.quantization.group_size,
+            calibration_digest=calibration_digest,
+            calibration_samples=calibration.samples,
+            calibration_max_seq_len=calibration.max_seq_len,
+            calibration_seed=calibration.seed,
+            calibration_text_field=calibration.text_field,
+            tp=spec.target.tp,
+            pp=spec.target.pp,
+            modelopt_version=toolchain.modelopt_version,
+            transformers_version=toolchain.transformers_version,
+        )
+
+    def checkpoint_stage(self, leases: contextlib.ExitStack) -> None:
+        _check_available("trtpipe.checkpoint.convert", "convert_checkpoint")
+        key = self.checkpoint_key()
+
+        def build(out_dir: Path) -> dict[str, Any]:
+            convert = _need("trtpipe.checkpoint.convert", "convert_checkpoint")
+            summary = convert(self.resolved, out_dir, show_progress=self.progress)
+            if hasattr(summary, "model_dump"):
+                return {"convert": summary.model_dump(mode="json")}
+            return {}
+
+        self._stored_stage("checkpoint", key, build, leases)
+
+    def engine_key(self, checkpoint_key: str) -> keymod.StageKey:
+        make_build_plan = _need("trtpipe.engine.plan", "make_build_plan")
+        self.build_plan = make_build_plan(self.resolved)
+        resolved = self.resolved
+        return keymod.engine_key(
+            checkpoint=checkpoint_key,
+            build_config=self.build_plan.build_config,
+            trtllm_version=resolved.toolchain.trtllm_version,
+            tensorrt_version=resolved.toolchain.tensorrt_version,
+            gpu_sm=resolved.sm,
+            gpu_product=resolved.gpu.product if resolved.gpu else resolved.spec.target.gpu,
+        )
+
+    def engine_stage(self, leases: contextlib.ExitStack) -> None:
+        checkpoint_key = self.report.keys["checkpoint"]
+        key = self.engine_key(checkpoint_key)
+        _check_available("trtpipe.engine.stage", "build_engine")
+        checkpoint_dir = self.store.entry_dir("checkpoint", checkpoint_key)
+        if self.dry_run:
+            self._stored_stage("engine", key, lambda _: None, leases)
+            stage = self.report.stages[-1]
+            out_dir = self.store.root / "tmp" / f"engine-{key.key}-XXXXXXXX"
+            stage.command = [str(a) for a in self.build_plan.render_command(checkpoint_dir, out_dir)]
+            stage.container = _container_spec(self.resolved, self.build_plan, checkpoint_dir, out_dir)
+            if self.progress:
+                self.printer.note("    command: " + " ".join(stage.command))
+                if stage.container is not None:
+                    import json
+
+                    self.printer.note("    container: " + json.dumps(stage.container, sort_keys=True))
+            return
+
+        def build(out_dir: Path) -> dict[str, Any]:
+            build_engine = _need("trtpipe.engine.stage", "build_engine")
+            logs = self.store.root / "logs"
+            logs.mkdir(exist_ok=True)
+            log_path = logs / f"engine-{key.key[:16]}-{int(time.time())}-{os.getpid()}.log"
+            result = build_engine(self.resolved, self.build_plan, self.entries["checkpoint"].path, out_dir, log_path)
+            meta: dict[str, Any] = {"build_log": str(log_path)}
+            if hasattr(result, "model_dump"):
+                meta["engine_result"] = result.model_dump(mode="json")
+            return meta
+
+        self._stored_stage("engine", key, build, leases)
+
+    def repository_key(self, engine_key: str) -> keymod.StageKey:
+        from trtpipe import __version__
+
+        resolved = self.resolved
+        return keymod.repository_key(
+            engine=engine_key,
+            serving=resolved.spec.triton.model_dump(mode="json"),
+            tokenizer_digest=tokenizer_digest(self.store, resolved.tokenizer_dir),
+            trtpipe_version=__version__,
+        )
+
+    def publish_stage(self, leases: contextlib.ExitStack) -> None:
+        _check_available("trtpipe.serving.publish", "publish_repository")
+        engine_key = self.report.keys["engine"]
+        key = self.repository_key(engine_key)
+        engine = self.entries.get("engine")
+
+        def still_valid(entry: Entry) -> bool:
+            # The repository embeds the engine's files and digest: a re-built engine (same key,
+            # new digest) makes the old repository stale.
+            return engine is None or entry.manifest.get("meta", {}).get("engine_digest") == engine.digest
+
+        def build(out_dir: Path) -> dict[str, Any]:
+            publish = _need("trtpipe.serving.publish", "publish_repository")
+            assert engine is not None
+            publish(self.resolved, engine.path, engine.digest, engine_key, out_dir)
+            return {"engine_digest": engine.digest, "engine_key": engine_key}
+
+        entry = self._stored_stage("publish", key, build, leases, still_valid=still_valid)
+        if entry is not None:
+            self.report.repository_path = str(entry.path)
+
+    # -- the run ---------------------------------------------------------------------------
+    def run(self) -> BuildReport:
+        started = time.monotonic()
+        steps: list[tuple[str, Callable[..., None]]] = [
+            ("resolve", lambda _: self.resolve_stage()),
+            ("plan", lambda _: self.plan_stage()),
+            ("checkpoint", self.checkpoint_stage),
+            ("engine", self.engine_stage),
+            ("publish", self.publish_stage),
+        ]
+        current = "resolve"
+        try:
+            with contextlib.ExitStack() as leases:
+                last_done: str | None = None
+                for name, step in steps:
+                    current = name
+                    try:
+                        step(leases)
+                    except StageUnavailable as why:
+                        self.report.stages.append(StageReport(name=name, outcome="unavailable", detail=str(why)))
+                        self._skip_rest(name, f"stopped after {last_done or 'nothing'}")
+                        self.report.status = "incomplete"
+                        self.report.stopped_after = last_done
+                        self.report.message = (
+                            f"stopped after the {last_done} stage: {why}" if last_done else f"nothing ran: {why}"
+                        )
+                        self.printer.note(f"[yellow]{self.report.message}[/yellow]")
+                        break
+                    last_done = name
+                if self.report.status == "ok" and self.dry_run:
+                    self.report.status = "dry-run"
+        except TrtpipeError as err:
+            self.report.status = "failed"
+            self.report.error = err.one_line()
+            if not any(s.name == current for s in self.report.stages):
+                self.report.stages.append(StageReport(name=current, outcome="failed", detail=err.one_line()))
+            self._skip_rest(current, f"{current} failed")
+            self.report.seconds = time.monotonic() - started
+            self._write_record()
+            raise
+        self.report.seconds = time.monotonic() - started
+        if self.report.repository_path and self.progress:
+            self.printer.note(f"repository: {self.report.repository_path}")
+        self._write_record()
+        return self.report
+
+    def _write_record(self) -> None:
+        if self.dry_run:
+            return
+        from trtpipe import build_record
+
+        record = build_record.make_record(
+            report=self.report, resolved=self.resolved, memory_plan=self.memory_plan, started_at=self.started_at
+        )
+        self.report.record_path = str(build_record.write_record(self.store.root, record))
+
+
+def _container_spec(resolved: Any, plan: Any, checkpoint_dir: Path, out_dir: Path) -> dict[str, Any] | None:
+    """The docker executor's container spec, when the Engine area provides `container_spec`."""
+    if not _module_exists("trtpipe.engine.executors.docker"):
+        return None
+    module = importlib.import_module("trtpipe.engine.executors.docker")
+    container_spec = getattr(module, "container_spec", None)
+    if container_spec is None:
+        return None
+    available = {
+        "resolved": resolved, "plan": plan, "checkpoint_dir": checkpoint_dir, "out_dir": out_dir,
+        "output_dir": out_dir, "log_path": out_dir.parent / "engine-build.log", "toolchain": resolved.toolchain,
+    }  # fmt: skip
+    params = inspect.signature(container_spec).parameters
+    args = {name: available[name] for name in params if name in available}
+    spec = container_spec(**args)
+    if hasattr(spec, "model_dump"):
+        return spec.model_dump(mode="json")
+    return dict(spec) if spec is not None else None
+
+
+def weight_files(model_dir: Path, *, allow_pickle: bool = False) -> list[Path]:
+    """The HF files whose content determines a converted checkpoint (besides config.json)."""
+    suffixes = _WEIGHT_SUFFIXES + _INDEX_SUFFIXES + (_PICKLE_SUFFIXES if allow_pickle else ())
+    return sorted(p for p in model_dir.iterdir() if p.is_file() and p.name.endswith(suffixes))
+
+
+def tokenizer_digest(store: Store, tokenizer_dir: Path | None) -> str | None:
+    if tokenizer_dir is None:
+        return None
+    names: tuple[str, ...] = _TOKENIZER_FILES
+    if _module_exists("trtpipe.serving.publish"):
+        names = tuple(getattr(importlib.import_module("trtpipe.serving.publish"), "TOKENIZER_FILES", names))
+    found = {n: store.digests.digest(Path(tokenizer_dir) / n) for n in names if (Path(tokenizer_dir) / n).is_file()}
+    return keymod.tree_digest(found) if found else None
+
+
+def run_build(
+    spec_path: Path | str,
+    *,
+    dry_run: bool = False,
+    force: Sequence[str] = (),
+    verify: bool = False,
+    store: Store | Path | str | None = None,
+    progress: bool = True,
+) -> BuildReport:
+    """Build (or reuse) every stage of a spec. Raises TrtpipeError when a stage fails; the report's
+    status is "incomplete" when a stage's module is not available, "dry-run" for a dry run."""
+    spec_path = Path(spec_path)
+    if not spec_path.is_file():
+        raise UsageError(f"{spec_path}: no such spec file", fix="give the path of a build spec YAML")
+    forced = check_force(force)
+    opened = store if isinstance(store, Store) else Store.open(store)
+    runner = _Runner(spec_path, opened, dry_run=dry_run, force=forced, verify=verify, progress=progress)
+    try:
+        return runner.run()
+    finally:
+        opened.digests.close()
+
+
+# Exposed for tests and tools that want the keys of a spec without building anything.
+def stage_keys(spec_path: Path | str, *, store: Store | Path | str | None = None) -> dict[str, str]:
+    report = run_build(spec_path, dry_run=True, store=store, progress=False)
+    return dict(report.keys)
+
+
+__all__ = ["BuildReport", "StageReport", "STAGES", "run_build", "stage_keys", "weight_files", "tokenizer_digest"]

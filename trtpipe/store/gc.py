@@ -1,0 +1,210 @@
+"""Garbage collection: stale build leftovers, quarantined and trashed entries, unreferenced
+objects, and (LRU) entries beyond a size or age limit.
+
+Never removed: an entry whose digest a channel pins, an entry a running build holds (build lock
+or lease), and a build in progress.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from typing import Any
+
+from pydantic import BaseModel
+
+from trtpipe.errors import UsageError
+from trtpipe.store.local import KINDS, Entry, Store
+
+_SIZE_UNITS = {
+    "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+}  # fmt: skip
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+# Leftovers of unknown shape (not named kind-key-*) are removed only once they are this old.
+_ORPHAN_AGE_S = 24 * 3600
+
+
+def parse_size(text: str) -> int:
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _SIZE_UNITS | {"": 1}:
+        raise UsageError(f"cannot read size {text!r}", fix="write it like 500MB, 10GB or 2GiB")
+    return int(float(match.group(1)) * (_SIZE_UNITS.get(match.group(2).lower(), 1)))
+
+
+def parse_age(text: str) -> float:
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([smhdw])\s*", text)
+    if not match:
+        raise UsageError(f"cannot read age {text!r}", fix="write it like 30d, 12h, 45m or 2w")
+    return float(match.group(1)) * _AGE_UNITS[match.group(2)]
+
+
+class GcAction(BaseModel):
+    what: str  # "entry" | "object" | "tmp" | "quarantine" | "trash"
+    name: str
+    bytes: int
+    reason: str
+
+
+class GcReport(BaseModel):
+    dry_run: bool
+    removed: list[GcAction] = []
+    kept_pinned: list[str] = []
+    kept_in_use: list[str] = []
+    freed_bytes: int = 0
+    entries_bytes_after: int = 0
+
+    def add(self, action: GcAction) -> None:
+        self.removed.append(action)
+        self.freed_bytes += action.bytes
+
+
+def _tree_bytes(path) -> int:
+    total = 0
+    for folder, _, names in os.walk(path):
+        for name in names:
+            try:
+                st = os.lstat(os.path.join(folder, name))
+            except FileNotFoundError:
+                continue
+            if st.st_nlink <= 1:
+                total += st.st_size
+    return total
+
+
+class _InodeBook:
+    """Bytes held by entries, counting each shared (hard-linked) file once."""
+
+    def __init__(self) -> None:
+        self.refs: dict[tuple[int, int], int] = {}
+        self.sizes: dict[tuple[int, int], int] = {}
+        self.by_entry: dict[str, list[tuple[int, int]]] = {}
+        self.total = 0
+
+    def add(self, entry: Entry) -> None:
+        inodes = []
+        for item in entry.files:
+            try:
+                st = (entry.path / item["path"]).stat()
+            except FileNotFoundError:
+                continue
+            ident = (st.st_dev, st.st_ino)
+            inodes.append(ident)
+            if self.refs.get(ident, 0) == 0:
+                self.sizes[ident] = st.st_size
+                self.total += st.st_size
+            self.refs[ident] = self.refs.get(ident, 0) + 1
+        self.by_entry[f"{entry.kind}/{entry.key}"] = inodes
+
+    def drop(self, entry: Entry) -> int:
+        freed = 0
+        for ident in self.by_entry.pop(f"{entry.kind}/{entry.key}", []):
+            self.refs[ident] -= 1
+            if self.refs[ident] == 0:
+                freed += self.sizes[ident]
+        self.total -= freed
+        return freed
+
+
+def collect(
+    store: Store, *, max_size: int | None = None, max_age_s: float | None = None, dry_run: bool = False
+) -> GcReport:
+    report = GcReport(dry_run=dry_run)
+    now = time.time()
+    _clean_leftovers(store, report, now, dry_run)
+
+    pinned = store.pinned_digests()
+    entries = sorted(store.entries(), key=lambda e: e.last_used)  # least recently used first
+    book = _InodeBook()
+    for entry in entries:
+        book.add(entry)
+
+    def removable(entry: Entry) -> bool:
+        name = f"{entry.kind}/{entry.key}"
+        if entry.digest in pinned:
+            if name not in report.kept_pinned:
+                report.kept_pinned.append(name)
+            return False
+        if not store.locks.is_free(entry.kind, entry.key):
+            if name not in report.kept_in_use:
+                report.kept_in_use.append(name)
+            return False
+        return True
+
+    def drop(entry: Entry, reason: str) -> None:
+        freed = book.drop(entry)
+        if not dry_run and not store.remove(entry):
+            report.kept_in_use.append(f"{entry.kind}/{entry.key}")
+            return
+        report.add(GcAction(what="entry", name=f"{entry.kind}/{entry.key}", bytes=freed, reason=reason))
+
+    remaining: list[Entry] = []
+    for entry in entries:
+        age = now - entry.last_used
+        if max_age_s is not None and age > max_age_s and removable(entry):
+            drop(entry, f"unused for {age / 86400:.1f} days")
+        else:
+            remaining.append(entry)
+    if max_size is not None:
+        for entry in remaining:
+            if book.total <= max_size:
+                break
+            if removable(entry):
+                drop(entry, f"store over {max_size} bytes (least recently used)")
+    report.entries_bytes_after = book.total
+
+    # Objects linked from nowhere else (link count 1) belong to no entry and no running build.
+    for digest, path in list(store.objects.iter_objects()):
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            continue
+        if st.st_nlink <= 1:
+            if not dry_run:
+                path.unlink(missing_ok=True)
+            report.add(GcAction(what="object", name=digest, bytes=st.st_size, reason="referenced by no entry"))
+    return report
+
+
+def _clean_leftovers(store: Store, report: GcReport, now: float, dry_run: bool) -> None:
+    tmp = store.root / "tmp"
+    if tmp.is_dir():
+        for child in sorted(tmp.iterdir()):
+            parts = child.name.split("-", 2)
+            if len(parts) == 3 and parts[0] in KINDS:
+                stale = store.locks.is_free(parts[0], parts[1])  # no live builder holds this key
+            else:
+                stale = now - child.stat().st_mtime > _ORPHAN_AGE_S
+            if stale:
+                size = _tree_bytes(child)
+                if not dry_run:
+                    shutil.rmtree(child, ignore_errors=True)
+                report.add(GcAction(what="tmp", name=child.name, bytes=size, reason="leftover of an interrupted build"))
+    for folder in ("quarantine", "trash"):
+        base = store.root / folder
+        if not base.is_dir():
+            continue
+        for child in sorted(base.iterdir()):
+            size = _tree_bytes(child) if child.is_dir() else child.stat().st_size
+            if not dry_run:
+                if child.is_dir():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
+            report.add(GcAction(what=folder, name=child.name, bytes=size, reason="quarantined (corrupt)" if folder == "quarantine" else "deleted entry"))
+    # Stray staging files of objects (a process killed between link and rename).
+    for stray in (store.root / "objects" / "sha256").glob("*/.tmp-*"):
+        if now - stray.stat().st_mtime > 3600:
+            if not dry_run:
+                stray.unlink(missing_ok=True)
+            report.add(GcAction(what="tmp", name=stray.name, bytes=0, reason="stray object staging file"))
+
+
+def summary(store: Store) -> dict[str, Any]:
+    entries = list(store.entries())
+    book = _InodeBook()
+    for entry in entries:
+        book.add(entry)
+    return {"entries": len(entries), "bytes": book.total}

@@ -1,0 +1,462 @@
+"""The local artifact store.
+
+Layout under the store root (`$TRTPIPE_HOME`, else the user cache dir):
+
+    objects/sha256/ab/cdef...     content-addressed files, stored once, read-only
+    <kind>/<key>/                 an entry: the artifact's files (hard links to objects) + manifest.json
+    tmp/<kind>-<key>-XXXX/        a build in progress; published by ONE rename into <kind>/<key>
+    locks/<kind>/<key>.lock|lease build locks and in-use leases (see locking.py)
+    quarantine/                   entries and objects found corrupt, moved aside (gc deletes them)
+    trash/                        entries being deleted (renamed here first, so removal is atomic)
+    records/                      build records (trtpipe.build_record)
+    builds.log                    one JSON line per stage actually built (audit and tests)
+    digests.sqlite                the digest cache
+    channels/**.json              channel pointers (Release area); any "digest" found there is pinned
+
+An entry's digest (`Entry.digest`) is the sha256 of its manifest.json bytes: the manifest lists
+every file's size and sha256, so it identifies the artifact's content and provenance.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from trtpipe.errors import TrtpipeError, UsageError
+from trtpipe.store.digest_cache import DigestCache
+from trtpipe.store.keys import KEY_SCHEMA, canonical_json
+from trtpipe.store.locking import KeyLocks
+from trtpipe.store.objects import ObjectStore, sha256_file
+
+KINDS = ("checkpoint", "engine", "repository")
+MANIFEST = "manifest.json"
+MANIFEST_VERSION = 1
+_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def default_root() -> Path:
+    home = os.environ.get("TRTPIPE_HOME")
+    if home:
+        return Path(home).expanduser()
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("trtpipe"))
+
+
+def _check_kind_key(kind: str, key: str) -> None:
+    if kind not in KINDS:
+        raise UsageError(f"unknown artifact kind {kind!r}", fix=f"use one of {', '.join(KINDS)}")
+    if not _KEY_RE.match(key):
+        raise UsageError(f"invalid artifact key {key!r}", fix="a key is letters, digits, '.', '_' or '-'")
+
+
+def manifest_digest(manifest_bytes: bytes) -> str:
+    import hashlib
+
+    return "sha256:" + hashlib.sha256(manifest_bytes).hexdigest()
+
+
+def _now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A published artifact: `path` holds its files, `manifest` describes them, `digest` names it."""
+
+    kind: str
+    key: str
+    path: Path
+    manifest: dict[str, Any]
+    digest: str
+
+    @property
+    def files(self) -> list[dict[str, Any]]:
+        return list(self.manifest.get("files", []))
+
+    @property
+    def size(self) -> int:
+        return sum(int(f["size"]) for f in self.files)
+
+    @property
+    def last_used(self) -> float:
+        """Last reuse time (the manifest's mtime, refreshed on every reuse)."""
+        try:
+            return (self.path / MANIFEST).stat().st_mtime
+        except FileNotFoundError:
+            return 0.0
+
+
+@dataclass
+class Problem:
+    """One integrity problem found in an entry or object."""
+
+    kind: str
+    key: str
+    file: str | None
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "key": self.key, "file": self.file, "reason": self.reason}
+
+
+@dataclass
+class Building:
+    """Handle given by `Store.building`: either `existing` (reuse it) or write into `dir` and `commit`."""
+
+    store: Store
+    kind: str
+    key: str
+    existing: Entry | None
+    dir: Path | None = None
+    entry: Entry | None = None
+    _started: float = field(default_factory=time.monotonic)
+
+    def commit(self, *, inputs: dict[str, Any], meta: dict[str, Any] | None = None) -> Entry:
+        if self.existing is not None or self.dir is None:
+            raise RuntimeError("this key already has an entry; reuse `existing` instead of committing")
+        if self.entry is not None:
+            raise RuntimeError("already committed")
+        self.entry = self.store._publish(self.kind, self.key, self.dir, inputs, meta or {}, self._started)
+        return self.entry
+
+
+class Store:
+    """A content-addressed artifact store in one local directory."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.objects = ObjectStore(self.root / "objects")
+        self.locks = KeyLocks(self.root / "locks")
+        self._digests: DigestCache | None = None
+
+    # -- opening ---------------------------------------------------------------------------
+    @classmethod
+    def open(cls, root: Path | str | None = None) -> Store:
+        store = cls(Path(root).expanduser() if root is not None else default_root())
+        try:
+            for sub in ("objects", "tmp", "locks", "records"):
+                (store.root / sub).mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise TrtpipeError(
+                f"cannot create the artifact store at {store.root}: {err.strerror}",
+                fix="set TRTPIPE_HOME to a writable directory",
+            ) from err
+        return store
+
+    @property
+    def digests(self) -> DigestCache:
+        if self._digests is None:
+            self._digests = DigestCache(self.root / "digests.sqlite")
+        return self._digests
+
+    def entry_dir(self, kind: str, key: str) -> Path:
+        _check_kind_key(kind, key)
+        return self.root / kind / key
+
+    # -- reading ---------------------------------------------------------------------------
+    def _load(self, kind: str, key: str) -> Entry | None:
+        path = self.entry_dir(kind, key)
+        try:
+            raw = (path / MANIFEST).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            manifest = json.loads(raw)
+        except ValueError:
+            manifest = {"files": None}
+        return Entry(kind=kind, key=key, path=path, manifest=manifest, digest=manifest_digest(raw))
+
+    def check(self, entry: Entry, *, digests: bool) -> list[Problem]:
+        """Integrity problems of an entry: sizes always, sha256 and stray files when `digests`."""
+        problems: list[Problem] = []
+        files = entry.manifest.get("files")
+        if not isinstance(files, list) or entry.manifest.get("key") != entry.key:
+            return [Problem(entry.kind, entry.key, MANIFEST, "manifest is unreadable or names another key")]
+        listed = set()
+        for item in files:
+            rel = item.get("path", "")
+            listed.add(rel)
+            target = entry.path / rel
+            if not _inside(entry.path, target):
+                problems.append(Problem(entry.kind, entry.key, rel, "path escapes the entry"))
+                continue
+            try:
+                size = target.stat().st_size
+            except FileNotFoundError:
+                problems.append(Problem(entry.kind, entry.key, rel, "missing"))
+                continue
+            if size != item.get("size"):
+                problems.append(Problem(entry.kind, entry.key, rel, f"size {size} != {item.get('size')}"))
+                continue
+            if digests and sha256_file(target) != item.get("sha256"):
+                problems.append(Problem(entry.kind, entry.key, rel, "sha256 mismatch"))
+        if digests:
+            for path in _walk_files(entry.path):
+                rel = path.relative_to(entry.path).as_posix()
+                if rel != MANIFEST and rel not in listed:
+                    problems.append(Problem(entry.kind, entry.key, rel, "file not in manifest"))
+        return problems
+
+    def get(self, kind: str, key: str, *, verify: bool = False, touch: bool = True) -> Entry | None:
+        """The entry of `kind/key`, or None. A corrupt entry is moved aside and None returned."""
+        entry = self._load(kind, key)
+        if entry is None:
+            return None
+        problems = self.check(entry, digests=verify)
+        if problems:
+            self.quarantine(entry, problems)
+            return None
+        if touch:
+            with contextlib.suppress(OSError):
+                os.utime(entry.path / MANIFEST)
+        return entry
+
+    def peek(self, kind: str, key: str) -> Entry | None:
+        """The entry if present, without checks or touching (dry runs, listings)."""
+        return self._load(kind, key)
+
+    def entries(self, kind: str | None = None) -> Iterator[Entry]:
+        for k in (kind,) if kind else KINDS:
+            folder = self.root / k
+            if not folder.is_dir():
+                continue
+            for child in sorted(folder.iterdir()):
+                if child.is_dir() and _KEY_RE.match(child.name):
+                    entry = self._load(k, child.name)
+                    if entry is not None:
+                        yield entry
+
+    def find(self, ref: str) -> Entry:
+        """Resolve `kind/key`, a key, a key prefix (>= 4 chars) or an artifact digest to one entry."""
+        kind, _, key = ref.rpartition("/") if "/" in ref else ("", "", ref)
+        if kind and kind not in KINDS:
+            raise UsageError(f"unknown artifact kind {kind!r} in {ref!r}", fix=f"use one of {', '.join(KINDS)}")
+        wanted = key.removeprefix("sha256:") if key.startswith("sha256:") else None
+        if len(key) < 4:
+            raise UsageError(f"key {ref!r} is too short", fix="give at least 4 characters of the key")
+        matches = []
+        for entry in self.entries(kind or None):
+            if wanted is not None:
+                if entry.digest.removeprefix("sha256:").startswith(wanted):
+                    matches.append(entry)
+            elif entry.key.startswith(key):
+                matches.append(entry)
+        if not matches:
+            raise UsageError(f"no artifact matches {ref!r}", fix="list artifacts with `trtpipe cache ls`")
+        if len(matches) > 1:
+            names = ", ".join(f"{e.kind}/{e.key[:12]}" for e in matches[:5])
+            raise UsageError(f"{ref!r} matches {len(matches)} artifacts ({names})", fix="give more of the key or kind/key")
+        return matches[0]
+
+    # -- writing ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def building(
+        self,
+        kind: str,
+        key: str,
+        *,
+        force: bool = False,
+        verify: bool = False,
+        on_wait: Callable[[], None] | None = None,
+    ) -> Iterator[Building]:
+        """Hold the key's build lock. `b.existing` is set when the entry exists (perhaps built by a
+        concurrent process while we waited); otherwise write into `b.dir` and call `b.commit`.
+        Nothing is visible under `<kind>/<key>` until commit's single rename."""
+        _check_kind_key(kind, key)
+        with self.locks.building(kind, key, on_wait=on_wait):
+            self._clean_tmp_for(kind, key)
+            existing = None if force else self.get(kind, key, verify=verify)
+            if existing is not None:
+                yield Building(self, kind, key, existing=existing)
+                return
+            tmp_dir = Path(tempfile.mkdtemp(prefix=f"{kind}-{key}-", dir=self.root / "tmp"))
+            handle = Building(self, kind, key, existing=None, dir=tmp_dir)
+            try:
+                yield handle
+            finally:
+                if handle.entry is None:
+                    shutil.rmtree(tmp_dir, ignore_errors=True)
+
+    def _clean_tmp_for(self, kind: str, key: str) -> None:
+        """Remove leftovers of killed builds of this key (we hold its lock, so they are stale)."""
+        tmp = self.root / "tmp"
+        for child in tmp.glob(f"{kind}-{key}-*"):
+            shutil.rmtree(child, ignore_errors=True)
+
+    def _publish(
+        self, kind: str, key: str, tmp_dir: Path, inputs: dict[str, Any], meta: dict[str, Any], started: float
+    ) -> Entry:
+        if (tmp_dir / MANIFEST).exists():
+            raise TrtpipeError(
+                f"the {kind} stage wrote a file named {MANIFEST}, which the store reserves",
+                fix="rename that file in the stage output",
+            )
+        files: list[dict[str, Any]] = []
+        copied: list[str] = []
+        for path in _walk_files(tmp_dir):
+            rel = path.relative_to(tmp_dir).as_posix()
+            if path.is_symlink():
+                raise TrtpipeError(f"the {kind} stage wrote a symlink {rel}", fix="write regular files only")
+            digest = sha256_file(path)
+            size = path.stat().st_size
+            _fsync_file(path)
+            if self.objects.adopt(path, digest, size) == "copied":
+                copied.append(rel)
+            files.append({"path": rel, "size": size, "sha256": digest})
+        files.sort(key=lambda item: item["path"])
+        from trtpipe import __version__
+
+        manifest = {
+            "manifest_version": MANIFEST_VERSION,
+            "key_schema": KEY_SCHEMA,
+            "kind": kind,
+            "key": key,
+            "created_at": _now_iso(),
+            "producer": {"trtpipe": __version__},
+            "inputs": inputs,
+            "meta": {**meta, "store_seconds": round(time.monotonic() - started, 6)},
+            "files": files,
+            "storage": {"copied": copied},
+        }
+        raw = canonical_json(manifest)
+        manifest_path = tmp_dir / MANIFEST
+        with open(manifest_path, "wb") as handle:
+            handle.write(raw)
+            handle.flush()
+            os.fsync(handle.fileno())
+        _fsync_dir(tmp_dir)
+        final = self.entry_dir(kind, key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if final.exists():  # a forced rebuild replaces the old entry: move it out first
+            self._move_to(final, self.root / "trash")
+        os.rename(tmp_dir, final)  # THE publish: one atomic rename
+        _fsync_dir(final.parent)
+        entry = Entry(kind=kind, key=key, path=final, manifest=manifest, digest=manifest_digest(raw))
+        return entry
+
+    def _move_to(self, path: Path, folder: Path) -> Path | None:
+        folder.mkdir(parents=True, exist_ok=True)
+        target = folder / f"{path.parent.name}-{path.name}-{int(time.time())}-{uuid.uuid4().hex[:8]}"
+        try:
+            os.rename(path, target)
+        except FileNotFoundError:
+            return None
+        return target
+
+    def quarantine(self, entry: Entry, problems: list[Problem]) -> Path | None:
+        """Move a corrupt entry (and its damaged objects) aside so it is never reused or published."""
+        with self.locks.building(entry.kind, entry.key):
+            current = self._load(entry.kind, entry.key)
+            if current is None or current.digest != entry.digest:
+                return None  # already moved or rebuilt by someone else
+            bad_files = {p.file for p in problems if p.reason == "sha256 mismatch"}
+            for item in entry.files:
+                if item["path"] in bad_files:
+                    obj = self.objects.path_for(item["sha256"])
+                    with contextlib.suppress(OSError):
+                        if os.path.samefile(obj, entry.path / item["path"]):
+                            self.objects.discard(item["sha256"], into=self.root / "quarantine" / "objects")
+            moved = self._move_to(entry.path, self.root / "quarantine")
+            if moved is not None:
+                (moved.parent / f"{moved.name}.reason.json").write_text(
+                    json.dumps([p.as_dict() for p in problems], indent=1)
+                )
+            return moved
+
+    def remove(self, entry: Entry) -> bool:
+        """Delete an entry if nobody builds or uses it. False when it is in use."""
+        with self.locks.try_exclusive(entry.kind, entry.key) as free:
+            if not free:
+                return False
+            moved = self._move_to(entry.path, self.root / "trash")
+        if moved is not None:
+            shutil.rmtree(moved, ignore_errors=True)
+        return True
+
+    @contextlib.contextmanager
+    def lease(self, entry: Entry) -> Iterator[Entry]:
+        """Mark an entry in use for the duration (gc and rm skip it)."""
+        with self.locks.lease(entry.kind, entry.key):
+            yield entry
+
+    def log_built(self, kind: str, key: str, digest: str, seconds: float) -> None:
+        """Append one line to builds.log for each stage actually built (O_APPEND: safe across processes)."""
+        line = canonical_json(
+            {"kind": kind, "key": key, "digest": digest, "seconds": round(seconds, 6), "pid": os.getpid(), "at": _now_iso()}
+        )
+        fd = os.open(self.root / "builds.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, line + b"\n")
+        finally:
+            os.close(fd)
+
+    def pinned_digests(self) -> set[str]:
+        """Artifact digests that a channel pointer names (`<root>/channels/**.json`, any "digest" value)."""
+        found: set[str] = set()
+        channels = self.root / "channels"
+        if not channels.is_dir():
+            return found
+        for path in channels.rglob("*.json"):
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            _collect_digests(data, found)
+        return {d if d.startswith("sha256:") else f"sha256:{d}" for d in found}
+
+
+def _collect_digests(value: Any, found: set[str]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k == "digest" and isinstance(v, str):
+                found.add(v)
+            else:
+                _collect_digests(v, found)
+    elif isinstance(value, list):
+        for v in value:
+            _collect_digests(v, found)
+
+
+def _inside(root: Path, path: Path) -> bool:
+    try:
+        return os.path.commonpath([os.path.abspath(root), os.path.abspath(path)]) == os.path.abspath(root)
+    except ValueError:
+        return False
+
+
+def _walk_files(root: Path) -> Iterator[Path]:
+    for folder, dirs, names in os.walk(root):
+        dirs.sort()
+        for name in sorted(names):
+            if name.startswith(".tmp-link-"):
+                continue
+            yield Path(folder) / name
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
