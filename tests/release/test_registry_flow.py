@@ -1,0 +1,129 @@
+"""The release flow against a real registry: cache push/pull, shared build cache, channel tags."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trtpipe.release.audit import read_audit
+from trtpipe.results import ResultsLog
+from trtpipe.store import oci
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def tag_digest(client: oci.OciClient, repository: str, tag: str) -> str | None:
+    body = client.get_manifest(repository, tag)
+    return oci.sha256_bytes(body) if body is not None else None
+
+
+def test_cache_push_pull_roundtrip_keeps_the_artifact_digest(registry_env, store_entry, cli, tmp_path, monkeypatch) -> None:
+    import os
+
+    src_home = Path(os.environ["TRTPIPE_HOME"])
+    entry = store_entry(src_home, "0123456789abcdef")
+    url = registry_env.url("flow/engines")
+    code, out, err = cli("cache", "push", "engine/" + entry.key, "--to", url, "--tag", "v1.0.0", "--json")
+    assert code == 0, err
+    pushed = json.loads(out)
+    assert pushed["artifact_digest"] == entry.digest
+    assert pushed["tags"] == [f"engine-{entry.key}", "v1.0.0"]
+    # Pull into a fresh store on "another machine".
+    other = tmp_path / "other-home"
+    monkeypatch.setenv("TRTPIPE_HOME", str(other))
+    code, out, err = cli("cache", "pull", url + ":v1.0.0", "--json")
+    assert code == 0, err
+    pulled = json.loads(out)
+    assert pulled["artifact_digest"] == entry.digest and pulled["key"] == entry.key
+    from trtpipe.store.local import Store
+
+    local = Store.open(other).get("engine", entry.key, verify=True)
+    assert local is not None and local.digest == entry.digest
+    assert (local.path / "rank0.safetensors").read_bytes() == (entry.path / "rank0.safetensors").read_bytes()
+    # Pulling again is a no-op that returns the same entry.
+    code, out, _ = cli("cache", "pull", pushed["ref"], "--json")
+    assert code == 0 and json.loads(out)["artifact_digest"] == entry.digest
+
+
+def test_version_tag_refuses_overwrite_via_cli(registry_env, store_entry, cli) -> None:
+    import os
+
+    home = Path(os.environ["TRTPIPE_HOME"])
+    first = store_entry(home, "aaaa1111bbbb2222", seed="x")
+    second = store_entry(home, "cccc3333dddd4444", seed="y")
+    url = registry_env.url("flow/immutable")
+    assert cli("cache", "push", first.key, "--to", url, "--tag", "v2")[0] == 0
+    code, _, err = cli("cache", "push", second.key, "--to", url, "--tag", "v2")
+    assert code == 1 and "never moved" in err
+    client = oci.OciClient(registry_env.host)
+    remote = oci.resolve_remote(client, oci.parse_oci_ref(url + ":v2"))
+    assert remote.artifact_digest == first.digest
+
+
+def test_tampered_pull_installs_nothing(registry_env, store_entry, cli, tmp_path, monkeypatch) -> None:
+    import os
+
+    entry = store_entry(Path(os.environ["TRTPIPE_HOME"]), "7a3e7a3e7a3e7a3e", seed="z")
+    url = registry_env.url("flow/tamper")
+    code, out, _ = cli("cache", "push", entry.key, "--to", url, "--json")
+    assert code == 0
+    client = oci.OciClient(registry_env.host)
+    remote = oci.resolve_remote(client, oci.parse_oci_ref(json.loads(out)["ref"]))
+    layer = next(l for l in remote.manifest["layers"] if l["annotations"][oci.TITLE_ANNOTATION] == "config.json")
+    data = registry_env.blob_data_path(layer["digest"])
+    data.write_bytes(data.read_bytes() + b" ")  # extended by one byte
+    other = tmp_path / "other-home"
+    monkeypatch.setenv("TRTPIPE_HOME", str(other))
+    code, _, err = cli("cache", "pull", json.loads(out)["ref"])
+    assert code == 1 and "failed verification" in err
+    from trtpipe.store.local import Store
+
+    store = Store.open(other)
+    assert store.peek("engine", entry.key) is None
+    assert list((other / "tmp").iterdir()) == []
+
+
+def test_remote_store_as_shared_build_cache(registry_env, store_entry, tmp_path) -> None:
+    import os
+
+    from trtpipe.store.local import Store
+
+    entry = store_entry(Path(os.environ["TRTPIPE_HOME"]), "5eed5eed5eed5eed", seed="c")
+    remote = oci.RemoteStore(registry_env.url("flow/cache"))
+    runner_store = Store.open(tmp_path / "runner-store")
+    assert remote.pull_if_present("engine", entry.key, runner_store) is None
+    remote.push(entry)
+    got = remote.pull_if_present("engine", entry.key, runner_store)
+    assert got is not None and got.digest == entry.digest
+    assert runner_store.get("engine", entry.key, verify=True) is not None
+
+
+def test_promote_registry_artifact_moves_channel_tag_and_rolls_back(registry_env, store_entry, cli) -> None:
+    import os
+
+    home = Path(os.environ["TRTPIPE_HOME"])
+    url = registry_env.url("flow/channels")
+    refs = []
+    for key, seed in (("0a0a0a0a0a0a0a0a", "p"), ("0b0b0b0b0b0b0b0b", "q")):
+        entry = store_entry(home, key, seed=seed)
+        code, out, _ = cli("cache", "push", entry.key, "--to", url, "--json")
+        assert code == 0
+        refs.append(json.loads(out))
+        ResultsLog(home).record(entry.digest, "smoke", True, {"checks": 6})
+    client = oci.OciClient(registry_env.host)
+    tag = "tiny-llama.cpu-reference.prod"
+    for pushed in refs:
+        code, out, err = cli("promote", pushed["ref"], "--to", "prod", "--json")
+        assert code == 0, err
+        assert json.loads(out)["tag"] == tag
+        assert tag_digest(client, "flow/channels", tag) == pushed["oci_digest"]
+    code, _, err = cli("rollback", "prod")
+    assert code == 0, err
+    assert tag_digest(client, "flow/channels", tag) == refs[0]["oci_digest"]
+    assert [r.action for r in read_audit(home, channel="prod")] == ["promote", "promote", "rollback"]
+    # Channels are addressable by tag too: promoting "the current prod" to another channel works.
+    code, out, err = cli("promote", url + ":" + tag, "--to", "stable", "--json")
+    assert code == 0, err
+    assert json.loads(out)["to_digest"] == refs[0]["artifact_digest"]
