@@ -1,9 +1,158 @@
-"""CLI commands for the foundation area. Thin: parse, call one function, print."""
+"""CLI commands for the foundation area: `check`, `plan`, `spec-check`. Thin: parse, call one function, print."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+CHECK_HELP = """Can this host build what the spec asks for? Probes the GPUs (NVML), the installed packages and
+the Docker daemon, and compares them with the spec's toolchain and target (or, without --spec, with the newest
+pinned toolchain).
+
+Exit codes: 0 no FAIL row; 1 a FAIL row (each says its fix); 2 invalid spec;
+3 no NVIDIA GPU here and the spec targets a GPU (or no spec given): GPU targets can be checked and planned
+here but not built; cpu-reference works."""
+
+PLAN_HELP = """Memory plan of a spec on its target: weights per GPU, KV cache bytes per token, tokens and
+sequences that fit, a decode TPOT floor, a verdict and, when it does not fit, changes that would (each with
+its new figures). Needs only the model's config.json (model.config is enough).
+
+Exit codes: 0 fits; 1 does not fit (suggestions printed); 2 invalid spec."""
+
+
+def _fmt_bytes(n: int | float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{int(n):,} B"
+
+
+def check_command(
+    spec: Path | None = typer.Option(None, "--spec", "-s", help="Build spec to compare this host with."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    recorded_probe: Path | None = typer.Option(
+        None, "--recorded-probe", hidden=True, help="Replay a recorded NVML answer (JSON) instead of probing."
+    ),
+) -> None:
+    from trtpipe.gpu import NvmlProbe, RecordedProbe, probe_host
+    from trtpipe.hostcheck import docker_status, installed_versions, run_checks
+    from trtpipe.resolve import resolve
+    from trtpipe.spec_loader import load_spec
+
+    resolved = resolve(load_spec(spec), need_weights=False) if spec is not None else None
+    probe = RecordedProbe(recorded_probe) if recorded_probe is not None else NvmlProbe()
+    report = run_checks(probe_host(probe), installed_versions(), docker_status(), resolved)
+    if as_json:
+        print(json.dumps(report.model_dump(mode="json"), indent=2))
+    else:
+        console = Console()
+        title = f"trtpipe check: {report.spec or 'this host'} (toolchain {report.toolchain})"
+        table = Table(title=title, show_lines=False)
+        for column in ("status", "item", "found", "expected", "fix"):
+            table.add_column(column, overflow="fold")
+        colour = {"OK": "green", "WARN": "yellow", "FAIL": "red"}
+        for row in report.rows:
+            table.add_row(
+                f"[{colour[row.status]}]{row.status}[/]", row.item, row.found, row.expected or "", row.fix or ""
+            )
+        console.print(table)
+        for line in report.possible_here:
+            console.print(f"[green]possible here[/]: {line}")
+        for line in report.not_possible_here:
+            console.print(f"[yellow]not possible here[/]: {line}")
+        console.print(f"exit {report.exit_code}: {report.exit_meaning}")
+    raise typer.Exit(report.exit_code)
+
+
+def plan_command(
+    spec: Path = typer.Argument(..., help="Build spec (YAML)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+) -> None:
+    from trtpipe.plan import memory_plan
+    from trtpipe.resolve import resolve
+    from trtpipe.spec_loader import load_spec
+
+    plan = memory_plan(resolve(load_spec(spec), need_weights=False))
+    if as_json:
+        print(json.dumps(plan.model_dump(mode="json"), indent=2))
+    else:
+        console = Console()
+        m = plan.model
+        table = Table(title=f"memory plan: {plan.spec_name} on {plan.gpu_count} x {plan.target}", show_header=False)
+        table.add_column("what")
+        table.add_column("value", overflow="fold")
+        rows = [
+            ("model", f"{m.architecture}: {m.total_params / 1e9:.2f} B params, {m.layers} layers, "
+             f"{m.attention_heads} heads / {m.kv_heads} KV heads x {m.head_dim}"),
+            ("target", f"{plan.gpu_product or 'host CPU'} (SM{plan.sm})" if plan.sm else plan.memory_source),
+            ("tp x pp", f"{plan.tp} x {plan.pp}"),
+            ("weights", f"{plan.weight_precision}: {_fmt_bytes(plan.weight_bytes_total)} total, "
+             f"{_fmt_bytes(plan.weight_bytes_per_gpu)} per GPU"),
+            ("KV cache per token", f"{plan.kv_bytes_per_token:,} bytes ({plan.kv_cache_dtype}); "
+             f"{plan.kv_bytes_per_token_per_gpu:,} per GPU"),
+            ("memory per GPU", plan.memory_source),
+            ("overhead (assumed)", f"{_fmt_bytes(plan.overhead_bytes)}: {plan.overhead_assumption}"),
+            ("KV cache per GPU", f"{_fmt_bytes(plan.kv_cache_bytes_per_gpu)} "
+             f"(x kv_cache_free_gpu_mem_fraction {plan.kv_cache_free_gpu_mem_fraction})"),
+            ("tokens that fit", f"{plan.kv_tokens:,}"),
+            ("sequences at max_seq_len", f"{plan.sequences_at_max_seq_len} x {plan.max_seq_len} tokens "
+             f"(max_batch_size {plan.max_batch_size} needs {plan.tokens_needed:,} tokens)"),
+            ("decode TPOT floor", f"{plan.tpot_floor_ms:.2f} ms (weights per GPU / {plan.memory_bandwidth_gbs:g} GB/s)"
+             if plan.tpot_floor_ms is not None else "n/a"),
+        ]
+        for what, value in rows:
+            table.add_row(what, value)
+        console.print(table)
+        colour = "green" if plan.fits else "red"
+        console.print(f"[{colour}]verdict: {plan.verdict}[/]: {plan.reason}")
+        for note in plan.notes:
+            console.print(f"note: {note}")
+        if plan.suggestions:
+            changes = Table(title="changes that would help")
+            for column in ("change", "weights/GPU", "KV tokens", "seqs @ max_seq_len", "GPUs", "fits"):
+                changes.add_column(column, overflow="fold")
+            for s in plan.suggestions:
+                changes.add_row(
+                    s.change,
+                    _fmt_bytes(s.weight_bytes_per_gpu),
+                    f"{s.kv_tokens:,}",
+                    f"{s.sequences_at_max_seq_len} x {s.max_seq_len}",
+                    str(s.gpu_count),
+                    "yes" if s.fits else "no",
+                )
+            console.print(changes)
+    raise typer.Exit(0 if plan.fits else 1)
+
+
+def spec_check_command(
+    spec: Path = typer.Argument(..., help="Build spec (YAML)."),
+    weights: bool = typer.Option(False, "--weights", help="Also require the model's weights (as a build does)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the resolved facts as JSON."),
+) -> None:
+    """Validate a spec (shape and every cross-field rule). Exit 0 valid, 2 invalid (one line: file:line:col)."""
+    from trtpipe.resolve import resolve
+    from trtpipe.spec_loader import load_spec
+
+    resolved = resolve(load_spec(spec), need_weights=weights)
+    facts = {
+        "spec": str(resolved.spec_path),
+        "name": resolved.spec.artifact_name,
+        "target": resolved.gpu.name if resolved.gpu else "cpu-reference",
+        "sm": resolved.sm,
+        "toolchain": resolved.toolchain.name,
+        "weight_dtype": resolved.weight_dtype,
+        "kv_cache_dtype": resolved.kv_cache_dtype,
+        "model_config": str(resolved.config_path),
+    }
+    if as_json:
+        print(json.dumps({"valid": True, **facts}, indent=2))
+    else:
+        print(f"ok: {spec}: " + ", ".join(f"{k}={v}" for k, v in facts.items() if k != "spec"))
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the trtpipe app."""
+    app.command("check", help=CHECK_HELP)(check_command)
+    app.command("plan", help=PLAN_HELP)(plan_command)
+    app.command("spec-check")(spec_check_command)
