@@ -2,8 +2,86 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import typer
+
+from trtpipe.errors import UsageError
+
+
+def doctor(
+    logfile: Path = typer.Argument(..., help="A build or server log to diagnose."),
+    as_json: bool = typer.Option(False, "--json", help="Print the diagnoses as JSON."),
+) -> None:
+    """Recognize known TensorRT / TensorRT-LLM / Triton failures in a log and print cause and fix."""
+    from trtpipe.engine.doctor import diagnose
+
+    if not logfile.is_file():
+        raise UsageError(f"{logfile}: no such file", fix="give the path of a build or server log")
+    diagnoses = diagnose(logfile.read_text(encoding="utf-8", errors="replace"))
+    if as_json:
+        typer.echo(json.dumps({"log": str(logfile), "diagnoses": [d.model_dump() for d in diagnoses]}, indent=2))
+    elif not diagnoses:
+        typer.echo(f"{logfile}: no known failure recognized")
+    else:
+        from rich.console import Console
+
+        console = Console()
+        for d in diagnoses:
+            console.print(f"[bold red]{d.pattern_id}[/]: {d.matched_line}", markup=True, highlight=False)
+            console.print(f"  cause: {d.cause}", markup=False, highlight=False)
+            console.print(f"  fix:   {d.fix}", markup=False, highlight=False)
+
+
+def engine_plan(
+    spec: Path = typer.Argument(..., help="A build spec YAML."),
+    checkpoint_dir: str = typer.Option("<checkpoint>", "--checkpoint-dir", help="Checkpoint path to render."),
+    output_dir: str = typer.Option("<engine>", "--output-dir", help="Engine output path to render."),
+    docker: bool = typer.Option(False, "--docker", help="Also print the docker container spec."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+) -> None:
+    """Print the engine build plan, each setting's reason, and the exact trtllm-build command."""
+    from trtpipe.engine.plan import make_build_plan
+    from trtpipe.resolve import resolve
+    from trtpipe.spec_loader import load_spec
+
+    resolved = resolve(load_spec(spec), need_weights=False)
+    plan = make_build_plan(resolved)
+    command = plan.render_command(checkpoint_dir, output_dir)
+    container = None
+    if docker and not plan.is_reference:
+        from trtpipe.engine.executors.docker import container_spec
+
+        if resolved.toolchain.triton_container:
+            container = container_spec(plan, resolved.toolchain, Path(checkpoint_dir), Path(output_dir))
+    if as_json:
+        payload = {"plan": plan.model_dump(mode="json"), "command": command}
+        if container is not None:
+            payload["container"] = container.model_dump(mode="json") | {"docker_cli": container.docker_cli()}
+        typer.echo(json.dumps(payload, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"{spec.name}: {plan.profile} profile, {plan.family} ({plan.target_gpu}), {plan.toolchain}")
+    table.add_column("setting")
+    table.add_column("value")
+    table.add_column("why")
+    for key, value in plan.limits.items():
+        table.add_row(key, str(value), plan.why.get(key, ""))
+    for key, value in plan.plugin_config.items():
+        table.add_row(key, str(value), plan.why.get(key, ""))
+    console.print(table)
+    console.print(" ".join(command), markup=False, highlight=False, soft_wrap=True)
+    if container is not None:
+        console.print(" ".join(container.docker_cli()), markup=False, highlight=False, soft_wrap=True)
+    elif docker and not plan.is_reference:
+        console.print(f"(no container pinned for {plan.toolchain} in build_configs/toolchains.yaml)", markup=False)
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the trtpipe app."""
+    app.command("doctor")(doctor)
+    app.command("engine-plan")(engine_plan)

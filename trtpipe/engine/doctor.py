@@ -131,11 +131,17 @@ def diagnose(text: str) -> list[Diagnosis]:
     # Also look at line pairs: some messages are wrapped over two lines by loggers.
     for failure in KNOWN_FAILURES:
         for index, line in enumerate(lines):
-            window = line if index + 1 >= len(lines) else f"{line} {lines[index + 1].strip()}"
-            if failure.regex.search(line) or failure.regex.search(window):
+            matched = None
+            if failure.regex.search(line):
+                matched = line
+            elif index + 1 < len(lines):
+                window = f"{line.rstrip()} {lines[index + 1].strip()}"
+                if failure.regex.search(window):
+                    matched = window
+            if matched is not None:
                 found.append(
                     (index, Diagnosis(pattern_id=failure.pattern_id, cause=failure.cause, fix=failure.fix,
-                                      matched_line=line.strip()[:500]))
+                                      matched_line=matched.strip()[:500]))
                 )
                 break
     found.sort(key=lambda item: item[0])

@@ -35,7 +35,7 @@ class BuildPlan(BaseModel):
 
     toolchain: str
     trtllm_version: str
-    tensorrt_version: str
+    tensorrt_version: str | None
     target_gpu: str
     gpu_sm: int | None
     gpu_product: str | None
