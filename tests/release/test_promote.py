@@ -184,3 +184,33 @@ def test_concurrent_promotions_one_wins(isolated_home, store_entry) -> None:
         ("conflict", winner.digest, loser.digest),
     ]
     assert verify_audit(isolated_home) == []
+
+
+def test_repository_counts_results_of_the_engine_it_serves(isolated_home, store_entry, cli) -> None:
+    """`trtpipe bench --record REPO` files results under the engine digest the repository serves."""
+    from trtpipe.store.local import Store
+
+    gates = {"prod": {"smoke": True, "bench": {"ttft_p99_ms": 500, "min_output_tokens_per_s": 10}}}
+    engine = store_entry(isolated_home, "e1" * 8, seed="e")
+    store = Store.open(isolated_home)
+    with store.building("repository", "f1" * 8) as b:
+        (b.dir / "trtpipe.json").write_text(json.dumps({"engine_digest": engine.digest}))
+        repo = b.commit(inputs={"engine": engine.key}, meta={"model": "tiny-llama", "target": "cpu-reference",
+                                                              "engine_digest": engine.digest, "spec": {"release": {"gates": gates}}})
+    log = ResultsLog(isolated_home)
+    log.record(engine.digest, "smoke", True, {})
+    bench_summary = {"runs": [
+        {"label": "1 req/s", "aggregates": {"ttft_s": {"count": 8, "p99": 0.120}, "tpot_s": {"count": 8, "p99": 0.01},
+                                            "e2e_s": {"count": 8, "p99": 0.4}, "output_token_throughput": 40.0}},
+        {"label": "2 req/s", "aggregates": {"ttft_s": {"count": 8, "p99": 0.610}, "tpot_s": {"count": 8, "p99": 0.02},
+                                            "e2e_s": {"count": 8, "p99": 0.9}, "output_token_throughput": 70.0}},
+    ]}
+    log.record(engine.digest, "bench", True, bench_summary, gpu_class="cpu-reference")
+    code, _, err = cli("promote", "repository/" + repo.key, "--to", "prod")
+    # Worst P99 across the sweep (610 ms) is over the 500 ms SLO.
+    assert code == 1 and "bench.ttft_p99_ms failed" in err and "610" in err
+    bench_summary["runs"] = bench_summary["runs"][:1]
+    log.record(engine.digest, "bench", True, bench_summary, gpu_class="cpu-reference")
+    code, out, err = cli("promote", "repository/" + repo.key, "--to", "prod", "--json")
+    assert code == 0, err
+    assert json.loads(out)["to_digest"] == repo.digest

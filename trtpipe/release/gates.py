@@ -5,8 +5,9 @@ mention gets `ChannelGates()` (smoke required), so nothing is promoted that was 
 Each gate reads the latest recorded result of its kind for the digest (a later failure overrides an
 earlier pass). Bench gates only count results recorded for the target's GPU class.
 
-Bench `data` is read for these names (flat, or under `summary`/`aggregates`/`metrics`, or nested as
-`{"ttft_ms": {"p99": ...}}`): ttft_p99_ms, tpot_p99_ms, e2e_p99_ms, output_tokens_per_s.
+Bench `data` is read in the shape `trtpipe bench --record` stores (`runs[].aggregates`, seconds), or
+flat (`ttft_p99_ms`, `tpot_p99_ms`, `e2e_p99_ms`, `output_tokens_per_s`, also under `summary`,
+`aggregates` or `metrics`, or nested as `{"ttft_ms": {"p99": ...}}`).
 """
 
 from __future__ import annotations
@@ -40,8 +41,35 @@ def gates_for_channel(spec: BuildSpec | None, channel: str) -> ChannelGates:
     return ChannelGates()
 
 
+_RUN_STATS = {"ttft_p99_ms": "ttft_s", "tpot_p99_ms": "tpot_s", "e2e_p99_ms": "e2e_s"}
+
+
+def _from_runs(runs: list[Any], name: str) -> float | None:
+    """`trtpipe bench` summaries: `runs[].aggregates.{ttft_s,tpot_s,e2e_s}.p99` (seconds) and
+    `output_token_throughput`. Across the load levels of a sweep, the worst P99 counts and the best
+    throughput (the capacity reached); record one load level to gate on exactly that level."""
+    values: list[float] = []
+    for run in runs:
+        agg = run.get("aggregates") if isinstance(run, dict) else None
+        if not isinstance(agg, dict):
+            continue
+        if name in _RUN_STATS:
+            stats = agg.get(_RUN_STATS[name])
+            if isinstance(stats, dict) and isinstance(stats.get("p99"), (int, float)):
+                values.append(float(stats["p99"]) * 1000.0)
+        elif name == THROUGHPUT_METRIC and isinstance(agg.get("output_token_throughput"), (int, float)):
+            values.append(float(agg["output_token_throughput"]))
+    if not values:
+        return None
+    return max(values)
+
+
 def bench_metric(data: dict[str, Any], name: str) -> float | None:
     """A bench figure by name, from the shapes bench results are recorded in."""
+    if isinstance(data.get("runs"), list):
+        found = _from_runs(data["runs"], name)
+        if found is not None:
+            return found
     places: list[dict[str, Any]] = [data]
     for sub in ("summary", "aggregates", "metrics"):
         if isinstance(data.get(sub), dict):

@@ -23,7 +23,7 @@ from trtpipe.errors import TrtpipeError, UsageError
 from trtpipe.release.audit import AuditRecord, append_audit, read_audit
 from trtpipe.release.channels import ChannelPointer, ChannelScope, ChannelStore, PointerTarget, check_name, now_iso
 from trtpipe.release.gates import GateResult, evaluate_gates, gates_for_channel
-from trtpipe.results import ResultsLog, current_user, normalize_digest
+from trtpipe.results import ResultRecord, ResultsLog, current_user, normalize_digest
 from trtpipe.spec import BuildSpec, ChannelGates
 
 UNSET = "__unset__"
@@ -156,6 +156,34 @@ def load_gates(spec_path: Path | None, manifest: dict[str, Any], channel: str) -
     return gates_for_channel(None, channel), "default (smoke required)"
 
 
+# --------------------------------------------------------------------------- results
+
+
+def results_for(home: Path, digest: str, manifest: dict[str, Any]) -> list[ResultRecord]:
+    """Results recorded for exactly this artifact, and for a repository, for the one engine it serves.
+
+    Smoke and bench record against the engine digest a served repository names (its trtpipe.json);
+    a repository's manifest pins that engine digest (`meta.engine_digest`), so its results are the
+    repository's own, not a guess. Ordered by recording time.
+    """
+    log = ResultsLog(home)
+    records = list(log.for_digest(digest))
+    meta = manifest.get("meta") if isinstance(manifest.get("meta"), dict) else {}
+    engine_digest = meta.get("engine_digest") if manifest.get("kind") == "repository" else None
+    if isinstance(engine_digest, str) and engine_digest and engine_digest != digest:
+        records.extend(log.for_digest(engine_digest))
+    return sorted(records, key=lambda r: r.recorded_at)
+
+
+def _local_manifest(home: Path, digest: str) -> dict[str, Any]:
+    from trtpipe.store.local import Store
+
+    try:
+        return Store.open(home).find(digest).manifest
+    except (UsageError, TrtpipeError):
+        return {}
+
+
 # --------------------------------------------------------------------------- promote
 
 
@@ -192,10 +220,10 @@ def promote(
     before = channels.get(scope, channel)
     seen_from = before.digest if before else None
     expected = seen_from if expect_from == UNSET else (None if expect_from in (None, "", "none") else normalize_digest(expect_from))
-    results = ResultsLog(home)
     gate_results = evaluate_gates(
-        gates, results.for_digest(art.digest), target=art.target,
-        current_results=results.for_digest(seen_from) if seen_from else None, current_digest=seen_from,
+        gates, results_for(home, art.digest, art.manifest), target=art.target,
+        current_results=results_for(home, seen_from, _local_manifest(home, seen_from)) if seen_from else None,
+        current_digest=seen_from,
     )
     failed = [g for g in gate_results if not g.passed]
     who = current_user()
