@@ -118,7 +118,12 @@ def get_toolchain(name: str | None, *, path: Path | None = None) -> Toolchain:
     for candidate in candidates:
         if candidate in toolchains:
             return toolchains[candidate]
-    numbers = version_tuple(wanted.removeprefix("trtllm-").removeprefix("v"))
+    bare = wanted.removeprefix("trtllm-").removeprefix("v")
+    # "1.2" names the 1.2 line: accept it when exactly one pinned toolchain is on that line
+    on_line = [t for t in toolchains.values() if t.trtllm_version.startswith(bare + ".")]
+    if len(on_line) == 1:
+        return on_line[0]
+    numbers = version_tuple(bare)
     if len(numbers) >= 2 and numbers[:2] > LAST_SUPPORTED_LINE:
         raise UnknownToolchain(
             f"toolchain {name!r} is newer than the 1.2 line; {REMOVAL_REASON}",
