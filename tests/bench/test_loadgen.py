@@ -101,4 +101,4 @@ def test_sender_errors_are_recorded_by_kind() -> None:
     kinds = [r.error_kind for r in records]
     assert kinds == [None, "unavailable"] * 5
     assert classify_error(TimeoutError()) == "timeout"
-    assert classify_error(ValueError("x")) == "value_error"
+    assert classify_error(ValueError("x")) == "value"

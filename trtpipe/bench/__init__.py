@@ -8,6 +8,7 @@ and genai-perf-compatible aggregates), `prometheus` (the server's own counters),
 from __future__ import annotations
 
 import datetime as _dt
+import time
 from typing import Callable, Literal
 from urllib.parse import urlsplit
 
@@ -40,6 +41,31 @@ def _scrape_or_error(metrics_url: str | None) -> tuple[dict | None, str | None]:
         return None, f"cannot scrape {metrics_url}: {' '.join(str(exc).split())[:200]}"
 
 
+def _scrape_after(
+    metrics_url: str | None, model: str, before: dict | None, finished: int, settle_s: float = 3.0
+) -> tuple[dict | None, str | None]:
+    """Scrape after a run, waiting (up to `settle_s`) until Triton counts the requests the client saw finish.
+
+    Triton updates a decoupled model's counters when it releases the request, a moment after the
+    final response reached the client, so an immediate scrape can miss the last requests.
+    """
+    deadline = time.monotonic() + settle_s
+    while True:
+        after, error = _scrape_or_error(metrics_url)
+        if after is None or before is None:
+            return after, error
+        counters = after.get(model)
+        old = before.get(model)
+        seen = 0.0
+        if counters is not None:
+            seen = counters.request_success + counters.request_failure
+            if old is not None:
+                seen -= old.request_success + old.request_failure
+        if seen >= finished or time.monotonic() >= deadline:
+            return after, None
+        time.sleep(0.1)
+
+
 def run_bench(
     url: str,
     workload: Workload,
@@ -54,6 +80,7 @@ def run_bench(
     metrics_url: str | None = None,
     seed: int | None = None,
     sender: RequestSender | None = None,
+    sampling: dict | None = None,
     on_progress: ProgressHook | None = None,
 ) -> BenchResult:
     """Send `workload` once per load level and measure it.
@@ -62,7 +89,9 @@ def run_bench(
     Closed loop: one run at `concurrency`. Each run sends at most every request of the workload and
     stops sending after `duration_s`; a request still running `drain_s` later is abandoned as a
     timeout. Server counters are scraped from `metrics_url` before and after each run.
-    `sender` replaces the Triton gRPC sender (the load generator takes any `RequestSender`).
+    `sender` replaces the Triton gRPC sender (the load generator takes any `RequestSender`);
+    `sampling` goes with every request to the serving client (e.g. `{"end_id": -1}` so generation
+    never stops at the end token and every request returns exactly `max_tokens`).
     """
     if mode == "open":
         if not rates or any(r <= 0 for r in rates):
@@ -79,7 +108,9 @@ def run_bench(
     slo = slo or Slo()
     seed = workload.seed if seed is None else seed
     own_sender = sender is None
-    active_sender: RequestSender = sender if sender is not None else TritonSender(url, model, timeout=max(drain_s, 1.0))
+    active_sender: RequestSender = sender if sender is not None else TritonSender(
+        url, model, timeout=max(drain_s, 1.0), sampling=sampling
+    )
     started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     runs: list[RunResult] = []
     try:
@@ -90,7 +121,8 @@ def run_bench(
             )
             hook = (lambda record, i=level_index: on_progress(i, record)) if on_progress else None
             records = run_load(workload.requests, active_sender, settings, on_complete=hook)
-            after, after_error = _scrape_or_error(metrics_url)
+            finished = sum(1 for r in records if r.ok)
+            after, after_error = _scrape_after(metrics_url, model, before, finished)
             if before is not None and after is not None:
                 server = delta(before, after, metrics_url)
             else:
@@ -121,6 +153,7 @@ def run_bench(
         duration_limit_s=duration_s,
         drain_s=drain_s,
         slo=slo,
+        sampling=dict(sampling or {}),
         workload=workload,
         runs=runs,
         started_at=started_at,

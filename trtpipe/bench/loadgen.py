@@ -20,7 +20,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Literal, Protocol
+from typing import Any, Callable, Iterator, Literal, Protocol
 
 from trtpipe.bench.metrics import RequestRecord, record_from_chunks
 from trtpipe.bench.workload import RequestSpec
@@ -77,8 +77,12 @@ def classify_error(exc: BaseException) -> str:
     if status:
         text = str(status)
         return text.split(".")[-1].lower()  # "StatusCode.UNAVAILABLE" -> "unavailable"
+    if str(exc).startswith("no response from"):
+        # The serving client's per-response wait ran out (TritonConnectionError "no response ... within").
+        return "timeout"
     name = type(exc).__name__
-    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")
+    kind = "".join(f"_{c.lower()}" if c.isupper() else c for c in name).lstrip("_")
+    return kind.removesuffix("_error") or kind  # TritonConnectionError -> "triton_connection"
 
 
 @dataclass
@@ -216,11 +220,13 @@ def run_load(
 
 
 class TritonSender:
-    """Streams requests through `trtpipe.serving.client.TritonLLMClient`, one client per in-flight request.
+    """Streams requests through `trtpipe.serving.client.TritonLLMClient`.
 
-    tritonclient gRPC streaming allows one stream per client object, so clients are pooled: a
-    request takes an idle client (or makes one), and gives it back when its stream ended cleanly.
-    A client whose request failed is dropped, so a broken channel is never reused.
+    tritonclient gRPC streaming allows one stream per client object; the serving client opens a
+    fresh tritonclient client (and stream) for every `stream()` call, so requests in flight never
+    share a stream. The `TritonLLMClient` objects themselves are pooled so each keeps its cached
+    model config: a request takes an idle one (or makes one) and gives it back when its stream
+    ended cleanly; one whose request failed is dropped.
     """
 
     def __init__(self, url: str, model: str = "ensemble", *, timeout: float = 30.0, sampling: dict | None = None) -> None:
@@ -234,7 +240,7 @@ class TritonSender:
         self._idle: list[object] = []
         self._lock = threading.Lock()
 
-    def _take(self, timeout: float) -> object:
+    def _take(self, timeout: float) -> Any:
         with self._lock:
             if self._idle:
                 return self._idle.pop()
@@ -247,6 +253,7 @@ class TritonSender:
     def __call__(self, request: RequestSpec, deadline: float) -> Iterator[TokenChunk]:
         timeout = max(0.1, min(self.timeout, deadline - time.monotonic()))
         client = self._take(timeout)
+        client.timeout = timeout  # the client waits at most this long for each response
         clean = False
         try:
             for chunk in client.stream(request.prompt, request.max_tokens, **self.sampling):

@@ -44,10 +44,12 @@ def plot_result(result: BenchResult, path: Path) -> Path:
     curve.set_ylabel("latency (ms)")
     curve.set_title("Throughput vs latency across the sweep")
     curve.grid(True, alpha=0.3)
-    curve.set_ylim(bottom=0)
-    curve.set_xlim(left=0)
+    finite = [v * 1e3 for _, values, _, _ in series for v in values if v is not None]
+    # Headroom so the load labels above the top curve and right of the last point stay inside.
+    curve.set_ylim(bottom=0, top=(max(finite) * 1.18) if finite else 1)
+    curve.set_xlim(left=0, right=(max(x) * 1.15) if x and max(x) > 0 else 1)
     if runs:
-        curve.legend(loc="upper left", fontsize=9)
+        curve.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=4, fontsize=9, frameon=False)
     failed = sum(r.aggregates.requests_failed for r in result.runs)
     if failed:
         curve.text(
@@ -68,17 +70,16 @@ def plot_result(result: BenchResult, path: Path) -> Path:
         top = runs[-1].aggregates.ttft_s
         for name, value, style in (("P50", top.p50, "-"), ("P99", top.p99, "--")):
             if value is not None:
-                hist.axvline(value * 1e3, color="black", linestyle=style, linewidth=1)
-                hist.annotate(
-                    f"{name} {value * 1e3:.1f} ms", (value * 1e3, 1), xycoords=("data", "axes fraction"),
-                    xytext=(3, -12 if name == "P50" else -24), textcoords="offset points", fontsize=8,
+                hist.axvline(
+                    value * 1e3, color="black", linestyle=style, linewidth=1,
+                    label=f"{name} at {runs[-1].label}: {value * 1e3:.1f} ms",
                 )
-        hist.legend(fontsize=8, title="load", title_fontsize=8)
+        hist.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3, fontsize=8, frameon=False)
     else:
         hist.text(0.5, 0.5, "no TTFT measured", transform=hist.transAxes, ha="center", va="center")
     hist.set_xlabel("time to first token (ms)")
     hist.set_ylabel("requests")
-    hist.set_title(f"TTFT distribution (P50/P99 lines: {runs[-1].label if runs else '-'})")
+    hist.set_title("TTFT distribution per load level")
     hist.grid(True, alpha=0.3)
 
     fig.suptitle(f"trtpipe bench: {result.model} @ {result.url}, {result.mode} loop", fontsize=12)

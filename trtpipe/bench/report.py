@@ -7,7 +7,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
@@ -55,6 +55,7 @@ class BenchResult(BaseModel):
     duration_limit_s: float
     drain_s: float
     slo: Slo
+    sampling: dict[str, Any] = Field(default_factory=dict, description="extra request inputs sent with every request")
     workload: Workload
     runs: list[RunResult]
     started_at: str = Field(description="UTC ISO-8601 time the first run started")

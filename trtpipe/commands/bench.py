@@ -78,6 +78,9 @@ def bench(
     tokenizer: Optional[Path] = typer.Option(
         None, "--tokenizer", help="tokenizer dir or model repository for exact prompt lengths (default: --record REPO)"
     ),
+    ignore_eos: bool = typer.Option(
+        False, "--ignore-eos", help="send end_id=-1 so every request generates exactly its max_tokens"
+    ),
     seed: int = typer.Option(0, "--seed", help="seed for the workload and the arrivals"),
     slo: Optional[str] = typer.Option(None, "--slo", help="goodput SLOs, e.g. ttft=500ms,tpot=50ms"),
     metrics_url: Optional[str] = typer.Option(
@@ -157,6 +160,7 @@ def bench(
             slo=slo_limits,
             metrics_url=metrics_url or default_metrics_url(url),
             seed=seed,
+            sampling={"end_id": -1} if ignore_eos else None,
             on_progress=lambda level, _record: progress.advance(tasks[min(level, levels - 1)]),
         )
 

@@ -20,6 +20,8 @@ class TritonPythonModel:
                     pb_utils.Tensor("text_output", np.array([[b"tok"]], dtype=np.object_)),
                     pb_utils.Tensor("output_ids", np.array([[[100 + i % 100]]], dtype=np.int32)),
                     pb_utils.Tensor("sequence_length", np.array([[1]], dtype=np.int32)),
+                    pb_utils.Tensor("cum_log_probs", np.zeros((1, 1), dtype=np.float32)),
+                    pb_utils.Tensor("output_log_probs", np.zeros((1, 1, 1), dtype=np.float32)),
                 ]
                 flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if i == n - 1 else 0
                 sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=flags)
