@@ -2,8 +2,128 @@
 
 from __future__ import annotations
 
+import json
+import shlex
+import signal
+import threading
+from pathlib import Path
+from typing import Optional
+
 import typer
+
+from trtpipe.errors import UsageError
+
+
+def _existing_dir(path: Path) -> Path:
+    if not path.is_dir():
+        raise UsageError(f"{path} is not a directory", fix="pass the model repository folder that publish wrote")
+    return path
+
+
+def validate_command(
+    repo: Path = typer.Argument(..., help="A published Triton model repository."),
+    as_json: bool = typer.Option(False, "--json", help="Print the issues as JSON."),
+) -> None:
+    """Check a model repository: configs, ensemble wiring, engine limits, tokenizer, container."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from trtpipe.serving.validate import errors_only, validate_repository
+
+    issues = validate_repository(_existing_dir(repo))
+    errors = errors_only(issues)
+    if as_json:
+        typer.echo(json.dumps({"repo": str(repo), "valid": not errors, "issues": [i.model_dump() for i in issues]}, indent=2))
+    elif not issues:
+        typer.echo(f"{repo}: valid")
+    else:
+        table = Table("severity", "model", "field", "problem", "fix")
+        for issue in issues:
+            table.add_row(issue.severity, issue.model, issue.field, issue.message, issue.fix)
+        Console().print(table)
+    if errors:
+        raise typer.Exit(1)
+
+
+def serve_command(
+    repo: Path = typer.Argument(..., help="A published Triton model repository."),
+    print_only: bool = typer.Option(False, "--print", help="Print the server command instead of running it."),
+    grpc_port: Optional[int] = typer.Option(None, "--grpc-port", help="gRPC port (default: a free port; 8001 in a container)."),
+    http_port: Optional[int] = typer.Option(None, "--http-port"),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port"),
+    start_timeout: float = typer.Option(120, "--start-timeout", help="Seconds to wait for every model to be ready."),
+    as_json: bool = typer.Option(False, "--json", help="Print the server's addresses as JSON once ready."),
+) -> None:
+    """Serve a repository: tritonserver on loopback (cpu-reference) or the Triton container (GPU)."""
+    from trtpipe.serving.publish import read_manifest
+    from trtpipe.serving.server import container_image, docker_command, start_container, start_server
+
+    repo = _existing_dir(repo)
+    manifest = read_manifest(repo)
+    if not manifest.get("reference"):
+        ports = {"grpc_port": grpc_port or 8001, "http_port": http_port or 8000, "metrics_port": metrics_port or 8002}
+        if print_only:
+            typer.echo(shlex.join(docker_command(repo, manifest, **ports)))
+            return
+        container = start_container(repo, manifest, **ports)
+        typer.echo(f"started {container_image(manifest)} as container {container.short_id}; gRPC on 127.0.0.1:{ports['grpc_port']}")
+        return
+    if print_only:
+        raise UsageError("--print is for GPU targets (a docker command)",
+                         fix=f"run `trtpipe serve {repo}` to start the CPU reference server")
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with start_server(repo, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
+                          start_timeout=start_timeout) as handle:
+            info = {"grpc_url": handle.grpc_url, "http_url": handle.http_url, "metrics_url": handle.metrics_url,
+                    "pid": handle.pid, "log": str(handle.log_path), "models": handle.models}
+            if as_json:
+                typer.echo(json.dumps(info), nl=True)
+            else:
+                typer.echo(f"serving {repo} (models: {', '.join(handle.models)})")
+                typer.echo(f"  gRPC    {handle.grpc_url}\n  HTTP    {handle.http_url}\n  metrics {handle.metrics_url}")
+                typer.echo(f"  log     {handle.log_path}\nCtrl-C stops it.")
+            while not stop.wait(0.5):
+                if not handle.alive():
+                    typer.echo(f"error: tritonserver exited ({handle.process.returncode}); see {handle.log_path}", err=True)
+                    raise typer.Exit(1)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def smoke_command(
+    url: str = typer.Argument(..., help="gRPC address of a running server, host:port."),
+    model: str = typer.Option("ensemble", "--model", help="ensemble or tensorrt_llm_bls."),
+    parity: Optional[Path] = typer.Option(None, "--parity", help="A build spec: check greedy parity with its reference runtime."),
+    record: Optional[Path] = typer.Option(None, "--record", help="Record the result for this repository's artifact digest."),
+    max_tokens: int = typer.Option(16, "--max-tokens"),
+    timeout: float = typer.Option(60, "--timeout", help="Seconds per request."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Smoke-test a running server: health, models, metadata, generate, stream [, parity]."""
+    from trtpipe.serving.smoke import record_smoke, run_smoke
+
+    if model not in ("ensemble", "tensorrt_llm_bls"):
+        raise UsageError(f"--model {model!r} is not a text model", fix="use ensemble or tensorrt_llm_bls")
+    if parity is not None and not parity.is_file():
+        raise UsageError(f"--parity {parity}: no such spec file", fix="pass the build spec YAML")
+    result = run_smoke(url, model=model, parity_spec=parity, max_tokens=max_tokens, timeout=timeout)
+    if record is not None:
+        result.recorded_for = record_smoke(result, record)
+    if as_json:
+        typer.echo(result.model_dump_json(indent=2))
+    else:
+        for check in result.checks:
+            typer.echo(f"{'ok  ' if check.passed else 'FAIL'} {check.name:<13} {check.detail}")
+        typer.echo(f"smoke {'passed' if result.passed else 'FAILED'} ({url}, {model})")
+    if not result.passed:
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the trtpipe app."""
+    app.command("validate")(validate_command)
+    app.command("serve")(serve_command)
+    app.command("smoke")(smoke_command)

@@ -1,0 +1,193 @@
+"""trtpipe tensorrt_llm_bls model (Triton Python backend, decoupled).
+
+One model that calls `preprocessing` and then `tensorrt_llm` through BLS and detokenizes
+incrementally: each streamed text delta is exact (a character split across tokens is held back
+until complete), and the deltas concatenate to the non-streaming text. No torch.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from tokenizers import Tokenizer
+
+# BLS input name -> preprocessing input name
+PRE_INPUTS = {
+    "text_input": "QUERY",
+    "max_tokens": "REQUEST_OUTPUT_LEN",
+    "bad_words": "BAD_WORDS_DICT",
+    "stop_words": "STOP_WORDS_DICT",
+    "end_id": "END_ID",
+    "pad_id": "PAD_ID",
+}
+# preprocessing output -> tensorrt_llm input
+PRE_TO_LLM = {
+    "INPUT_ID": "input_ids",
+    "REQUEST_INPUT_LEN": "input_lengths",
+    "REQUEST_OUTPUT_LEN": "request_output_len",
+    "STOP_WORDS_IDS": "stop_words_list",
+    "BAD_WORDS_IDS": "bad_words_list",
+    "OUT_END_ID": "end_id",
+    "OUT_PAD_ID": "pad_id",
+}
+# BLS input name -> tensorrt_llm input name (passed through as given)
+PASS_THROUGH = {
+    "top_k": "runtime_top_k",
+    "top_p": "runtime_top_p",
+    "temperature": "temperature",
+    "seed": "seed",
+    "return_log_probs": "return_log_probs",
+    "exclude_input_in_output": "exclude_input_in_output",
+    "stream": "streaming",
+}
+LLM_OUTPUTS = ["output_ids", "sequence_length", "cum_log_probs", "output_log_probs"]
+
+
+def _param(model_config: dict, key: str, default: str = "") -> str:
+    return model_config.get("parameters", {}).get(key, {}).get("string_value", default)
+
+
+class IncrementalDetokenizer:
+    """Text deltas for a growing token list; holds back an incomplete UTF-8 character."""
+
+    def __init__(self, tokenizer: Tokenizer, anchor: int, skip_special_tokens: bool) -> None:
+        self.tokenizer = tokenizer
+        self.skip = skip_special_tokens
+        # The anchor token keeps a word-initial token's leading space (see postprocessing).
+        self.ids = [anchor]
+        self.prefix_offset = 0
+        self.read_offset = 1
+
+    def add(self, new_ids: list[int]) -> str:
+        self.ids.extend(new_ids)
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=self.skip)
+        text = self.tokenizer.decode(self.ids[self.prefix_offset :], skip_special_tokens=self.skip)
+        if text.endswith("\ufffd") or len(text) <= len(prefix):
+            return ""
+        delta = text[len(prefix) :] if text.startswith(prefix) else ""
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(self.ids)
+        return delta
+
+
+def anchor_id(tokenizer: Tokenizer) -> int:
+    for text in ("a", "the", "x", "0"):
+        ids = tokenizer.encode(text, add_special_tokens=False).ids
+        if len(ids) == 1:
+            return ids[0]
+    return 0
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.model_config = json.loads(args["model_config"])
+        model_dir = Path(args["model_repository"])
+        tok_dir = model_dir / _param(self.model_config, "tokenizer_dir", "tokenizer")
+        self.tokenizer = Tokenizer.from_file(str(tok_dir / "tokenizer.json"))
+        self.anchor = anchor_id(self.tokenizer)
+        self.llm_name = _param(self.model_config, "tensorrt_llm_model_name", "tensorrt_llm")
+        self.llm_decoupled = _param(self.model_config, "tensorrt_llm_decoupled", "true") == "true"
+        self.threads: set[threading.Thread] = set()
+        self.lock = threading.Lock()
+
+    def _preprocess(self, request) -> dict[str, pb_utils.Tensor]:
+        tensors = []
+        for name, pre_name in PRE_INPUTS.items():
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None:
+                tensors.append(pb_utils.Tensor(pre_name, tensor.as_numpy()))
+        response = pb_utils.InferenceRequest(
+            model_name="preprocessing", requested_output_names=list(PRE_TO_LLM), inputs=tensors
+        ).exec()
+        if response.has_error():
+            raise RuntimeError(response.error().message())
+        return {
+            llm_name: pb_utils.Tensor(llm_name, pb_utils.get_output_tensor_by_name(response, pre_name).as_numpy())
+            for pre_name, llm_name in PRE_TO_LLM.items()
+        }
+
+    def _llm_responses(self, request, llm_inputs: dict[str, pb_utils.Tensor]):
+        for name, llm_name in PASS_THROUGH.items():
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None:
+                llm_inputs[llm_name] = pb_utils.Tensor(llm_name, tensor.as_numpy())
+        llm_request = pb_utils.InferenceRequest(
+            model_name=self.llm_name, requested_output_names=LLM_OUTPUTS, inputs=list(llm_inputs.values())
+        )
+        if self.llm_decoupled:
+            yield from llm_request.exec(decoupled=True)
+        else:
+            yield llm_request.exec()
+
+    def _run(self, request, sender) -> None:
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        try:
+            stream_tensor = pb_utils.get_input_tensor_by_name(request, "stream")
+            streaming = bool(stream_tensor.as_numpy().reshape(-1)[0]) if stream_tensor is not None else False
+            detok = IncrementalDetokenizer(self.tokenizer, self.anchor, skip_special_tokens=True)
+            all_ids: list[int] = []
+            all_logprobs: list[float] = []
+            for response in self._llm_responses(request, self._preprocess(request)):
+                if response.has_error():
+                    raise RuntimeError(response.error().message())
+                out = pb_utils.get_output_tensor_by_name(response, "output_ids")
+                if out is None:  # the empty final response of a decoupled stream
+                    continue
+                length = int(pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy().reshape(-1)[0])
+                ids = out.as_numpy().reshape(-1)[:length].astype(np.int32).tolist()
+                logprobs = pb_utils.get_output_tensor_by_name(response, "output_log_probs").as_numpy().reshape(-1)[:length]
+                all_ids.extend(ids)
+                all_logprobs.extend(float(x) for x in logprobs)
+                if streaming:
+                    if getattr(sender, "is_cancelled", lambda: False)():
+                        break
+                    sender.send(self._response(detok.add(ids), ids, [float(x) for x in logprobs]))
+            if streaming:
+                sender.send(flags=final)
+            else:
+                sender.send(self._response(detok.add(all_ids), all_ids, all_logprobs), flags=final)
+        except Exception as err:
+            sender.send(
+                pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"tensorrt_llm_bls: {err}")),
+                flags=final,
+            )
+
+    @staticmethod
+    def _response(text: str, ids: list[int], logprobs: list[float]):
+        n = len(ids)
+        return pb_utils.InferenceResponse(
+            output_tensors=[
+                pb_utils.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=object)),
+                pb_utils.Tensor("output_ids", np.array(ids, dtype=np.int32).reshape(1, 1, n)),
+                pb_utils.Tensor("sequence_length", np.array([[n]], dtype=np.int32)),
+                pb_utils.Tensor("cum_log_probs", np.array([[sum(logprobs)]], dtype=np.float32)),
+                pb_utils.Tensor("output_log_probs", np.array(logprobs, dtype=np.float32).reshape(1, 1, -1)),
+            ]
+        )
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+
+            def work(request=request, sender=sender):
+                try:
+                    self._run(request, sender)
+                finally:
+                    with self.lock:
+                        self.threads.discard(threading.current_thread())
+
+            thread = threading.Thread(target=work, name="trtpipe-bls", daemon=True)
+            with self.lock:
+                self.threads.add(thread)
+            thread.start()
+        return None
+
+    def finalize(self):
+        with self.lock:
+            threads = list(self.threads)
+        for thread in threads:
+            thread.join(timeout=5)

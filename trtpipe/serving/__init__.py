@@ -1,0 +1,5 @@
+"""Serving: Triton model repositories (publish, validate), the server launcher and the gRPC client.
+
+Submodules are imported on demand (`trtpipe.serving.publish`, `.validate`, `.server`, `.client`,
+`.smoke`, `.demo`) so that importing one never pulls in torch or tritonclient needlessly.
+"""

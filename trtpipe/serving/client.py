@@ -1,0 +1,260 @@
+"""A small typed gRPC client for the trtpipe ensemble and BLS models.
+
+Every call has a timeout; a server that dies mid-stream surfaces as a TrtpipeError within the
+client's timeout, never as a hang. Decoupled models (streaming deployments) are always called
+through the streaming API, with the final-response flag handled whether it arrives on the last
+data response or on a separate empty one.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from pydantic import BaseModel, Field
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from trtpipe.errors import TrtpipeError
+
+OUTPUTS = ("text_output", "output_ids", "sequence_length", "cum_log_probs", "output_log_probs")
+
+
+class Generation(BaseModel):
+    text: str
+    output_token_ids: list[int]
+    cum_log_prob: float | None = None
+    output_log_probs: list[float] = Field(default_factory=list)
+    model: str
+    latency_s: float
+
+
+class StreamChunk(BaseModel):
+    text: str
+    token_ids: list[int]
+    t_received: float  # time.monotonic() when the response arrived
+    is_final: bool
+
+
+class TritonRequestError(TrtpipeError):
+    """The server answered a request with an error (too long a prompt, a bad parameter ...)."""
+
+
+class TritonConnectionError(TrtpipeError):
+    """The server could not be reached, or went away mid-request."""
+
+
+def _tensor(name: str, value: np.ndarray) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+    tensor.set_data_from_numpy(value)
+    return tensor
+
+
+def build_inputs(
+    prompt: str,
+    max_tokens: int,
+    *,
+    stream: bool,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    stop_words: list[str] | None = None,
+    bad_words: list[str] | None = None,
+    end_id: int | None = None,
+    pad_id: int | None = None,
+    exclude_input_in_output: bool | None = None,
+    return_log_probs: bool | None = None,
+) -> list[grpcclient.InferInput]:
+    """The ensemble/BLS request tensors (batch of one)."""
+    inputs = [
+        _tensor("text_input", np.array([[prompt.encode("utf-8")]], dtype=object)),
+        _tensor("max_tokens", np.array([[max_tokens]], dtype=np.int32)),
+        _tensor("stream", np.array([[stream]], dtype=bool)),
+    ]
+    scalars: list[tuple[str, Any, type]] = [
+        ("temperature", temperature, np.float32),
+        ("top_k", top_k, np.int32),
+        ("top_p", top_p, np.float32),
+        ("seed", seed, np.uint64),
+        ("end_id", end_id, np.int32),
+        ("pad_id", pad_id, np.int32),
+        ("exclude_input_in_output", exclude_input_in_output, bool),
+        ("return_log_probs", return_log_probs, bool),
+    ]
+    for name, value, dtype in scalars:
+        if value is not None:
+            inputs.append(_tensor(name, np.array([[value]], dtype=dtype)))
+    for name, words in (("stop_words", stop_words), ("bad_words", bad_words)):
+        if words:
+            inputs.append(_tensor(name, np.array([[w.encode("utf-8") for w in words]], dtype=object)))
+    return inputs
+
+
+def _decode(result: Any) -> tuple[str, list[int], float | None, list[float]]:
+    """text, token ids, cum log prob, log probs of one response (empty for an empty final response)."""
+    text_array = result.as_numpy("text_output")
+    if text_array is None:
+        return "", [], None, []
+    text = b"".join(x if isinstance(x, bytes) else str(x).encode() for x in text_array.reshape(-1)).decode("utf-8", "replace")
+    ids_array = result.as_numpy("output_ids")
+    length_array = result.as_numpy("sequence_length")
+    ids: list[int] = []
+    if ids_array is not None:
+        flat = ids_array.reshape(-1)
+        n = int(length_array.reshape(-1)[0]) if length_array is not None and length_array.size else flat.size
+        ids = flat[:n].astype(np.int64).tolist()
+    cum = result.as_numpy("cum_log_probs")
+    logprobs = result.as_numpy("output_log_probs")
+    return (
+        text,
+        ids,
+        float(cum.reshape(-1)[0]) if cum is not None and cum.size else None,
+        logprobs.reshape(-1)[: len(ids)].astype(float).tolist() if logprobs is not None else [],
+    )
+
+
+def _is_final(result: Any) -> bool:
+    params = result.get_response().parameters
+    return "triton_final_response" in params and params["triton_final_response"].bool_param
+
+
+class TritonLLMClient:
+    """Text in, text out against the `ensemble` (default) or `tensorrt_llm_bls` model."""
+
+    def __init__(self, url: str, model: str = "ensemble", timeout: float = 30) -> None:
+        self.url = url
+        self.model = model
+        self.timeout = timeout
+        self._decoupled: bool | None = None
+
+    def _client(self) -> grpcclient.InferenceServerClient:
+        return grpcclient.InferenceServerClient(self.url)
+
+    def _connection_error(self, err: Exception, doing: str) -> TrtpipeError:
+        """A server-side refusal (status None on a stream, or a non-transport code) vs a lost connection."""
+        transport = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED", "StatusCode.CANCELLED")
+        if isinstance(err, InferenceServerException) and err.status() not in transport:
+            return TritonRequestError(f"{self.model} at {self.url} refused the request: {err.message()}",
+                                      fix="check the prompt and parameters against the engine's limits")
+        return TritonConnectionError(f"Triton at {self.url} failed while {doing}: {err}",
+                                     fix="check that the server is running (trtpipe serve) and reachable")
+
+    def is_decoupled(self) -> bool:
+        if self._decoupled is None:
+            client = self._client()
+            try:
+                config = client.get_model_config(self.model, as_json=True, client_timeout=self.timeout)["config"]
+            except InferenceServerException as err:
+                raise self._connection_error(err, f"reading the config of {self.model}") from None
+            finally:
+                client.close()
+            self._decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
+        return self._decoupled
+
+    def generate(self, prompt: str, max_tokens: int, **sampling: Any) -> Generation:
+        """One complete generation (stream=false)."""
+        start = time.monotonic()
+        if self.is_decoupled():
+            parts = list(self._stream_results(prompt, max_tokens, stream=False, **sampling))
+            text = "".join(p[1] for p in parts)
+            ids = [i for p in parts for i in p[2]]
+            cum = next((p[3] for p in parts if p[3] is not None), None)
+            logprobs = [x for p in parts for x in p[4]]
+        else:
+            client = self._client()
+            try:
+                result = client.infer(
+                    self.model, build_inputs(prompt, max_tokens, stream=False, **sampling),
+                    outputs=[grpcclient.InferRequestedOutput(n) for n in OUTPUTS],
+                    client_timeout=self.timeout,
+                )
+            except InferenceServerException as err:
+                raise self._connection_error(err, "generating") from None
+            finally:
+                client.close()
+            text, ids, cum, logprobs = _decode(result)
+        return Generation(text=text, output_token_ids=ids, cum_log_prob=cum, output_log_probs=logprobs,
+                          model=self.model, latency_s=time.monotonic() - start)
+
+    def stream(self, prompt: str, max_tokens: int, **sampling: Any) -> Iterator[StreamChunk]:
+        """Token-by-token text deltas (stream=true); needs a decoupled (streaming) deployment."""
+        if not self.is_decoupled():
+            raise TrtpipeError(f"{self.model} at {self.url} is not decoupled, so it cannot stream",
+                               fix="publish with triton.streaming: true, or call generate()")
+        for t_received, text, ids, _cum, _lp, final in self._stream_results(prompt, max_tokens, stream=True, **sampling):
+            yield StreamChunk(text=text, token_ids=ids, t_received=t_received, is_final=final)
+
+    def _stream_results(self, prompt: str, max_tokens: int, *, stream: bool, **sampling: Any):
+        """(t_received, text, ids, cum, logprobs, is_final) per response, through the streaming API.
+
+        Each call owns its gRPC client (one stream per client), so many streams may run at once.
+        Waiting for each response is bounded by `timeout`; an error from the stream (the server
+        went away) or the timeout raises TrtpipeError.
+        """
+        responses: queue.Queue[tuple[Any, Any, float]] = queue.Queue()
+
+        def on_response(result: Any, error: Any) -> None:
+            responses.put((result, error, time.monotonic()))
+
+        client = self._client()
+        finished = False
+        try:
+            try:
+                client.start_stream(callback=on_response)
+                client.async_stream_infer(
+                    self.model, build_inputs(prompt, max_tokens, stream=stream, **sampling),
+                    outputs=[grpcclient.InferRequestedOutput(n) for n in OUTPUTS],
+                    request_id=uuid.uuid4().hex, enable_empty_final_response=True,
+                )
+            except InferenceServerException as err:
+                raise self._connection_error(err, "opening a stream") from None
+            while True:
+                try:
+                    result, error, t_received = responses.get(timeout=self.timeout)
+                except queue.Empty:
+                    raise TritonConnectionError(
+                        f"no response from {self.model} at {self.url} within {self.timeout:g}s",
+                        fix="check the server (it may have died or be overloaded); raise the client timeout if it is just slow",
+                    ) from None
+                if error is not None:
+                    raise self._connection_error(error, "streaming") from None
+                final = _is_final(result)
+                text, ids, cum, logprobs = _decode(result)
+                if ids or text or final:
+                    yield t_received, text, ids, cum, logprobs, final
+                if final:
+                    finished = True
+                    return
+        finally:
+            self._close_stream(client, cancel=not finished)
+
+    def _close_stream(self, client: grpcclient.InferenceServerClient, *, cancel: bool) -> None:
+        # stop_stream joins the stream's thread; bound it so a dead server cannot hang us.
+        closer = threading.Thread(target=lambda: _quietly(client.stop_stream, cancel_requests=cancel), daemon=True)
+        closer.start()
+        closer.join(timeout=self.timeout)
+        _quietly(client.close)
+
+    # --- health --------------------------------------------------------------------------
+    def health(self) -> dict[str, bool]:
+        client = self._client()
+        try:
+            return {"live": client.is_server_live(client_timeout=self.timeout),
+                    "ready": client.is_server_ready(client_timeout=self.timeout)}
+        except InferenceServerException as err:
+            raise self._connection_error(err, "checking health") from None
+        finally:
+            client.close()
+
+
+def _quietly(fn: Any, **kwargs: Any) -> None:
+    try:
+        fn(**kwargs)
+    except Exception:
+        pass

@@ -1,0 +1,335 @@
+"""Publish a Triton model repository (the inflight_batcher_llm layout) for one engine.
+
+Layout written into `out_dir`:
+    ensemble/config.pbtxt
+    preprocessing/{config.pbtxt, 1/model.py, tokenizer/*}
+    tensorrt_llm/{config.pbtxt, 1/<engine files>[, 1/model.py for cpu-reference]}
+    postprocessing/{config.pbtxt, 1/model.py, tokenizer/*}
+    tensorrt_llm_bls/{config.pbtxt, 1/model.py, tokenizer/*}
+    trtpipe.json   (manifest: engine key and digest, toolchain, target, serving container)
+
+The engine files are hard-linked (or reflinked) from the store, never copied unless both fail;
+the manifest says which placement happened.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from trtpipe.errors import TrtpipeError
+from trtpipe.serving import templates
+
+log = logging.getLogger(__name__)
+
+MANIFEST_NAME = "trtpipe.json"
+MANIFEST_FORMAT = 1
+# Where `trtpipe serve --print` mounts the repository inside the Triton container; the GPU
+# tensorrt_llm model's gpt_model_path points below it, so the repository can move on the host.
+CONTAINER_REPO_MOUNT = "/trtpipe/repo"
+ENGINE_SUBDIR = "tensorrt_llm/1"
+TOKENIZER_SUBDIR = "tokenizer"
+# Files of a Hugging Face tokenizer directory that the Python models (or users) may read.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+)
+REQUIRED_TOKENIZER_FILE = "tokenizer.json"
+MODELS_WITH_TOKENIZER = ("preprocessing", "postprocessing", "tensorrt_llm_bls")
+MODELS_WITH_PYTHON_CODE = ("preprocessing", "postprocessing", "tensorrt_llm_bls")
+
+Placement = Literal["hardlink", "reflink", "copy"]
+
+
+class EngineFacts(BaseModel):
+    """What publish needs from an engine dir's config.json (real or reference engine)."""
+
+    trtllm_version: str | None
+    reference: bool
+    max_batch_size: int
+    max_input_len: int
+    max_seq_len: int
+    max_beam_width: int
+    tp: int
+    pp: int
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp
+
+
+def read_engine_facts(engine_dir: Path) -> EngineFacts:
+    config_path = engine_dir / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except FileNotFoundError:
+        raise TrtpipeError(f"{config_path} not found", fix="pass the directory of a built engine") from None
+    except json.JSONDecodeError as err:
+        raise TrtpipeError(f"{config_path}: not valid JSON ({err})", fix="rebuild the engine") from None
+    build = config.get("build_config") or {}
+    pretrained = config.get("pretrained_config") or {}
+    mapping = pretrained.get("mapping") or {}
+    missing = [k for k in ("max_batch_size", "max_input_len", "max_seq_len") if k not in build]
+    if missing:
+        raise TrtpipeError(
+            f"{config_path}: build_config lacks {', '.join(missing)}",
+            fix="rebuild the engine with trtpipe build",
+        )
+    return EngineFacts(
+        trtllm_version=config.get("version"),
+        reference=bool(config.get("trtpipe_reference", False)),
+        max_batch_size=int(build["max_batch_size"]),
+        max_input_len=int(build["max_input_len"]),
+        max_seq_len=int(build["max_seq_len"]),
+        max_beam_width=int(build.get("max_beam_width", 1)),
+        tp=int(mapping.get("tp_size", 1)),
+        pp=int(mapping.get("pp_size", 1)),
+    )
+
+
+def _bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def template_values(resolved: Any, engine: EngineFacts) -> dict[str, str]:
+    """Every template variable, filled explicitly from the spec and the engine."""
+    spec = resolved.spec
+    triton = spec.triton
+    reference = spec.target.is_cpu_reference
+    batch = triton.max_batch_size if triton.max_batch_size is not None else engine.max_batch_size
+    if batch > engine.max_batch_size:
+        raise TrtpipeError(
+            f"triton.max_batch_size {batch} exceeds the engine's max_batch_size {engine.max_batch_size}",
+            fix=f"set triton.max_batch_size <= {engine.max_batch_size} or rebuild with a larger engine.max_batch_size",
+        )
+    return {
+        "triton_max_batch_size": str(batch),
+        "decoupled_mode": _bool(triton.streaming),
+        "max_queue_delay_microseconds": str(triton.max_queue_delay_microseconds),
+        "tensorrt_llm_instance_count": str(triton.tensorrt_llm_instance_count),
+        "preprocessing_instance_count": str(triton.preprocessing_instance_count),
+        "postprocessing_instance_count": str(triton.postprocessing_instance_count),
+        "bls_instance_count": "1",
+        "max_beam_width": str(engine.max_beam_width),
+        "batching_strategy": "inflight_fused_batching",
+        # cpu-reference: relative to the model folder (the repository may move); GPU: the container mount.
+        "engine_dir": "1" if reference else f"{CONTAINER_REPO_MOUNT}/{ENGINE_SUBDIR}",
+        "batch_scheduler_policy": triton.batch_scheduler_policy.value,
+        "kv_cache_free_gpu_mem_fraction": str(triton.kv_cache_free_gpu_mem_fraction),
+        "enable_kv_cache_reuse": _bool(triton.enable_kv_cache_reuse),
+        "enable_chunked_context": _bool(triton.enable_chunked_context),
+        "exclude_input_in_output": "true",
+        "gpu_device_ids": "" if reference else ",".join(str(i) for i in range(engine.world_size)),
+        "tokenizer_dir": TOKENIZER_SUBDIR,
+        "add_special_tokens": "true",
+        "skip_special_tokens": "true",
+        "max_input_len": str(engine.max_input_len),
+    }
+
+
+def _reflink(src: Path, dst: Path) -> bool:
+    """Copy-on-write clone (FICLONE) where the filesystem supports it."""
+    ficlone = 0x40049409
+    try:
+        with open(src, "rb") as fsrc, open(dst, "wb") as fdst:
+            fcntl.ioctl(fdst.fileno(), ficlone, fsrc.fileno())
+        return True
+    except OSError:
+        dst.unlink(missing_ok=True)
+        return False
+
+
+def place_file(src: Path, dst: Path) -> Placement:
+    """Hard link, else reflink, else copy (and say so)."""
+    try:
+        os.link(src, dst)
+        return "hardlink"
+    except OSError as err:
+        if err.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EACCES):
+            raise
+    if _reflink(src, dst):
+        return "reflink"
+    log.warning("copying %s into the repository: hard link and reflink both failed (another filesystem?)", src)
+    shutil.copy2(src, dst)
+    return "copy"
+
+
+def place_engine(engine_dir: Path, dest: Path) -> tuple[Placement, list[str]]:
+    placements: set[Placement] = set()
+    names: list[str] = []
+    for src in sorted(engine_dir.iterdir()):
+        if not src.is_file():
+            continue
+        if src.name == "model.py":
+            raise TrtpipeError(f"{src}: an engine dir must not contain model.py", fix="rebuild the engine")
+        placements.add(place_file(src, dest / src.name))
+        names.append(src.name)
+    if not names:
+        raise TrtpipeError(f"{engine_dir} holds no engine files", fix="rebuild the engine")
+    # The weakest placement is the one to report.
+    for kind in ("copy", "reflink", "hardlink"):
+        if kind in placements:
+            return kind, names  # type: ignore[return-value]
+    raise AssertionError("unreachable")
+
+
+def copy_tokenizer(tokenizer_dir: Path, dest: Path) -> list[str]:
+    if not (tokenizer_dir / REQUIRED_TOKENIZER_FILE).is_file():
+        raise TrtpipeError(
+            f"{tokenizer_dir}: no {REQUIRED_TOKENIZER_FILE} (the serving models read it with the tokenizers library)",
+            fix="point model.tokenizer at a directory with a fast tokenizer (save it with tokenizer.save_pretrained)",
+        )
+    dest.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for name in TOKENIZER_FILES:
+        src = tokenizer_dir / name
+        if src.is_file():
+            shutil.copy2(src, dest / name)
+            copied.append(name)
+    return copied
+
+
+def _write_models(
+    resolved: Any, engine_dir: Path, values: dict[str, str], root: Path
+) -> tuple[Placement, list[str], list[str]]:
+    reference = resolved.spec.target.is_cpu_reference
+    sources = templates.REFERENCE_SOURCES if reference else templates.GPU_SOURCES
+    template_root = templates.template_root()
+    for model, source in sources.items():
+        model_dir = root / model
+        (model_dir / "1").mkdir(parents=True)
+        src_dir = template_root / source
+        text = (src_dir / "config.pbtxt").read_text()
+        (model_dir / "config.pbtxt").write_text(templates.render(text, values, source=f"{source}/config.pbtxt"))
+        code = src_dir / "1" / "model.py"
+        if code.is_file():
+            shutil.copy2(code, model_dir / "1" / "model.py")
+    placement, engine_files = place_engine(engine_dir, root / ENGINE_SUBDIR)
+    tokenizer_dir = resolved.tokenizer_dir or resolved.model_dir
+    if tokenizer_dir is None:
+        raise TrtpipeError(
+            "the spec names no tokenizer and no local model directory",
+            fix="set model.tokenizer to a local tokenizer directory",
+        )
+    first = root / MODELS_WITH_TOKENIZER[0] / TOKENIZER_SUBDIR
+    tokenizer_files = copy_tokenizer(Path(tokenizer_dir), first)
+    for model in MODELS_WITH_TOKENIZER[1:]:
+        other = root / model / TOKENIZER_SUBDIR
+        other.mkdir()
+        for name in tokenizer_files:
+            os.link(first / name, other / name)
+    return placement, engine_files, tokenizer_files
+
+
+def build_manifest(
+    resolved: Any,
+    engine: EngineFacts,
+    engine_digest: str,
+    engine_key: str,
+    placement: Placement,
+    engine_files: list[str],
+    tokenizer_files: list[str],
+    values: dict[str, str],
+) -> dict[str, Any]:
+    spec = resolved.spec
+    toolchain = resolved.toolchain
+    return {
+        "format": MANIFEST_FORMAT,
+        "name": spec.artifact_name,
+        "target": spec.target.gpu,
+        "reference": spec.target.is_cpu_reference,
+        "toolchain": toolchain.name,
+        "trtllm_version": toolchain.trtllm_version,
+        "serving_container": toolchain.triton_container,
+        "serving_container_digest": toolchain.triton_container_digest,
+        "container_repo_mount": CONTAINER_REPO_MOUNT,
+        "engine": {
+            "key": engine_key,
+            "digest": engine_digest,
+            "trtllm_version": engine.trtllm_version,
+            "world_size": engine.world_size,
+            "tp": engine.tp,
+            "pp": engine.pp,
+            "max_batch_size": engine.max_batch_size,
+            "max_input_len": engine.max_input_len,
+            "max_seq_len": engine.max_seq_len,
+            "max_beam_width": engine.max_beam_width,
+            "dir": ENGINE_SUBDIR,
+            "files": engine_files,
+            "placement": placement,
+        },
+        "streaming": spec.triton.streaming,
+        "triton_max_batch_size": int(values["triton_max_batch_size"]),
+        "models": list(templates.MODEL_NAMES),
+        "tokenizer_files": tokenizer_files,
+    }
+
+
+def publish_repository(
+    resolved: Any, engine_dir: Path, engine_digest: str, engine_key: str, out_dir: Path
+) -> Path:
+    """Write the model repository for `engine_dir` into `out_dir` (absent or empty) and validate it.
+
+    `resolved` is a `trtpipe.resolve.ResolvedSpec`. Returns `out_dir`.
+    Raises TrtpipeError naming the model, field and fix when the result does not validate.
+    """
+    from trtpipe.serving.validate import validate_repository
+
+    engine_dir = Path(engine_dir)
+    out_dir = Path(out_dir)
+    engine = read_engine_facts(engine_dir)
+    if engine.reference != resolved.spec.target.is_cpu_reference:
+        kind = "a reference engine" if engine.reference else "a TensorRT engine"
+        raise TrtpipeError(
+            f"{engine_dir} is {kind} but the spec targets {resolved.spec.target.gpu}",
+            fix="publish the engine built for this spec's target",
+        )
+    values = template_values(resolved, engine)
+
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise TrtpipeError(f"{out_dir} is not empty", fix="publish into a new or empty directory")
+    # Write next to the destination, then rename: a reader never sees half a repository.
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        placement, engine_files, tokenizer_files = _write_models(resolved, engine_dir, values, staging)
+        manifest = build_manifest(
+            resolved, engine, engine_digest, engine_key, placement, engine_files, tokenizer_files, values
+        )
+        (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        issues = [i for i in validate_repository(staging) if i.severity == "error"]
+        if issues:
+            raise TrtpipeError(f"published repository does not validate: {issues[0].one_line()}")
+        staging.chmod(0o755)
+        if out_dir.exists():
+            out_dir.rmdir()  # empty (checked above); the store hands us its own empty build dir
+        os.replace(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def read_manifest(repo: Path) -> dict[str, Any]:
+    path = Path(repo) / MANIFEST_NAME
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise TrtpipeError(f"{path} not found", fix="publish the repository with trtpipe build / publish") from None
+    except json.JSONDecodeError as err:
+        raise TrtpipeError(f"{path}: not valid JSON ({err})", fix="publish the repository again") from None

@@ -1,0 +1,379 @@
+"""Start a real `tritonserver` for a published repository.
+
+cpu-reference: the tritonserver binary shipped in the nvidia-pytriton wheel, started with the
+recipe in shared/notes/triton-on-cpu.md (private backends folder with the stub for this Python,
+the venv first on PATH, loopback, explicit free ports, a start deadline, every model ready).
+GPU targets: the toolchain's Triton container through Docker (`docker_command` renders it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from trtpipe.errors import MissingCapability, TrtpipeError
+from trtpipe.serving.templates import MODEL_NAMES
+
+log = logging.getLogger(__name__)
+
+PORT_ATTEMPTS = 4
+EXIT_TIMEOUT_S = 5
+SHM_DIR = Path("/dev/shm")
+
+
+# --- locating the server -------------------------------------------------------------------
+def tritonserver_home() -> Path:
+    """The `pytriton/tritonserver` folder of the installed nvidia-pytriton wheel (not imported)."""
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise MissingCapability(
+            "the tritonserver binary is not installed (nvidia-pytriton wheel missing)",
+            fix="pip install --no-deps nvidia-pytriton==0.7.0",
+        )
+    home = Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
+    if not (home / "bin" / "tritonserver").is_file():
+        raise MissingCapability(f"{home}/bin/tritonserver not found", fix="reinstall nvidia-pytriton==0.7.0")
+    return home
+
+
+def python_stub(home: Path) -> Path:
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = home / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise MissingCapability(
+            f"no Triton Python-backend stub for Python {version} in {home}",
+            fix="use Python 3.8 to 3.13 for the trtpipe environment",
+        )
+    return stub
+
+
+def stub_environment() -> dict[str, str]:
+    """The stub runs the first python3 on PATH and links libpython from LD_LIBRARY_PATH."""
+    env = dict(os.environ)
+    venv_bin = str(Path(sys.executable).parent)
+    env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH", "")) if p)
+    env.pop("PYTHONHOME", None)
+    return env
+
+
+def check_stub_links(stub: Path, env: dict[str, str]) -> None:
+    """A stub that cannot link makes model loading hang forever: refuse up front."""
+    try:
+        out = subprocess.run(["ldd", str(stub)], env=env, capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return  # no ldd: the start deadline still guards
+    missing = [line.split("=>")[0].strip() for line in out.splitlines() if "not found" in line]
+    if missing:
+        raise MissingCapability(
+            f"the Triton Python stub cannot load {', '.join(missing)}",
+            fix="install the shared libpython of this Python (e.g. apt-get install libpython3.11)",
+        )
+
+
+def make_backends_dir(home: Path, dest: Path) -> Path:
+    python_dir = dest / "python"
+    python_dir.mkdir(parents=True)
+    wheel_python = home / "backends" / "python"
+    for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+        (python_dir / name).symlink_to(wheel_python / name)
+    (python_dir / "triton_python_backend_stub").symlink_to(python_stub(home))
+    return dest
+
+
+# --- ports -------------------------------------------------------------------------------------
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Ports free right now (tritonserver does not accept port 0)."""
+    sockets, ports = [], []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            sockets.append(sock)
+            ports.append(sock.getsockname()[1])
+    finally:
+        for sock in sockets:
+            sock.close()
+    return ports
+
+
+def repository_models(repo: Path) -> list[str]:
+    return sorted(p.name for p in Path(repo).iterdir() if (p / "config.pbtxt").is_file())
+
+
+# --- the running server ------------------------------------------------------------------------
+class TritonServerHandle:
+    """A tritonserver process on loopback. Use as a context manager, or call `stop()`."""
+
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes],
+        host: str,
+        ports: tuple[int, int, int],
+        work_dir: Path,
+        log_path: Path,
+        shm_prefix: str,
+        models: list[str],
+    ) -> None:
+        self.process = process
+        self.host = host
+        self.grpc_port, self.http_port, self.metrics_port = ports
+        self.work_dir = work_dir
+        self.log_path = log_path
+        self.shm_prefix = shm_prefix
+        self.models = models
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """Kill the server at once (SIGKILL), as a crash would."""
+        if self.alive():
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def stop(self, timeout: float = EXIT_TIMEOUT_S + 10) -> None:
+        """SIGTERM, then SIGKILL past `timeout` (an open client stream can hold the server up)."""
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("tritonserver %d ignored SIGTERM for %.0fs; killing it", self.pid, timeout)
+                self.process.kill()
+                self.process.wait(timeout=10)
+        self.cleanup()
+
+    def cleanup(self) -> None:
+        # Python-backend stubs that died hard leave their shared-memory regions; ours carry our prefix.
+        for region in SHM_DIR.glob(f"{self.shm_prefix}*"):
+            try:
+                region.unlink()
+            except OSError:
+                pass
+        shutil.rmtree(self.work_dir / "backends", ignore_errors=True)
+
+    def __enter__(self) -> TritonServerHandle:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def _wait_ready(handle: TritonServerHandle, deadline: float) -> str | None:
+    """None when the server and every model are ready; else why not (the server exited)."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(handle.grpc_url)
+    try:
+        while time.monotonic() < deadline:
+            if not handle.alive():
+                return f"tritonserver exited with code {handle.process.returncode}"
+            try:
+                if client.is_server_ready(client_timeout=2) and all(
+                    client.is_model_ready(name, client_timeout=2) for name in handle.models
+                ):
+                    return None
+            except Exception:  # not listening yet
+                pass
+            time.sleep(0.2)
+        return "timeout"
+    finally:
+        client.close()
+
+
+def start_server(
+    repo: Path,
+    *,
+    host: str = "127.0.0.1",
+    start_timeout: float = 60,
+    grpc_port: int | None = None,
+    http_port: int | None = None,
+    metrics_port: int | None = None,
+    log_path: Path | None = None,
+    validate: bool = True,
+) -> TritonServerHandle:
+    """Start tritonserver on `repo` (cpu-reference repositories) and wait until every model is ready."""
+    from trtpipe.serving.publish import read_manifest
+    from trtpipe.serving.validate import errors_only, validate_repository
+
+    repo = Path(repo).resolve()
+    manifest = read_manifest(repo)
+    if not manifest.get("reference"):
+        raise MissingCapability(
+            f"{repo} serves a {manifest.get('target')} engine, which needs its Triton container on a GPU host",
+            fix=f"run `trtpipe serve {repo} --print` for the docker command",
+        )
+    if validate:
+        errors = errors_only(validate_repository(repo))
+        if errors:
+            raise TrtpipeError(f"{repo} does not validate: {errors[0].one_line()}")
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("binding tritonserver to %s, not loopback", host)
+    home = tritonserver_home()
+    env = stub_environment()
+    check_stub_links(python_stub(home), env)
+    models = repository_models(repo)
+    explicit = (grpc_port, http_port, metrics_port)
+    last_error = ""
+    for attempt in range(PORT_ATTEMPTS):
+        ports = free_ports(3, host)
+        ports = [given or picked for given, picked in zip(explicit, ports)]
+        work_dir = Path(tempfile.mkdtemp(prefix="trtpipe-triton-"))
+        backends = make_backends_dir(home, work_dir / "backends")
+        server_log = log_path or work_dir / "tritonserver.log"
+        shm_prefix = f"trtpipe_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
+        cmd = [
+            str(home / "bin" / "tritonserver"),
+            f"--model-repository={repo}",
+            f"--backend-directory={backends}",
+            f"--http-address={host}",
+            f"--grpc-address={host}",
+            f"--metrics-address={host}",
+            f"--http-port={ports[1]}",
+            f"--grpc-port={ports[0]}",
+            f"--metrics-port={ports[2]}",
+            "--allow-gpu-metrics=false",
+            "--pinned-memory-pool-byte-size=0",
+            "--cuda-memory-pool-byte-size=0:0",
+            f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
+            "--disable-auto-complete-config",
+            f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+        ]
+        with open(server_log, "ab") as log_file:
+            process = subprocess.Popen(
+                cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,  # a Ctrl-C in the terminal reaches us, and we stop it cleanly
+            )
+        handle = TritonServerHandle(process, host, (ports[0], ports[1], ports[2]), work_dir, Path(server_log), shm_prefix, models)
+        why = _wait_ready(handle, time.monotonic() + start_timeout)
+        if why is None:
+            return handle
+        tail = handle.log_tail()
+        handle.stop()
+        last_error = f"{why}; last log lines:\n{tail}"
+        busy = "address already in use" in tail.lower() or "failed to start" in tail.lower()
+        if why == "timeout" or not busy or any(explicit):
+            break
+        log.info("tritonserver port clash (attempt %d); retrying on other ports", attempt + 1)
+    raise TrtpipeError(
+        f"tritonserver did not become ready on {repo}: {last_error.splitlines()[0]}",
+        fix=f"see the server log ({last_error.splitlines()[-1].strip() if last_error else ''}); run `trtpipe validate {repo}`",
+    )
+
+
+# --- GPU targets: the Triton container ---------------------------------------------------------
+def container_image(manifest: dict[str, Any]) -> str:
+    """The serving container, pinned by digest when the toolchain records one."""
+    image = manifest["serving_container"]
+    digest = manifest.get("serving_container_digest")
+    return f"{image.split('@')[0]}@{digest}" if digest else image
+
+
+def docker_command(
+    repo: Path, manifest: dict[str, Any], *, grpc_port: int = 8001, http_port: int = 8000,
+    metrics_port: int = 8002, shm_size: str = "2g",
+) -> list[str]:
+    """The exact `docker run` for the toolchain's Triton container, one server per rank (MPI)."""
+    mount = manifest.get("container_repo_mount", "/trtpipe/repo")
+    world = int((manifest.get("engine") or {}).get("world_size", 1))
+    image = container_image(manifest)
+    devices = ",".join(str(i) for i in range(world))
+    cmd = [
+        "docker", "run", "--rm", "--init",
+        f"--gpus=\"device={devices}\"",
+        f"--shm-size={shm_size}",
+        "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
+        "-p", f"127.0.0.1:{grpc_port}:{grpc_port}",
+        "-p", f"127.0.0.1:{http_port}:{http_port}",
+        "-p", f"127.0.0.1:{metrics_port}:{metrics_port}",
+        "-v", f"{Path(repo).resolve()}:{mount}:ro",
+        image,
+    ]
+    def server(rank: int) -> list[str]:
+        args = [
+            "/opt/tritonserver/bin/tritonserver",
+            f"--model-repository={mount}",
+            f"--grpc-port={grpc_port}", f"--http-port={http_port}", f"--metrics-port={metrics_port}",
+            "--disable-auto-complete-config",
+            f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
+            f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
+        ]
+        if rank != 0:  # the other ranks only run the engine
+            args += ["--model-control-mode=explicit", "--load-model=tensorrt_llm"]
+        return args
+    if world == 1:
+        return cmd + server(0)
+    cmd += ["mpirun", "--allow-run-as-root"]
+    for rank in range(world):
+        cmd += ["-n", "1", *server(rank)]
+        if rank != world - 1:
+            cmd.append(":")
+    return cmd
+
+
+def start_container(repo: Path, manifest: dict[str, Any], **ports: int) -> Any:
+    """Run the Triton container through the Docker SDK; MissingCapability without a daemon or GPU."""
+    try:
+        import docker
+    except ImportError:
+        raise MissingCapability("the docker Python SDK is not installed", fix="pip install docker") from None
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception:
+        raise MissingCapability(
+            "no Docker daemon reachable (GPU targets serve inside the toolchain's Triton container)",
+            fix=f"run on a GPU host with Docker and the NVIDIA container toolkit, or use `trtpipe serve {repo} --print`",
+        ) from None
+    ports = {"grpc_port": 8001, "http_port": 8000, "metrics_port": 8002, **ports}
+    argv = docker_command(repo, manifest, **ports)
+    image_index = argv.index(container_image(manifest))
+    world = int((manifest.get("engine") or {}).get("world_size", 1))
+    mount = manifest.get("container_repo_mount", "/trtpipe/repo")
+    return client.containers.run(
+        argv[image_index],
+        command=argv[image_index + 1:],
+        detach=True, remove=True, init=True, shm_size="2g",
+        ulimits=[docker.types.Ulimit(name="memlock", soft=-1, hard=-1),
+                 docker.types.Ulimit(name="stack", soft=67108864, hard=67108864)],
+        device_requests=[docker.types.DeviceRequest(device_ids=[str(i) for i in range(world)], capabilities=[["gpu"]])],
+        ports={f"{p}/tcp": ("127.0.0.1", p) for p in ports.values()},
+        volumes={str(Path(repo).resolve()): {"bind": mount, "mode": "ro"}},
+    )

@@ -1,0 +1,240 @@
+"""`trtpipe smoke URL`: prove a running Triton server serves the trtpipe models correctly.
+
+Checks: live, ready, every model in the repository index ready, the model's metadata, one
+non-streaming and one streaming request (their texts must agree), and, with a spec, greedy parity:
+the token ids Triton returns equal the reference runtime's for the same prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from trtpipe.errors import TrtpipeError, UsageError
+
+DEFAULT_PROMPTS = ("Once upon a time", "The cat sat on the", "In the beginning")
+REQUIRED_INPUTS = ("text_input", "max_tokens")
+
+
+class SmokeCheck(BaseModel):
+    name: str
+    passed: bool
+    detail: str = ""
+    seconds: float = 0.0
+
+
+class SmokeResult(BaseModel):
+    url: str
+    model: str
+    passed: bool
+    checks: list[SmokeCheck] = Field(default_factory=list)
+    parity: dict[str, Any] | None = None
+    recorded_for: str | None = None
+
+
+def _check(checks: list[SmokeCheck], name: str, fn: Callable[[], str]) -> bool:
+    start = time.monotonic()
+    try:
+        detail = fn()
+        checks.append(SmokeCheck(name=name, passed=True, detail=detail, seconds=time.monotonic() - start))
+        return True
+    except Exception as err:  # every failure becomes a failed check with its one-line reason
+        message = err.one_line() if isinstance(err, TrtpipeError) else f"{type(err).__name__}: {err}"
+        checks.append(SmokeCheck(name=name, passed=False, detail=message, seconds=time.monotonic() - start))
+        return False
+
+
+def end_id_of(tokenizer_dir: Path) -> int | None:
+    """The end token the preprocessing model uses (tokenizer_config eos, then generation_config)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    config_path = tokenizer_dir / "tokenizer_config.json"
+    if config_path.is_file():
+        eos = json.loads(config_path.read_text()).get("eos_token")
+        if isinstance(eos, dict):
+            eos = eos.get("content")
+        if eos and tokenizer.token_to_id(eos) is not None:
+            return tokenizer.token_to_id(eos)
+    gen_path = tokenizer_dir / "generation_config.json"
+    if gen_path.is_file():
+        eos_id = json.loads(gen_path.read_text()).get("eos_token_id")
+        return eos_id[0] if isinstance(eos_id, list) else eos_id
+    return None
+
+
+def reference_greedy(
+    engine_dir: Path, tokenizer_dir: Path, prompts: list[str], max_tokens: int
+) -> list[list[int]]:
+    """What the reference runtime generates greedily for each prompt (tokenized as preprocessing does)."""
+    from tokenizers import Tokenizer
+
+    from trtpipe.reference.runtime import ReferenceModel
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    end_id = end_id_of(tokenizer_dir)
+    model = ReferenceModel.load(engine_dir)
+    outputs = []
+    for prompt in prompts:
+        ids = tokenizer.encode(prompt, add_special_tokens=True).ids
+        outputs.append([t.token_id for t in model.generate(ids, max_new_tokens=max_tokens, end_id=end_id, top_k=1)])
+    return outputs
+
+
+def engine_for_spec(spec_path: Path) -> tuple[Path, Path]:
+    """(engine dir, tokenizer dir) of a spec's build, from the store (a warm build does no work)."""
+    from trtpipe.pipeline import run_build
+    from trtpipe.store.local import Store
+
+    report = run_build(spec_path, progress=False)
+    if report.status != "ok" or not report.repository_path:
+        raise TrtpipeError(f"{spec_path}: the build is not complete ({report.message or report.status})",
+                           fix=f"run `trtpipe build {spec_path}` first")
+    repo = Path(report.repository_path)
+    engine_key = report.keys.get("engine")
+    entry = Store.open(report.store).get("engine", engine_key) if engine_key and report.store else None
+    engine_dir = entry.path if entry is not None else repo / "tensorrt_llm" / "1"
+    return engine_dir, repo / "preprocessing" / "tokenizer"
+
+
+def check_parity(
+    url: str, model: str, engine_dir: Path, tokenizer_dir: Path, *, prompts: list[str], max_tokens: int, timeout: float
+) -> dict[str, Any]:
+    from trtpipe.serving.client import TritonLLMClient
+
+    expected = reference_greedy(engine_dir, tokenizer_dir, prompts, max_tokens)
+    client = TritonLLMClient(url, model=model, timeout=timeout)
+    rows = []
+    for prompt, want in zip(prompts, expected):
+        got = client.generate(prompt, max_tokens, top_k=1, exclude_input_in_output=True).output_token_ids
+        rows.append({"prompt": prompt, "triton": got, "reference": want, "equal": got == want})
+    return {"prompts": len(rows), "mismatches": sum(not r["equal"] for r in rows), "rows": rows}
+
+
+def run_smoke(
+    url: str,
+    *,
+    model: str = "ensemble",
+    parity_spec: Path | None = None,
+    parity_engine: tuple[Path, Path] | None = None,
+    prompts: list[str] | None = None,
+    max_tokens: int = 16,
+    timeout: float = 30,
+) -> SmokeResult:
+    """Run every smoke check against the server at `url` (gRPC host:port)."""
+    import tritonclient.grpc as grpcclient
+
+    from trtpipe.serving.client import TritonLLMClient
+
+    prompts = list(prompts or DEFAULT_PROMPTS)
+    checks: list[SmokeCheck] = []
+    result = SmokeResult(url=url, model=model, passed=False, checks=checks)
+    raw = grpcclient.InferenceServerClient(url)
+    try:
+        def live() -> str:
+            if not raw.is_server_live(client_timeout=timeout):
+                raise TrtpipeError("server is not live")
+            return "live"
+
+        def ready() -> str:
+            if not raw.is_server_ready(client_timeout=timeout):
+                raise TrtpipeError("server is not ready")
+            return "ready"
+
+        def models_ready() -> str:
+            index = raw.get_model_repository_index(as_json=True, client_timeout=timeout).get("models", [])
+            names = sorted({m["name"] for m in index})
+            if model not in names:
+                raise TrtpipeError(f"the repository has no model {model!r} (it has {', '.join(names)})")
+            not_ready = [n for n in names if not raw.is_model_ready(n, client_timeout=timeout)]
+            if not_ready:
+                raise TrtpipeError(f"models not ready: {', '.join(not_ready)}")
+            return f"{len(names)} ready: {', '.join(names)}"
+
+        def metadata() -> str:
+            meta = raw.get_model_metadata(model, as_json=True, client_timeout=timeout)
+            names = {t["name"] for t in meta.get("inputs", [])}
+            missing = [n for n in REQUIRED_INPUTS if n not in names]
+            if missing:
+                raise TrtpipeError(f"{model} lacks inputs {', '.join(missing)}")
+            outputs = {t["name"] for t in meta.get("outputs", [])}
+            if "text_output" not in outputs:
+                raise TrtpipeError(f"{model} lacks the text_output output")
+            return f"{len(names)} inputs, {len(outputs)} outputs"
+
+        client = TritonLLMClient(url, model=model, timeout=timeout)
+        generated: dict[str, str] = {}
+
+        def non_streaming() -> str:
+            gen = client.generate(prompts[0], max_tokens, top_k=1)
+            if not gen.output_token_ids:
+                raise TrtpipeError("no tokens generated")
+            generated["text"] = gen.text
+            return f"{len(gen.output_token_ids)} tokens in {gen.latency_s:.2f}s: {gen.text[:60]!r}"
+
+        def streaming() -> str:
+            if not client.is_decoupled():
+                return "skipped: the deployment is not decoupled (triton.streaming: false)"
+            chunks = list(client.stream(prompts[0], max_tokens, top_k=1))
+            if not chunks or not chunks[-1].is_final:
+                raise TrtpipeError("the stream ended without a final response")
+            text = "".join(c.text for c in chunks)
+            if "text" in generated and text != generated["text"]:
+                raise TrtpipeError(f"streamed text {text!r} differs from the non-streaming text {generated['text']!r}")
+            return f"{sum(len(c.token_ids) for c in chunks)} tokens in {len(chunks)} responses"
+
+        ok = _check(checks, "live", live) and _check(checks, "ready", ready)
+        if ok:
+            _check(checks, "models_ready", models_ready)
+            if _check(checks, "metadata", metadata):
+                _check(checks, "generate", non_streaming)
+                _check(checks, "stream", streaming)
+                if parity_spec is not None or parity_engine is not None:
+
+                    def parity() -> str:
+                        engine_dir, tokenizer_dir = parity_engine or engine_for_spec(Path(parity_spec))
+                        report = check_parity(url, model, engine_dir, tokenizer_dir, prompts=prompts,
+                                              max_tokens=max_tokens, timeout=timeout)
+                        result.parity = report
+                        if report["mismatches"]:
+                            bad = next(r for r in report["rows"] if not r["equal"])
+                            raise TrtpipeError(
+                                f"{report['mismatches']}/{report['prompts']} prompts differ from the reference runtime, "
+                                f"e.g. {bad['prompt']!r}: triton {bad['triton']} vs reference {bad['reference']}"
+                            )
+                        return f"{report['prompts']} prompts equal to the reference runtime (greedy)"
+
+                    _check(checks, "parity", parity)
+    finally:
+        raw.close()
+    result.checks = checks  # pydantic copied the list at construction
+    result.passed = bool(checks) and all(c.passed for c in checks)
+    return result
+
+
+def repository_digest(repo: Path) -> tuple[Path, str]:
+    """(store home, artifact digest) of a repository that lives in the trtpipe store."""
+    from trtpipe.store.local import MANIFEST, manifest_digest
+
+    repo = Path(repo).resolve()
+    manifest = repo / MANIFEST
+    if not manifest.is_file() or repo.parent.name != "repository":
+        raise UsageError(f"{repo} is not a repository in the trtpipe store (no {MANIFEST})",
+                         fix="pass the repository path that `trtpipe build` printed")
+    return repo.parent.parent, manifest_digest(manifest.read_bytes())
+
+
+def record_smoke(result: SmokeResult, repo: Path) -> str:
+    from trtpipe.results import ResultsLog
+
+    home, digest = repository_digest(repo)
+    kind = "smoke"
+    ResultsLog(home).record(digest, kind, result.passed, result.model_dump(mode="json"))
+    if result.parity is not None:
+        ResultsLog(home).record(digest, "parity", not result.parity["mismatches"], result.parity)
+    return digest

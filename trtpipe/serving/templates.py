@@ -1,0 +1,58 @@
+"""config.pbtxt templates in `triton_repo/` and their strict rendering.
+
+Every `${name}` in a template must be given a value; a template rendered with a value missing,
+or text that still holds `${...}` after rendering, is an error (Triton would load it and fail late).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from trtpipe.errors import TrtpipeError
+
+# triton_repo/ sits beside the trtpipe package in the source tree (editable install).
+TEMPLATE_ROOT = Path(__file__).resolve().parents[2] / "triton_repo"
+
+PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
+
+MODEL_NAMES = ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls")
+
+# The template folder each published model comes from, per target kind.
+GPU_SOURCES = {name: name for name in MODEL_NAMES}
+REFERENCE_SOURCES = {**GPU_SOURCES, "tensorrt_llm": "tensorrt_llm_reference"}
+
+
+def template_root() -> Path:
+    if not (TEMPLATE_ROOT / "ensemble" / "config.pbtxt").is_file():
+        raise TrtpipeError(
+            f"Triton templates not found under {TEMPLATE_ROOT}",
+            fix="install trtpipe from its source tree (pip install -e .) so triton_repo/ is present",
+        )
+    return TEMPLATE_ROOT
+
+
+def placeholders(text: str) -> list[str]:
+    """The `${...}` names in `text`, in order of first appearance."""
+    seen: dict[str, None] = {}
+    for match in PLACEHOLDER.finditer(text):
+        seen.setdefault(match.group(1), None)
+    return list(seen)
+
+
+def render(text: str, values: dict[str, str], *, source: str) -> str:
+    """Fill every `${name}` from `values`; refuse a missing value or a leftover placeholder."""
+    missing = [name for name in placeholders(text) if name not in values]
+    if missing:
+        raise TrtpipeError(
+            f"{source}: template variables without a value: {', '.join(missing)}",
+            fix="give publish a value for each (trtpipe.serving.publish.template_values)",
+        )
+    rendered = PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
+    left = placeholders(rendered)
+    if left:
+        raise TrtpipeError(
+            f"{source}: a value itself contains a template variable: {', '.join(left)}",
+            fix="values must be literal text",
+        )
+    return rendered

@@ -1,0 +1,340 @@
+"""Validate a published Triton model repository before any server sees it.
+
+Every config.pbtxt is parsed with Triton's own schema (tritonclient's model_config_pb2 and
+protobuf text_format). Each issue names the model, the field and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from google.protobuf import text_format
+from pydantic import BaseModel
+from tritonclient.grpc import model_config_pb2 as mc
+
+from trtpipe.serving.templates import MODEL_NAMES, PLACEHOLDER
+
+MANIFEST_NAME = "trtpipe.json"
+PYTHON_MODELS_ALWAYS = ("preprocessing", "postprocessing", "tensorrt_llm_bls")
+
+
+class ValidationIssue(BaseModel):
+    model: str
+    field: str
+    message: str
+    fix: str
+    severity: Literal["error", "warning"] = "error"
+
+    def one_line(self) -> str:
+        return f"{self.model}: {self.field}: {self.message}; {self.fix}"
+
+
+class _Checker:
+    def __init__(self, repo: Path) -> None:
+        self.repo = repo
+        self.issues: list[ValidationIssue] = []
+        self.configs: dict[str, mc.ModelConfig] = {}
+        self.manifest: dict[str, Any] | None = None
+
+    def add(self, model: str, field: str, message: str, fix: str, severity: str = "error") -> None:
+        self.issues.append(ValidationIssue(model=model, field=field, message=message, fix=fix, severity=severity))
+
+    # --- parsing --------------------------------------------------------------------------
+    def load_manifest(self) -> None:
+        path = self.repo / MANIFEST_NAME
+        if not path.is_file():
+            self.add(MANIFEST_NAME, "file", "the repository has no trtpipe.json manifest",
+                     "publish the repository with trtpipe (build or publish)")
+            return
+        try:
+            self.manifest = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            self.add(MANIFEST_NAME, "file", f"not valid JSON ({err})", "publish the repository again")
+
+    def load_configs(self) -> None:
+        for name in MODEL_NAMES:
+            path = self.repo / name / "config.pbtxt"
+            if not path.is_file():
+                self.add(name, "config.pbtxt", f"{path} is missing", "publish the repository again")
+                continue
+            text = path.read_text()
+            unfilled = False
+            for lineno, line in enumerate(text.splitlines(), start=1):
+                for match in PLACEHOLDER.finditer(line):
+                    unfilled = True
+                    self.add(name, f"config.pbtxt:{lineno}", f"unfilled template variable {match.group(0)}",
+                             "publish from the spec (every template variable is filled there); never hand-edit templates")
+            config = mc.ModelConfig()
+            try:
+                text_format.Parse(text, config)
+            except text_format.ParseError as err:
+                if not unfilled:
+                    self.add(name, f"config.pbtxt:{err.GetLine()}:{err.GetColumn()}", f"syntax error: {err}",
+                             "fix the config.pbtxt syntax (Triton's protobuf text format) or publish again")
+                continue
+            if config.name and config.name != name:
+                self.add(name, "name", f"config name {config.name!r} differs from its folder {name!r}",
+                         f'set name: "{name}"')
+            self.configs[name] = config
+
+    # --- checks ---------------------------------------------------------------------------
+    @staticmethod
+    def param(config: mc.ModelConfig, key: str) -> str | None:
+        if key in config.parameters:
+            return config.parameters[key].string_value
+        return None
+
+    @staticmethod
+    def dims_compatible(a: list[int], b: list[int]) -> bool:
+        return len(a) == len(b) and all(x == y or x == -1 or y == -1 for x, y in zip(a, b))
+
+    def check_ensemble(self) -> None:
+        ens = self.configs.get("ensemble")
+        if ens is None:
+            return
+        dtype_name = mc.DataType.Name
+        # Tensor name -> (dtype, dims, where it comes from)
+        available: dict[str, tuple[int, list[int], str]] = {
+            t.name: (t.data_type, list(t.dims), "ensemble input") for t in ens.input
+        }
+        for index, step in enumerate(ens.ensemble_scheduling.step):
+            where = f"ensemble_scheduling.step[{index}] ({step.model_name})"
+            model = self.configs.get(step.model_name)
+            if model is None:
+                if step.model_name not in MODEL_NAMES:
+                    self.add("ensemble", where, f"step names an unknown model {step.model_name!r}",
+                             f"use one of {', '.join(MODEL_NAMES)}")
+                continue
+            inputs = {t.name: t for t in model.input}
+            outputs = {t.name: t for t in model.output}
+            for key, value in step.input_map.items():
+                if key not in inputs:
+                    self.add("ensemble", f"{where}.input_map[{key}]",
+                             f"{step.model_name} has no input {key!r}", f"map only inputs declared in {step.model_name}/config.pbtxt")
+                    continue
+                if value not in available:
+                    self.add("ensemble", f"{where}.input_map[{key}]",
+                             f"tensor {value!r} is neither an ensemble input nor an earlier step's output",
+                             "map it from an ensemble input or an output_map of an earlier step")
+                    continue
+                dtype, dims, source = available[value]
+                target = inputs[key]
+                if dtype != target.data_type:
+                    self.add("ensemble", f"{where}.input_map[{key}]",
+                             f"dtype mismatch: {value!r} is {dtype_name(dtype)} ({source}) but {step.model_name}.{key} "
+                             f"is {dtype_name(target.data_type)}",
+                             f"make both {dtype_name(target.data_type)}")
+                elif not self.dims_compatible(dims, list(target.dims)):
+                    self.add("ensemble", f"{where}.input_map[{key}]",
+                             f"dims mismatch: {value!r} has {dims} ({source}) but {step.model_name}.{key} has {list(target.dims)}",
+                             "make the dims agree (same rank; -1 for variable)")
+            mapped = set(step.input_map.keys())
+            for name, tensor in inputs.items():
+                if not tensor.optional and name not in mapped:
+                    self.add("ensemble", where, f"required input {step.model_name}.{name} is not mapped",
+                             f"add input_map {{ key: \"{name}\" value: ... }}")
+            for key, value in step.output_map.items():
+                if key not in outputs:
+                    self.add("ensemble", f"{where}.output_map[{key}]", f"{step.model_name} has no output {key!r}",
+                             f"map only outputs declared in {step.model_name}/config.pbtxt")
+                    continue
+                available[value] = (outputs[key].data_type, list(outputs[key].dims), f"{step.model_name}.{key}")
+            if model.max_batch_size < ens.max_batch_size:
+                self.add("ensemble", "max_batch_size",
+                         f"ensemble max_batch_size {ens.max_batch_size} exceeds {step.model_name}'s {model.max_batch_size}",
+                         f"lower the ensemble's max_batch_size to {model.max_batch_size}")
+        for out in ens.output:
+            if out.name not in available or available[out.name][2] == "ensemble input":
+                self.add("ensemble", f"output[{out.name}]", "no step produces this ensemble output",
+                         "add an output_map that produces it, or remove the output")
+                continue
+            dtype, dims, source = available[out.name]
+            if dtype != out.data_type:
+                self.add("ensemble", f"output[{out.name}]",
+                         f"dtype mismatch: {source} is {dtype_name(dtype)} but the ensemble output is {dtype_name(out.data_type)}",
+                         f"make both {dtype_name(dtype)}")
+
+    def check_transaction_policy(self) -> None:
+        llm = self.configs.get("tensorrt_llm")
+        bls = self.configs.get("tensorrt_llm_bls")
+        if llm is not None and self.manifest is not None:
+            streaming = bool(self.manifest.get("streaming"))
+            decoupled = llm.model_transaction_policy.decoupled
+            if streaming and not decoupled:
+                self.add("tensorrt_llm", "model_transaction_policy.decoupled",
+                         "streaming is enabled (triton.streaming) but the model is not decoupled; "
+                         "TensorRT-LLM refuses streaming requests outside decoupled mode",
+                         "set model_transaction_policy { decoupled: true } (publish again with triton.streaming: true)")
+            elif decoupled and not streaming:
+                self.add("tensorrt_llm", "model_transaction_policy.decoupled",
+                         "the model is decoupled but the manifest says triton.streaming is false",
+                         "publish again so the config and manifest agree")
+        if bls is not None and not bls.model_transaction_policy.decoupled:
+            self.add("tensorrt_llm_bls", "model_transaction_policy.decoupled",
+                     "the BLS model sends its responses through a response sender and must be decoupled",
+                     "set model_transaction_policy { decoupled: true }")
+        if bls is not None and llm is not None:
+            declared = self.param(bls, "tensorrt_llm_decoupled")
+            actual = "true" if llm.model_transaction_policy.decoupled else "false"
+            if declared is not None and declared != actual:
+                self.add("tensorrt_llm_bls", "parameters.tensorrt_llm_decoupled",
+                         f"says {declared} but tensorrt_llm is decoupled={actual}", f'set it to "{actual}"')
+
+    def engine_limits(self) -> dict[str, Any]:
+        limits: dict[str, Any] = dict((self.manifest or {}).get("engine") or {})
+        config_path = self.repo / "tensorrt_llm" / "1" / "config.json"
+        if config_path.is_file():
+            try:
+                engine_config = json.loads(config_path.read_text())
+                build = engine_config.get("build_config") or {}
+                mapping = (engine_config.get("pretrained_config") or {}).get("mapping") or {}
+                for key in ("max_batch_size", "max_input_len", "max_seq_len"):
+                    if key in build:
+                        limits[key] = int(build[key])
+                limits["world_size"] = int(mapping.get("tp_size", 1)) * int(mapping.get("pp_size", 1))
+                limits["engine_version"] = engine_config.get("version")
+                limits["reference_engine"] = bool(engine_config.get("trtpipe_reference", False))
+            except (json.JSONDecodeError, ValueError, TypeError) as err:
+                self.add("tensorrt_llm", "1/config.json", f"engine config is unreadable ({err})", "publish again")
+        else:
+            self.add("tensorrt_llm", "1/config.json", "the engine's config.json is missing from tensorrt_llm/1",
+                     "publish again (the engine files are linked into tensorrt_llm/1)")
+        return limits
+
+    def check_batch_sizes(self, limits: dict[str, Any]) -> None:
+        engine_batch = limits.get("max_batch_size")
+        if engine_batch is None:
+            return
+        for name, config in self.configs.items():
+            if config.max_batch_size > engine_batch:
+                self.add(name, "max_batch_size",
+                         f"{config.max_batch_size} exceeds the engine's max_batch_size {engine_batch}",
+                         f"set triton.max_batch_size <= {engine_batch} and publish again")
+
+    def check_target(self, limits: dict[str, Any]) -> None:
+        if self.manifest is None:
+            return
+        reference = bool(self.manifest.get("reference"))
+        llm = self.configs.get("tensorrt_llm")
+        for name, config in self.configs.items():
+            if reference:
+                for i, group in enumerate(config.instance_group):
+                    if group.kind == mc.ModelInstanceGroup.KIND_GPU:
+                        self.add(name, f"instance_group[{i}].kind",
+                                 "KIND_GPU on the cpu-reference target (no GPU: the model would fail to load)",
+                                 "use kind: KIND_CPU")
+            if name in PYTHON_MODELS_ALWAYS or (name == "tensorrt_llm" and reference):
+                if config.backend != "python":
+                    self.add(name, "backend", f"backend {config.backend!r}; this model is a Python-backend model",
+                             'set backend: "python"')
+                elif not (self.repo / name / "1" / "model.py").is_file():
+                    self.add(name, "1/model.py", "the Python model code is missing", "publish again")
+        if llm is not None and not reference and llm.backend != "tensorrtllm":
+            self.add("tensorrt_llm", "backend", f"backend {llm.backend!r} on a GPU target",
+                     'set backend: "tensorrtllm"')
+        if "reference_engine" in limits and limits["reference_engine"] != reference:
+            self.add("tensorrt_llm", "1/config.json",
+                     "the engine's kind (reference or TensorRT) does not match the manifest's target",
+                     "publish the engine built for this target")
+        if llm is None:
+            return
+        if self.param(llm, "gpt_model_type") not in ("inflight_fused_batching", "inflight_batching"):
+            self.add("tensorrt_llm", "parameters.gpt_model_type",
+                     f"{self.param(llm, 'gpt_model_type')!r} is not an in-flight batching strategy",
+                     'set it to "inflight_fused_batching"')
+        world = limits.get("world_size") or int(limits.get("tp", 1)) * int(limits.get("pp", 1))
+        device_ids = (self.param(llm, "gpu_device_ids") or "").strip()
+        if not reference and device_ids:
+            count = len([d for d in device_ids.split(",") if d.strip()])
+            if count != world:
+                self.add("tensorrt_llm", "parameters.gpu_device_ids",
+                         f"lists {count} device(s) but the engine's world size (tp*pp) is {world}",
+                         f"list exactly {world} device ids, e.g. \"{','.join(str(i) for i in range(world))}\"")
+        suffix = ".safetensors" if reference else ".engine"
+        for rank in range(world):
+            if not (self.repo / "tensorrt_llm" / "1" / f"rank{rank}{suffix}").is_file():
+                self.add("tensorrt_llm", f"1/rank{rank}{suffix}", f"engine file for rank {rank} of {world} is missing",
+                         "publish again from the complete engine")
+        model_path = self.param(llm, "gpt_model_path") or ""
+        if reference and (Path(model_path).is_absolute() or not (self.repo / "tensorrt_llm" / model_path / "config.json").is_file()):
+            self.add("tensorrt_llm", "parameters.gpt_model_path",
+                     f"{model_path!r} does not lead to the engine inside the repository", 'set it to "1"')
+        mount = self.manifest.get("container_repo_mount")
+        if not reference and mount and model_path != f"{mount}/tensorrt_llm/1":
+            self.add("tensorrt_llm", "parameters.gpt_model_path",
+                     f"{model_path!r} is not where the container sees the engine", f'set it to "{mount}/tensorrt_llm/1"')
+
+    def check_tokenizers(self) -> None:
+        for name in PYTHON_MODELS_ALWAYS:
+            config = self.configs.get(name)
+            if config is None:
+                continue
+            tok = self.param(config, "tokenizer_dir")
+            if tok is None:
+                self.add(name, "parameters.tokenizer_dir", "no tokenizer_dir parameter", 'set it to "tokenizer"')
+                continue
+            if Path(tok).is_absolute() or ".." in Path(tok).parts:
+                self.add(name, "parameters.tokenizer_dir", f"{tok!r} points outside the model folder",
+                         'keep the tokenizer inside the model folder ("tokenizer")')
+                continue
+            if not (self.repo / name / tok / "tokenizer.json").is_file():
+                self.add(name, f"{tok}/tokenizer.json", "tokenizer file missing",
+                         "publish again (the tokenizer files are copied from the spec's tokenizer directory)")
+
+    def check_toolchain(self, limits: dict[str, Any]) -> None:
+        if self.manifest is None:
+            return
+        name = self.manifest.get("toolchain")
+        try:
+            from trtpipe.toolchain import get_toolchain
+        except ImportError:
+            self.add(MANIFEST_NAME, "toolchain", "cannot check the serving container (trtpipe.toolchain unavailable)",
+                     "install the complete trtpipe package", severity="warning")
+            return
+        try:
+            toolchain = get_toolchain(name)
+        except Exception as err:  # an unknown name: the toolchain table says which exist
+            self.add(MANIFEST_NAME, "toolchain", f"unknown toolchain {name!r} ({err})",
+                     "publish with a toolchain from build_configs/toolchains.yaml")
+            return
+        reference = bool(self.manifest.get("reference"))
+        if not reference and not self.manifest.get("serving_container"):
+            self.add(MANIFEST_NAME, "serving_container",
+                     f"no serving container for a GPU target (toolchain {name} records no triton_container)",
+                     "fill triton_container for this toolchain in build_configs/toolchains.yaml and publish again")
+        elif self.manifest.get("serving_container") != toolchain.triton_container:
+            self.add(MANIFEST_NAME, "serving_container",
+                     f"{self.manifest.get('serving_container')!r} is not the container of toolchain {name} "
+                     f"({toolchain.triton_container})",
+                     f"serve with {toolchain.triton_container} (publish again to fix the manifest)")
+        version = limits.get("engine_version")
+        if version and version != toolchain.trtllm_version:
+            self.add("tensorrt_llm", "1/config.json:version",
+                     f"engine built with TensorRT-LLM {version} but the manifest's toolchain {name} is {toolchain.trtllm_version}",
+                     "rebuild the engine with the pinned toolchain, or publish it with its own toolchain")
+
+
+def validate_repository(repo: Path) -> list[ValidationIssue]:
+    """All problems found in the model repository at `repo` (empty list: it is valid)."""
+    repo = Path(repo)
+    checker = _Checker(repo)
+    if not repo.is_dir():
+        checker.add("repository", "path", f"{repo} is not a directory", "pass the folder publish wrote")
+        return checker.issues
+    checker.load_manifest()
+    checker.load_configs()
+    checker.check_ensemble()
+    checker.check_transaction_policy()
+    limits = checker.engine_limits()
+    checker.check_batch_sizes(limits)
+    checker.check_target(limits)
+    checker.check_tokenizers()
+    checker.check_toolchain(limits)
+    return checker.issues
+
+
+def errors_only(issues: list[ValidationIssue]) -> list[ValidationIssue]:
+    return [i for i in issues if i.severity == "error"]
