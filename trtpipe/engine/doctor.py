@@ -124,25 +124,30 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
 )
 
 
+def _first_match(regex: re.Pattern[str], lines: list[str]) -> tuple[int, str] | None:
+    """The first line matching regex; failing that, the first pair of lines it matches across
+    (some loggers wrap a long message over two lines)."""
+    for index, line in enumerate(lines):
+        if regex.search(line):
+            return index, line
+    for index in range(len(lines) - 1):
+        window = f"{lines[index].rstrip()} {lines[index + 1].strip()}"
+        if regex.search(window):
+            return index, window
+    return None
+
+
 def diagnose(text: str) -> list[Diagnosis]:
     """Every known failure in `text`, in order of first appearance, one diagnosis per pattern."""
-    found: list[tuple[int, Diagnosis]] = []
     lines = text.splitlines()
-    # Also look at line pairs: some messages are wrapped over two lines by loggers.
+    found: list[tuple[int, Diagnosis]] = []
     for failure in KNOWN_FAILURES:
-        for index, line in enumerate(lines):
-            matched = None
-            if failure.regex.search(line):
-                matched = line
-            elif index + 1 < len(lines):
-                window = f"{line.rstrip()} {lines[index + 1].strip()}"
-                if failure.regex.search(window):
-                    matched = window
-            if matched is not None:
-                found.append(
-                    (index, Diagnosis(pattern_id=failure.pattern_id, cause=failure.cause, fix=failure.fix,
-                                      matched_line=matched.strip()[:500]))
-                )
-                break
+        hit = _first_match(failure.regex, lines)
+        if hit is not None:
+            index, matched = hit
+            found.append(
+                (index, Diagnosis(pattern_id=failure.pattern_id, cause=failure.cause, fix=failure.fix,
+                                  matched_line=matched.strip()[:500]))
+            )
     found.sort(key=lambda item: item[0])
     return [d for _, d in found]
