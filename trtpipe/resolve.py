@@ -323,8 +323,8 @@ def _check_engine(loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | Non
         if name in plugins and plugin_disabled(plugins[name]):
             raise loaded.error(
                 ("engine", "plugins", name),
-                f"disabling {name} breaks in-flight batching, which Triton's tensorrt_llm model needs "
-                f"({what} is required: TrtGptModelInflightBatching needs the GPT attention plugin, "
+                f"disabling {name} breaks in-flight batching, which Triton's tensorrt_llm model always uses: "
+                f"it needs {what} (TrtGptModelInflightBatching requires the GPT attention plugin, "
                 "packed input and a paged KV cache)",
                 f"remove the {name} override",
             )

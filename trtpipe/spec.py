@@ -92,11 +92,17 @@ class ModelSection(StrictModel):
     @model_validator(mode="after")
     def _one_source(self) -> ModelSection:
         if self.path is None and self.repo_id is None and self.config is None:
-            raise ValueError("give the model as `path` (local HF directory) or `repo_id` with `revision`")
+            raise ValueError(
+                "no model source is given; set `path` (local HF folder), `repo_id` with `revision`, "
+                "or `config` (a config.json, for planning only)"
+            )
         if self.path is not None and self.repo_id is not None:
-            raise ValueError("give either `path` or `repo_id`, not both")
+            raise ValueError("both `path` and `repo_id` are given; keep one of them")
         if self.repo_id is not None and self.revision is None:
-            raise ValueError("`repo_id` needs `revision` pinned to a commit hash, so builds are reproducible")
+            raise ValueError(
+                "`repo_id` needs `revision` pinned to a commit hash; add `revision: <40-hex-digit commit>` "
+                "so builds are reproducible"
+            )
         return self
 
 
@@ -225,7 +231,7 @@ class BuildSpec(StrictModel):
         if value is None:
             return value
         if not value or "/" in value or "\\" in value or value.startswith(".") or len(value) > 128:
-            raise ValueError(f"name {value!r} must be a plain name (no slashes, not starting with '.')")
+            raise ValueError(f"name {value!r} is not a plain name; use letters, digits, '-' or '_' (no slashes, no leading '.')")
         return value
 
     @property

@@ -269,7 +269,7 @@ def _describe(error: dict[str, Any], field_path: FieldPath) -> tuple[str, str]:
     if kind in bounds:
         words, key = bounds[kind]
         limit = ctx.get(key)
-        return f"{shown} is out of range: it must be {words} {limit}", f"use a value {words} {limit}"
+        return f"{shown} is out of range: it must be {words} {limit}", f"use a value of {words} {limit}"
     if kind == "value_error":
         text = str(ctx.get("error", error["msg"]))
         text = text.removeprefix("Value error, ")

@@ -1,0 +1,205 @@
+"""Malformed specs: each gives ONE line `file:line:col: field: what; fix` on stderr, exit code 2, no traceback.
+
+Each case is a YAML text; the line marked `#<` is the one the error must cite. Placeholders:
+{cfg8b} a real Llama-3-8B config.json, {hf} a local HF folder (config.json + safetensors), {tmp} a scratch folder.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CASES: dict[str, tuple[str, str]] = {
+    # ---- YAML itself
+    "broken_yaml_unclosed_bracket": ("model:\n  config: {cfg8b}\nengine: [1, 2\ntarget: #<\n  gpu: h100\n", "invalid YAML"),
+    "broken_yaml_tab_indent": ("model:\n\tconfig: {cfg8b} #<\n", "invalid YAML"),
+    "broken_yaml_bad_indent": ("model:\n  config: {cfg8b}\n   dtype: float16 #<\n", "invalid YAML"),
+    "duplicate_top_level_key": ("model:\n  config: {cfg8b}\nmodel: #<\n  config: {cfg8b}\n", "duplicate key 'model'"),
+    "duplicate_nested_key": ("model:\n  config: {cfg8b}\nengine:\n  max_batch_size: 8\n  max_batch_size: 16 #<\n", "duplicate key"),
+    "top_level_list": ("- model #<\n- target\n", "not a mapping"),
+    "top_level_scalar": ("just some words #<\n", "not a mapping"),
+    # ---- unknown keys, with a suggestion
+    "unknown_top_level_key": ("model:\n  config: {cfg8b}\nengnie: #<\n  max_batch_size: 8\n", "did you mean 'engine'"),
+    "unknown_engine_key": ("model:\n  config: {cfg8b}\nengine:\n  max_batch: 8 #<\n", "did you mean 'max_batch_size'"),
+    "unknown_quant_key": ("model:\n  config: {cfg8b}\nquantization:\n  kv_cache_dtype: fp8 #<\n", "did you mean 'kv_cache'"),
+    "unknown_model_key": ("model:\n  config: {cfg8b}\n  dtpye: float16 #<\n", "did you mean 'dtype'"),
+    "unknown_calibration_key": (
+        "model:\n  config: {cfg8b}\nquantization:\n  calibration:\n    sample: 10 #<\n",
+        "did you mean 'samples'",
+    ),
+    # ---- bad types and values
+    "batch_size_not_a_number": ("model:\n  config: {cfg8b}\nengine:\n  max_batch_size: eight #<\n", "whole number"),
+    "batch_size_float": ("model:\n  config: {cfg8b}\nengine:\n  max_batch_size: 8.5 #<\n", "whole number"),
+    "streaming_not_bool": ("model:\n  config: {cfg8b}\ntriton:\n  streaming: maybe #<\n", "true or false"),
+    "unknown_quant_algo": ("model:\n  config: {cfg8b}\nquantization:\n  algo: fp9 #<\n", "use one of"),
+    "unknown_dtype": ("model:\n  config: {cfg8b}\n  dtype: fp32 #<\n", "use one of"),
+    "batch_size_zero": ("model:\n  config: {cfg8b}\nengine:\n  max_batch_size: 0 #<\n", "at least 1"),
+    "kv_fraction_above_one": (
+        "model:\n  config: {cfg8b}\ntriton:\n  kv_cache_free_gpu_mem_fraction: 1.5 #<\n",
+        "at most 1",
+    ),
+    "group_size_unsupported": ("model:\n  config: {cfg8b}\nquantization:\n  group_size: 100 #<\n", "32, 64 or 128"),
+    "revision_not_a_commit": (
+        "model:\n  repo_id: meta-llama/Meta-Llama-3-8B\n  revision: main #<\n",
+        "not a commit hash",
+    ),
+    "repo_id_without_revision": ("model:\n  repo_id: meta-llama/Meta-Llama-3-8B #<\n", "needs `revision`"),
+    "path_and_repo_id": (
+        "model:\n  path: {hf} #<\n  repo_id: meta-llama/Meta-Llama-3-8B\n  revision: " + "a" * 40 + "\n",
+        "keep one of them",
+    ),
+    "model_section_missing": ("target: #<\n  gpu: h100\n", "required field is missing"),
+    "model_section_is_text": ("model: ./somewhere #<\n", "expected a mapping"),
+    "plugins_not_a_mapping": ("model:\n  config: {cfg8b}\nengine:\n  plugins: [gemm_plugin] #<\n", "mapping"),
+    # ---- rules within the spec
+    "input_longer_than_seq": (
+        "model:\n  config: {cfg8b}\nengine:\n  max_input_len: 4096 #<\n  max_seq_len: 2048\n",
+        "max_input_len 4096 > max_seq_len 2048",
+    ),
+    "gpu_count_not_tp_times_pp": (
+        "model:\n  config: {cfg8b}\ntarget:\n  gpu: h100\n  tp: 2\n  gpu_count: 3 #<\n",
+        "tp*pp",
+    ),
+    # ---- rules that need the catalog, the toolchains or config.json (trtpipe.resolve)
+    "unknown_gpu": ("model:\n  config: {cfg8b}\ntarget:\n  gpu: h10 #<\n", "did you mean"),
+    "unknown_toolchain": ("model:\n  config: {cfg8b}\ntoolchain: trtllm-0.9.9 #<\n", "pinned toolchains"),
+    "toolchain_after_1_2_line": ("model:\n  config: {cfg8b}\ntoolchain: trtllm-1.3.0 #<\n", "trtllm-build"),
+    "fp8_on_a100": ("model:\n  config: {cfg8b}\ntarget:\n  gpu: a100-80gb\nquantization:\n  algo: fp8 #<\n", "SM80"),
+    "fp8_kv_cache_on_a100": (
+        "model:\n  config: {cfg8b}\ntarget:\n  gpu: a100-40gb\nquantization:\n  kv_cache: fp8 #<\n",
+        "SM80",
+    ),
+    "w4a8_on_a10g": ("model:\n  config: {cfg8b}\ntarget:\n  gpu: a10g\nquantization:\n  algo: w4a8_awq #<\n", "SM86"),
+    "nvfp4_on_h100": ("model:\n  config: {cfg8b}\ntarget:\n  gpu: h100\nquantization:\n  algo: nvfp4 #<\n", "SM100"),
+    "max_num_tokens_below_input": (
+        "model:\n  config: {cfg8b}\ntarget:\n  gpu: h100\nengine:\n  max_input_len: 4096\n  max_seq_len: 8192\n"
+        "  max_num_tokens: 2048 #<\n",
+        "enable_chunked_context",
+    ),
+    "heads_not_divisible_by_tp": ("model:\n  config: {cfg8b}\ntarget:\n  gpu: h100\n  tp: 3 #<\n", "32 attention heads"),
+    "gpt_attention_plugin_disabled": (
+        "model:\n  config: {cfg8b}\ntarget:\n  gpu: h100\nengine:\n  plugins:\n    gpt_attention_plugin: disable #<\n",
+        "in-flight batching",
+    ),
+    "remove_input_padding_off": (
+        "model:\n  config: {cfg8b}\ntarget:\n  gpu: h100\nengine:\n  plugins:\n    remove_input_padding: false #<\n",
+        "in-flight batching",
+    ),
+    "paged_kv_cache_off": (
+        "model:\n  config: {cfg8b}\ntarget:\n  gpu: h100\nengine:\n  plugins:\n    paged_kv_cache: disable #<\n",
+        "paged KV cache",
+    ),
+    "fp8_context_fmha_without_fp8_kv": (
+        "model:\n  config: {cfg8b}\ntarget:\n  gpu: h100\nquantization:\n  algo: fp8\nengine:\n  plugins:\n"
+        "    use_fp8_context_fmha: enable #<\n",
+        "FP8 KV cache",
+    ),
+    "reference_executor_on_gpu": (
+        "model:\n  config: {cfg8b}\ntarget:\n  gpu: h100\n  executor: reference #<\n",
+        "cpu-reference",
+    ),
+    "triton_batch_above_engine": (
+        "model:\n  config: {cfg8b}\nengine:\n  max_batch_size: 4\ntriton:\n  max_batch_size: 8 #<\n",
+        "exceeds",
+    ),
+    "seq_len_beyond_model": ("model:\n  config: {cfg8b}\nengine:\n  max_seq_len: 16384 #<\n", "max_position_embeddings"),
+    # ---- the model section on disk
+    "model_path_missing": ("model:\n  path: {tmp}/no-such-model #<\n", "does not exist"),
+    "model_path_without_config": ("model:\n  path: {tmp} #<\n", "no config.json"),
+    "model_config_missing": ("model:\n  config: {tmp}/nothing/config.json #<\n", "does not exist"),
+    "model_config_not_json": ("model:\n  config: {tmp}/broken.json #<\n", "not valid JSON"),
+    "model_config_not_an_llm": ("model:\n  config: {tmp}/vision.json #<\n", "lacks"),
+    "tokenizer_folder_missing": ("model:\n  path: {hf}\n  tokenizer: {tmp}/no-tokenizer #<\n", "tokenizer"),
+}
+
+
+def _materialise(tmp_path: Path, text: str, cfg8b: Path, hf: Path) -> tuple[Path, int]:
+    (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "vision.json").write_text('{"model_type": "clip_vision"}')
+    text = text.replace("{cfg8b}", str(cfg8b)).replace("{hf}", str(hf)).replace("{tmp}", str(tmp_path))
+    lines = text.splitlines()
+    marked = [i + 1 for i, line in enumerate(lines) if line.rstrip().endswith("#<")]
+    assert len(marked) == 1, "each case marks exactly one line"
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(text)
+    return spec, marked[0]
+
+
+def assert_one_line_error(result, spec: Path, line: int, needle: str) -> None:
+    assert result.code == 2, (result.code, result.err)
+    assert "Traceback" not in result.err + result.out
+    lines = [x for x in result.err.splitlines() if x.strip()]
+    assert len(lines) == 1, result.err
+    assert f"{spec}:{line}:" in lines[0], lines[0]
+    assert needle in lines[0], lines[0]
+
+
+def test_there_are_at_least_30_cases() -> None:
+    assert len(CASES) + 3 >= 30  # + empty file, missing file, non-UTF-8 below
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_malformed_spec_gives_one_positioned_line(name: str, cli, tmp_path: Path, models_dir: Path, hf_dir: Path) -> None:
+    text, needle = CASES[name]
+    spec, line = _materialise(tmp_path, text, models_dir / "llama-3-8b" / "config.json", hf_dir)
+    result = cli("spec-check", spec)
+    assert_one_line_error(result, spec, line, needle)
+
+
+def test_empty_file(cli, tmp_path: Path) -> None:
+    spec = tmp_path / "empty.yaml"
+    spec.write_text("\n# nothing here\n")
+    assert_one_line_error(cli("spec-check", spec), spec, 1, "empty")
+
+
+def test_missing_file(cli, tmp_path: Path) -> None:
+    spec = tmp_path / "absent.yaml"
+    assert_one_line_error(cli("spec-check", spec), spec, 1, "does not exist")
+
+
+def test_not_utf8(cli, tmp_path: Path) -> None:
+    spec = tmp_path / "latin1.yaml"
+    spec.write_bytes(b"model:\n  config: caf\xe9\n")
+    assert_one_line_error(cli("spec-check", spec), spec, 2, "UTF-8")
+
+
+def test_plan_only_spec_refused_when_weights_needed(cli, tmp_path: Path, models_dir: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"model:\n  config: {models_dir / 'llama-3-8b' / 'config.json'}\n")
+    assert cli("spec-check", spec).code == 0
+    assert_one_line_error(cli("spec-check", "--weights", spec), spec, 2, "planning only")
+
+
+def test_pickle_only_weights_refused(cli, tmp_path: Path, hf_dir: Path) -> None:
+    (hf_dir / "model.safetensors").unlink()
+    (hf_dir / "pytorch_model.bin").write_bytes(b"")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"model:\n  path: {hf_dir}\n")
+    assert_one_line_error(cli("spec-check", "--weights", spec), spec, 2, "allow_pickle")
+
+
+def test_first_problem_in_file_order_is_reported(cli, tmp_path: Path, models_dir: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        f"model:\n  config: {models_dir / 'llama-3-8b' / 'config.json'}\n  dtpye: x\nengine:\n  max_batch_size: no\n"
+    )
+    result = cli("spec-check", spec)
+    assert_one_line_error(result, spec, 3, "dtpye")
+    assert "1 more problem" in result.err
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["fp8_on_a100", "duplicate_nested_key"])
+def test_malformed_spec_through_a_subprocess(name: str, tmp_path: Path, models_dir: Path, hf_dir: Path) -> None:
+    text, needle = CASES[name]
+    spec, line = _materialise(tmp_path, text, models_dir / "llama-3-8b" / "config.json", hf_dir)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trtpipe.cli", "plan", str(spec)], capture_output=True, text=True, timeout=110
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and f"{spec}:{line}:" in lines[0] and needle in lines[0], proc.stderr
