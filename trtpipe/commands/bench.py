@@ -177,6 +177,14 @@ def bench(
 
         ResultsLog(_trtpipe_home()).record(digest, "bench", result.passed, result.summary(), gpu_class)
         console.print(f"bench result recorded for {digest} ({'passed' if result.passed else 'failed'})")
+    failed = [r for run in result.runs for r in run.records if not r.ok]
+    if failed:
+        sent = sum(run.aggregates.requests_sent for run in result.runs)
+        first = failed[0]
+        console.print(
+            f"[red]{len(failed)} of {sent} requests failed; first: {first.error_kind}: {first.error_message}[/red]",
+            soft_wrap=True,
+        )
     if not result.passed:
         raise typer.Exit(1)
 
