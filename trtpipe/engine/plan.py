@@ -162,9 +162,11 @@ def make_build_plan(resolved: Any) -> BuildPlan:
     settings: dict[str, Setting] = {}
     settings.update(inflight_batching_settings(tpb))
     settings.update(
-        profile_settings(family, profile, quant_algo=quant_algo, tp=spec.target.tp, architecture=_architecture(resolved))
+        profile_settings(
+            family, profile, quant_algo=quant_algo, tp=spec.target.tp, architecture=_architecture(resolved),
+            kv_cache=spec.quantization.kv_cache.value,
+        )
     )
-    # Reference builds run nowhere near TensorRT; keep GPU-specific kernels out of their config.
     plugin_config: dict[str, str | bool | int | None] = {k: s.value for k, s in settings.items()}
     why.update({k: s.why for k, s in settings.items()})
 

@@ -89,6 +89,7 @@ def profile_settings(
     quant_algo: str,
     tp: int,
     architecture: str | None,
+    kv_cache: str = "auto",
 ) -> dict[str, Setting]:
     """Plugin and feature settings of one profile (beyond the in-flight batching requirements)."""
     fp8 = quant_algo == "fp8"
@@ -124,13 +125,13 @@ def profile_settings(
             why=f"FP16/BF16 GEMMs: the cuBLASLt GEMM plugin is recommended and uses the model dtype [{DOC_BUILD_FLAGS}]",
         )
 
-    fp8_capable = family in ("ada", "hopper", "blackwell")
+    fp8_fmha = fp8 and kv_cache == "fp8" and family in ("ada", "hopper", "blackwell")
     settings["use_fp8_context_fmha"] = Setting(
-        value=bool(fp8 and fp8_capable),
+        value=fp8_fmha,
         why=(
-            "FP8 context FMHA accelerates attention when the model is FP8-quantized (SM89+)"
-            if fp8 and fp8_capable
-            else "only for FP8-quantized models on SM89+; off so the engine's config matches the plan"
+            f"FP8 context FMHA accelerates attention of an FP8 model with an FP8 KV cache (SM89+) [{DOC_BUILD_FLAGS}]"
+            if fp8_fmha
+            else "only for FP8 weights with an FP8 KV cache on SM89+; off so the engine's config matches the plan"
         ),
     )
 

@@ -10,11 +10,12 @@ there is none, streams the container log to the build log, and detects the exit 
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from trtpipe.engine.executors.base import ExecutorResult, failure_from_log
 from trtpipe.errors import MissingCapability, TrtpipeError
@@ -55,6 +56,7 @@ class ContainerSpec(BaseModel):
     user: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def device_requests(self) -> list[dict[str, Any]]:
         """The NVIDIA device request (Docker API form): by ids when given, else by count."""
@@ -98,6 +100,12 @@ class ContainerSpec(BaseModel):
         if self.user:
             kwargs["user"] = self.user
         return kwargs
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def docker_run(self) -> list[str]:
+        """The equivalent `docker run` argv (in dumps, so a dry run shows it)."""
+        return self.docker_cli()
 
     def docker_cli(self) -> list[str]:
         """The equivalent `docker run` command line, for dry runs and for users without the SDK."""
@@ -279,7 +287,9 @@ class DockerExecutor:
 
     def run(self, plan: Any, checkpoint_dir: Path, out_dir: Path, log: Path) -> ExecutorResult:
         client = self._client()
-        spec = container_spec(plan, self.toolchain, checkpoint_dir, out_dir, self.gpus)
+        # Run as the calling user so the engine files are ours (the store renames and removes them).
+        spec = container_spec(plan, self.toolchain, checkpoint_dir, out_dir, self.gpus,
+                              user=f"{os.getuid()}:{os.getgid()}")
         result = self.run_container(client, spec, log, what="trtllm-build")
         result.tensorrt_version = self.toolchain.tensorrt_version
         result.gpu_sm = plan.gpu_sm
