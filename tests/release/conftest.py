@@ -175,3 +175,132 @@ def store_entry():
 def cli():
     """run_cli(*args) -> (exit code, stdout, stderr)."""
     return run_cli
+
+
+# --------------------------------------------------------------------------- token-auth registry
+# GHCR, ECR, Docker Hub and Harbor answer /v2/ with a Bearer challenge and hand out tokens from a
+# token service. The distribution registry does the same with `auth.token`; the token service below
+# follows the Docker token spec (RS256 JWT with an x5c chain the registry checks against its root
+# bundle), signing with the openssl CLI.
+
+
+def _b64url(data: bytes) -> str:
+    import base64
+
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+class _TokenService:
+    def __init__(self, base: Path, username: str, password: str, service: str, issuer: str) -> None:
+        self.key = base / "token-key.pem"
+        self.cert = base / "token-cert.pem"
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(self.key), "-out", str(self.cert),
+             "-days", "2", "-subj", "/CN=trtpipe-test-token"],
+            check=True, capture_output=True,
+        )
+        der = subprocess.run(["openssl", "x509", "-in", str(self.cert), "-outform", "DER"], check=True, capture_output=True).stdout
+        import base64
+
+        self.x5c = base64.b64encode(der).decode()
+        self.username, self.password, self.service, self.issuer = username, password, service, issuer
+        self.requests = 0
+
+    def sign(self, scope: str | None) -> str:
+        import uuid
+
+        now = int(time.time())
+        access = []
+        if scope:
+            kind, name, actions = scope.split(":", 2)
+            access.append({"type": kind, "name": name, "actions": actions.split(",")})
+        header = {"typ": "JWT", "alg": "RS256", "x5c": [self.x5c]}
+        claims = {"iss": self.issuer, "sub": self.username, "aud": self.service, "exp": now + 300, "nbf": now - 10,
+                  "iat": now, "jti": uuid.uuid4().hex, "access": access}
+        signing_input = f"{_b64url(json.dumps(header).encode())}.{_b64url(json.dumps(claims).encode())}"
+        signature = subprocess.run(["openssl", "dgst", "-sha256", "-sign", str(self.key)], input=signing_input.encode(),
+                                   check=True, capture_output=True).stdout
+        return f"{signing_input}.{_b64url(signature)}"
+
+    def serve(self):
+        import base64
+        import threading
+        import urllib.parse
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        service = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:  # keep test output clean
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                service.requests += 1
+                expected = "Basic " + base64.b64encode(f"{service.username}:{service.password}".encode()).decode()
+                if self.headers.get("Authorization") != expected:
+                    self.send_response(401)
+                    self.end_headers()
+                    return
+                query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+                token = service.sign((query.get("scope") or [None])[0])
+                body = json.dumps({"token": token, "access_token": token, "expires_in": 300}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        return server
+
+
+@pytest.fixture(scope="session")
+def token_registry(tmp_path_factory: pytest.TempPathFactory):
+    """docker-registry with Bearer-token auth (like GHCR/ECR/Docker Hub) and its token service."""
+    binary = shutil.which("docker-registry")
+    if binary is None:
+        pytest.skip("docker-registry is not installed (apt-get install -y docker-registry; scripts/install.sh --test does it)")
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed (the test token service signs with it)")
+    base = tmp_path_factory.mktemp("token-registry")
+    root = base / "storage"
+    root.mkdir()
+    tokens = _TokenService(base, REGISTRY_USER, REGISTRY_PASSWORD, "trtpipe-test-registry", "trtpipe-test-issuer")
+    server = tokens.serve()
+    port = _free_port()
+    config = base / "config.yml"
+    config.write_text(
+        "\n".join([
+            "version: 0.1", "log:", "  level: warn", "storage:", "  filesystem:", f"    rootdirectory: {root}",
+            "http:", f"  addr: 127.0.0.1:{port}", "  secret: trtpipe-test-secret", "  draintimeout: 5s",
+            "auth:", "  token:", f"    realm: http://127.0.0.1:{server.server_address[1]}/token",
+            f"    service: {tokens.service}", f"    issuer: {tokens.issuer}", f"    rootcertbundle: {tokens.cert}", "",
+        ])
+    )
+    log = open(base / "registry.log", "wb")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}
+    proc = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT, env=env)
+    host = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if requests.get(f"http://{host}/v2/", timeout=1).status_code == 401:
+                    break
+            except requests.RequestException:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"docker-registry did not start: {(base / 'registry.log').read_text()[-2000:]}")
+            time.sleep(0.05)
+        yield RegistryHandle(host=host, root=root, username=REGISTRY_USER, password=REGISTRY_PASSWORD)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        server.shutdown()

@@ -123,3 +123,24 @@ def test_docker_config_credentials_are_used(registry, isolated_home) -> None:
 def test_unreachable_registry_fails_fast(isolated_home) -> None:
     with pytest.raises(TrtpipeError, match="unreachable"):
         oci.OciClient("127.0.0.1:9").probe()
+
+
+def test_bearer_token_registry_push_pull(token_registry, isolated_home, monkeypatch, tmp_path: Path) -> None:
+    """Registries with token auth (GHCR, ECR, Docker Hub): challenge, token exchange, scoped tokens."""
+    monkeypatch.setenv("TRTPIPE_REGISTRY_USERNAME", token_registry.username)
+    monkeypatch.setenv("TRTPIPE_REGISTRY_PASSWORD", token_registry.password)
+    client = oci.OciClient(token_registry.host)
+    base = oci.parse_oci_ref(token_registry.url("tokens/engines"))
+    art = make_entry(tmp_path / "a", seed="tok")
+    pushed = oci.push_artifact(client, base, art, tags=("v1",))
+    reader = oci.OciClient(token_registry.host)
+    remote = oci.resolve_remote(reader, base.with_tag("v1"))
+    assert remote.oci_digest == pushed.oci_digest
+    dest = tmp_path / "pulled"
+    dest.mkdir()
+    oci.download_verified(reader, remote, dest)
+    assert (dest / "rank0.safetensors").read_bytes() == (art.path / "rank0.safetensors").read_bytes()
+    monkeypatch.setenv("TRTPIPE_REGISTRY_PASSWORD", "not-the-password-4711")
+    with pytest.raises(TrtpipeError, match="rejected the credentials") as err:
+        oci.OciClient(token_registry.host).probe()
+    assert "not-the-password-4711" not in str(err.value)

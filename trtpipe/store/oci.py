@@ -158,9 +158,11 @@ def resolve_credentials(host: str) -> Credentials | None:
     if not path.is_file():
         return None
     try:
-        auths = json.loads(path.read_text(encoding="utf-8")).get("auths", {})
+        config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         raise TrtpipeError(f"{path} is not valid JSON", fix="repair it or set TRTPIPE_REGISTRY_USERNAME/PASSWORD") from None
+    auths = config.get("auths", {}) if isinstance(config, dict) else {}
+    helper = (config.get("credHelpers") or {}).get(host) or config.get("credsStore")
     for name in (host, f"https://{host}", f"http://{host}", f"https://{host}/v1/", f"https://{host}/v2/"):
         entry = auths.get(name)
         if not isinstance(entry, dict):
@@ -174,7 +176,34 @@ def resolve_credentials(host: str) -> Credentials | None:
             return Credentials(u, p, str(path))
         if entry.get("username") and entry.get("password") is not None:
             return Credentials(entry["username"], entry["password"], str(path))
+    if helper:
+        return _from_credential_helper(str(helper), host)
     return None
+
+
+def _from_credential_helper(helper: str, host: str) -> Credentials | None:
+    """`docker-credential-<helper> get` (what `docker login` uses with a credsStore or credHelpers)."""
+    import subprocess
+
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", helper):
+        raise TrtpipeError(f"Docker config names an invalid credential helper {helper!r}")
+    binary = shutil.which(f"docker-credential-{helper}")
+    if binary is None:
+        raise TrtpipeError(
+            f"the Docker config uses credential helper {helper!r} but docker-credential-{helper} is not on PATH",
+            fix="install it, or set TRTPIPE_REGISTRY_USERNAME and TRTPIPE_REGISTRY_PASSWORD",
+        )
+    try:
+        proc = subprocess.run([binary, "get"], input=host, capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        raise TrtpipeError(f"docker-credential-{helper} did not answer within 30 s") from None
+    if proc.returncode != 0:
+        return None  # the helper holds nothing for this host
+    try:
+        data = json.loads(proc.stdout)
+        return Credentials(str(data["Username"]), str(data["Secret"]), f"docker-credential-{helper}")
+    except (ValueError, KeyError, TypeError):
+        raise TrtpipeError(f"docker-credential-{helper} returned an unreadable answer") from None
 
 
 def _insecure(host: str) -> bool:
@@ -212,31 +241,32 @@ class OciClient:
         self.insecure = _insecure(host)
         self.scheme = "http" if self.insecure else "https"
         self.credentials = credentials if credentials is not None else resolve_credentials(host)
-        # "basic": the token backend fails against htpasswd registries; basic works with every registry
-        # that accepts user/password or user/token (Harbor, GHCR, Artifactory, ECR with a login token).
+        # oras' "basic" backend (its token backend fails against htpasswd registries). Registries that
+        # answer with a Bearer challenge (GHCR, ECR, Docker Hub, Harbor with token auth) get the
+        # standard token exchange below, done by us so it too is bounded and never logs a secret.
         self.reg = oras.provider.Registry(hostname=host, insecure=self.insecure, auth_backend="basic")
         session = _BoundedSession(timeout)
         session.cookies.set_policy(DefaultCookiePolicy(allowed_domains=[]))
         self.reg.session = session
         self.reg.auth.session = session
-        self._auth_header: dict[str, str] = {}
+        self._basic: str | None = None
         if self.credentials is not None:
             self.reg.auth.set_basic_auth(self.credentials.username, self.credentials.password)
-            token = base64.b64encode(f"{self.credentials.username}:{self.credentials.password}".encode()).decode()
-            # Up front, so body-carrying requests are not sent twice (401 then retry).
-            self._auth_header = {"Authorization": f"Basic {token}"}
-            self.reg.set_header("Authorization", self._auth_header["Authorization"])
+            self._basic = "Basic " + base64.b64encode(f"{self.credentials.username}:{self.credentials.password}".encode()).decode()
+        self._bearer_challenge: dict[str, str] | None = None  # set by probe() when the registry wants tokens
+        self._tokens: dict[str, str] = {}  # scope -> bearer token
         self._probed = False
 
     # -- errors -------------------------------------------------------------------------
     def _fail(self, what: str, reason: str) -> TrtpipeError:
         reason = " ".join(reason.split())
-        if self.credentials is not None:
-            reason = reason.replace(self.credentials.password, "***") if self.credentials.password else reason
-            reason = reason.replace(self._auth_header.get("Authorization", "\0"), "***")
+        secrets = [self.credentials.password] if self.credentials is not None and self.credentials.password else []
+        secrets += [v for v in (self._basic, *self._tokens.values()) if v]
+        for secret in secrets:
+            reason = reason.replace(secret, "***")
         return TrtpipeError(f"registry {self.host}: {what}: {reason}")
 
-    def _unauthorized(self) -> TrtpipeError:
+    def _unauthorized(self, what: str = "") -> TrtpipeError:
         if self.credentials is None:
             return TrtpipeError(
                 f"registry {self.host} requires credentials and none were found",
@@ -244,30 +274,73 @@ class OciClient:
             )
         return TrtpipeError(
             f"registry {self.host} rejected the credentials of user {self.credentials.username!r} (401 Unauthorized; from {self.credentials.source})",
-            fix="check the username and password (or token) for this registry",
+            fix="check the username and password (or token) for this registry" + (f"; and that it may {what}" if what else ""),
         )
 
     def _url(self, path: str) -> str:
         return f"{self.scheme}://{self.host}{path}"
 
-    def _request(self, method: str, path: str, *, what: str, headers: dict[str, str] | None = None, data: bytes | None = None, stream: bool = False) -> requests.Response:
+    # -- auth ---------------------------------------------------------------------------
+    def _token(self, scope: str | None) -> str:
+        """A bearer token from the registry's token service for `scope` (cached)."""
+        key = scope or ""
+        if key in self._tokens:
+            return self._tokens[key]
+        challenge = self._bearer_challenge or {}
+        realm = challenge.get("realm")
+        if not realm:
+            raise self._fail("token auth", "the Bearer challenge names no realm")
+        params = {"service": challenge["service"]} if challenge.get("service") else {}
+        if scope:
+            params["scope"] = scope
+        headers = {"Authorization": self._basic} if self._basic else {}
+        try:
+            response = self.reg.session.request("GET", realm, params=params, headers=headers, timeout=PROBE_TIMEOUT_S * 3)
+        except requests.RequestException as exc:
+            raise self._fail("token service unreachable", type(exc).__name__) from None
+        if response.status_code in (401, 403):
+            raise self._unauthorized()
+        if response.status_code != 200:
+            raise self._fail("token service", f"HTTP {response.status_code} {response.reason}")
+        try:
+            body = response.json()
+            token = str(body.get("token") or body.get("access_token"))
+        except (ValueError, AttributeError):
+            raise self._fail("token service", "the answer is not JSON") from None
+        if not token or token == "None":
+            raise self._fail("token service", "the answer holds no token")
+        self._tokens[key] = token
+        return token
+
+    def _auth_for(self, repository: str | None, write: bool) -> dict[str, str]:
+        if self._bearer_challenge is not None:
+            scope = f"repository:{repository}:{'pull,push' if write else 'pull'}" if repository else None
+            return {"Authorization": "Bearer " + self._token(scope)}
+        return {"Authorization": self._basic} if self._basic else {}
+
+    def _request(self, method: str, path: str, *, what: str, repository: str | None = None, headers: dict[str, str] | None = None,
+                 data: bytes | None = None, stream: bool = False) -> requests.Response:
         self.probe()
-        all_headers = dict(self._auth_header)
+        write = method not in ("GET", "HEAD")
+        all_headers = self._auth_for(repository, write)
         all_headers.update(headers or {})
         try:
             response = self.reg.session.request(method, self._url(path), headers=all_headers, data=data, stream=stream, verify=not self.insecure)
         except requests.RequestException as exc:
             raise self._fail(what, type(exc).__name__) from None
         if response.status_code == 401:
-            raise self._unauthorized()
+            raise self._unauthorized("pull" if not write else "push")
+        if response.status_code == 403:
+            raise TrtpipeError(f"registry {self.host}: {what}: access denied (403)", fix="ask for push/pull rights on this repository")
         return response
 
     def probe(self) -> None:
         """GET /v2/ with a short timeout: fail fast (not after oras' 131 s of retries) and check credentials."""
         if self._probed:
             return
+        headers = {"Authorization": self._basic} if self._basic else {}
         try:
-            response = self.reg.session.request("GET", self._url("/v2/"), headers=dict(self._auth_header), timeout=PROBE_TIMEOUT_S, verify=not self.insecure)
+            response = self.reg.session.request("GET", self._url("/v2/"), headers=headers, timeout=PROBE_TIMEOUT_S, verify=not self.insecure)
         except requests.exceptions.SSLError:
             raise TrtpipeError(
                 f"registry {self.host}: TLS handshake failed",
@@ -279,8 +352,12 @@ class OciClient:
                 fix="check the host and port, and that the registry is running",
             ) from None
         if response.status_code == 401:
-            raise self._unauthorized()
-        if response.status_code != 200:
+            challenge = _parse_challenge(response.headers.get("WWW-Authenticate", ""))
+            if challenge is None:
+                raise self._unauthorized()
+            self._bearer_challenge = challenge
+            self._token(None)  # checks the credentials now, with one clear error
+        elif response.status_code != 200:
             raise self._fail("GET /v2/ (is this an OCI registry?)", f"HTTP {response.status_code} {response.reason}")
         self._probed = True
 
@@ -288,7 +365,7 @@ class OciClient:
     def get_manifest(self, repository: str, reference: str) -> bytes | None:
         """Raw manifest bytes, or None if the reference does not exist. Verified if `reference` is a digest."""
         response = self._request(
-            "GET", f"/v2/{repository}/manifests/{reference}", what=f"get manifest {repository}:{reference}",
+            "GET", f"/v2/{repository}/manifests/{reference}", what=f"get manifest {repository}:{reference}", repository=repository,
             headers={"Accept": OCI_MANIFEST_MEDIA_TYPE},
         )
         if response.status_code == 404:
@@ -308,7 +385,7 @@ class OciClient:
     def put_manifest(self, repository: str, reference: str, body: bytes) -> str:
         """PUT raw manifest bytes under a tag or digest; return the manifest digest."""
         response = self._request(
-            "PUT", f"/v2/{repository}/manifests/{reference}", what=f"put manifest {repository}:{reference}",
+            "PUT", f"/v2/{repository}/manifests/{reference}", what=f"put manifest {repository}:{reference}", repository=repository,
             headers={"Content-Type": OCI_MANIFEST_MEDIA_TYPE}, data=body,
         )
         if response.status_code not in (200, 201, 202):
@@ -316,7 +393,7 @@ class OciClient:
         return "sha256:" + hashlib.sha256(body).hexdigest()
 
     def delete_manifest(self, repository: str, digest: str) -> None:
-        response = self._request("DELETE", f"/v2/{repository}/manifests/{digest}", what=f"delete {repository}@{digest}")
+        response = self._request("DELETE", f"/v2/{repository}/manifests/{digest}", what=f"delete {repository}@{digest}", repository=repository)
         if response.status_code not in (200, 202, 404):
             raise self._fail(f"delete {repository}@{digest}", _oci_error_text(response))
 
@@ -324,7 +401,7 @@ class OciClient:
         tags: list[str] = []
         path = f"/v2/{repository}/tags/list?n=1000"
         while path:
-            response = self._request("GET", path, what=f"list tags of {repository}")
+            response = self._request("GET", path, what=f"list tags of {repository}", repository=repository)
             if response.status_code == 404:
                 return []
             if response.status_code != 200:
@@ -337,7 +414,7 @@ class OciClient:
 
     # -- blobs --------------------------------------------------------------------------
     def blob_exists(self, repository: str, digest: str) -> bool:
-        response = self._request("HEAD", f"/v2/{repository}/blobs/{digest}", what=f"check blob {digest}")
+        response = self._request("HEAD", f"/v2/{repository}/blobs/{digest}", what=f"check blob {digest}", repository=repository)
         return response.status_code == 200
 
     def push_blob(self, repository: str, path: Path, digest: str, size: int) -> None:
@@ -346,6 +423,10 @@ class OciClient:
             return
         container = self.reg.get_container(f"{self.host}/{repository}")
         layer = {"mediaType": FILE_MEDIA_TYPE, "digest": digest, "size": size}
+        # Up front, so body-carrying requests are not sent twice (401, then again with credentials).
+        auth = self._auth_for(repository, write=True)
+        if auth:
+            self.reg.set_header("Authorization", auth["Authorization"])
         try:
             response = self.reg.upload_blob(str(path), container, layer, do_chunked=True, chunk_size=CHUNK_SIZE)
         except ValueError as exc:
@@ -367,7 +448,7 @@ class OciClient:
 
     def fetch_blob(self, repository: str, digest: str, size: int, dest: Path) -> None:
         """Stream a blob into `dest`, verifying its size and sha256; delete `dest` and raise on mismatch."""
-        response = self._request("GET", f"/v2/{repository}/blobs/{digest}", what=f"download blob {digest}", stream=True)
+        response = self._request("GET", f"/v2/{repository}/blobs/{digest}", what=f"download blob {digest}", repository=repository, stream=True)
         with response:
             if response.status_code != 200:
                 raise self._fail(f"download blob {digest}", f"HTTP {response.status_code} {response.reason}")
@@ -400,6 +481,14 @@ class OciClient:
             dest = Path(tmp) / "blob"
             self.fetch_blob(repository, digest, size, dest)
             return dest.read_bytes()
+
+
+def _parse_challenge(header: str) -> dict[str, str] | None:
+    """`Bearer realm="...",service="...",scope="..."` -> its parameters; None for any other scheme."""
+    scheme, _, params = header.strip().partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return {k.lower(): v for k, v in re.findall(r'(\w+)="([^"]*)"', params)}
 
 
 def _oci_error_text(response: requests.Response) -> str:
