@@ -2,8 +2,8 @@
 
 It talks to the server only through a `RequestSender`: a callable that sends one request and
 yields its responses as `TokenChunk`s (receive time on `time.monotonic()`, tokens in the response,
-final flag). `TritonSender` is the real one (streaming gRPC through the serving client); tests and
-the overhead benchmark use the same path.
+final flag). `TritonSender` is the real one (streaming gRPC on pooled persistent streams, requests
+built by the serving client's `build_inputs`); tests and the overhead benchmark use the same path.
 
 Threads, not asyncio: tritonclient's gRPC streaming runs one stream per client object on its own
 thread, so every in-flight request gets its own thread and a client taken from a pool.
@@ -16,9 +16,11 @@ the server hangs or dies, and abandoned threads are daemons that cannot keep the
 
 from __future__ import annotations
 
+import queue
 import random
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Literal, Protocol
 
@@ -219,41 +221,149 @@ def run_load(
     return records
 
 
-class TritonSender:
-    """Streams requests through `trtpipe.serving.client.TritonLLMClient`.
+BENCH_OUTPUTS = ("text_output", "output_ids", "sequence_length")
 
-    tritonclient gRPC streaming allows one stream per client object; the serving client opens a
-    fresh tritonclient client (and stream) for every `stream()` call, so requests in flight never
-    share a stream. The `TritonLLMClient` objects themselves are pooled so each keeps its cached
-    model config: a request takes an idle one (or makes one) and gives it back when its stream
-    ended cleanly; one whose request failed is dropped.
+
+def tokens_in_response(result: Any) -> int:
+    """Tokens in one streamed response: `sequence_length` (TRT-LLM's count), else the `output_ids` size."""
+    lengths = result.as_numpy("sequence_length")
+    if lengths is not None and lengths.size:
+        return int(lengths.reshape(-1)[0])
+    ids = result.as_numpy("output_ids")
+    return int(ids.size) if ids is not None else 0
+
+
+def is_final_response(result: Any) -> bool:
+    params = result.get_response().parameters
+    return "triton_final_response" in params and params["triton_final_response"].bool_param
+
+
+class _Stream:
+    """One tritonclient gRPC client with one open stream, carrying one request at a time."""
+
+    def __init__(self, url: str) -> None:
+        import tritonclient.grpc as grpcclient
+
+        self.responses: queue.Queue[tuple[Any, Any, float]] = queue.Queue()
+        self.client = grpcclient.InferenceServerClient(url)
+        self.client.start_stream(callback=self._on_response)
+
+    def _on_response(self, result: Any, error: Any) -> None:
+        # The receive time is taken here, on the stream's own thread, as the response arrives.
+        self.responses.put((result, error, time.monotonic()))
+
+    def close(self, *, cancel: bool, wait_s: float) -> None:
+        """Stop the stream (bounded: stop_stream joins a thread that a dead server can hold up)."""
+
+        def stop() -> None:
+            try:
+                self.client.stop_stream(cancel_requests=cancel)
+            except Exception:  # noqa: BLE001 - a broken stream may fail to stop; it is dropped either way
+                pass
+            _close_quietly(self.client)
+
+        closer = threading.Thread(target=stop, name="bench-stream-close", daemon=True)
+        closer.start()
+        closer.join(timeout=wait_s)
+
+
+class TritonSender:
+    """Streams requests to a Triton LLM model (ensemble or BLS) over gRPC, on persistent streams.
+
+    Requests are built by the serving client's `build_inputs` (the ensemble/BLS input contract);
+    responses are read the same way the serving client reads them (final flag from
+    `triton_final_response`, empty final responses accepted). Unlike `TritonLLMClient.stream`,
+    which opens a new gRPC client and stream for every call, streams are pooled here and reused:
+    one open stream per request in flight (tritonclient allows one stream per client object). A
+    fresh channel per request costs milliseconds of TTFT and E2E on a busy host, which would be
+    charged to the server (benchmarks/bench_overhead.py measures both). A stream whose request did
+    not end cleanly (error, timeout, abandoned) is closed and never reused.
     """
 
     def __init__(self, url: str, model: str = "ensemble", *, timeout: float = 30.0, sampling: dict | None = None) -> None:
-        from trtpipe.serving.client import TritonLLMClient  # the serving area's client, imported when used
+        self.url = url
+        self.model = model
+        self.timeout = timeout
+        self.sampling = dict(sampling or {})
+        self._idle: list[_Stream] = []
+        self._lock = threading.Lock()
+
+    def _take(self) -> _Stream:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return _Stream(self.url)
+
+    def __call__(self, request: RequestSpec, deadline: float) -> Iterator[TokenChunk]:
+        import tritonclient.grpc as grpcclient
+
+        from trtpipe.serving.client import build_inputs  # the serving area's request contract
+
+        stream = self._take()
+        clean = False
+        try:
+            stream.client.async_stream_infer(
+                self.model,
+                build_inputs(request.prompt, request.max_tokens, stream=True, **self.sampling),
+                outputs=[grpcclient.InferRequestedOutput(name) for name in BENCH_OUTPUTS],
+                request_id=f"bench-{request.index}-{uuid.uuid4().hex[:8]}",
+                enable_empty_final_response=True,
+            )
+            while True:
+                wait = min(self.timeout, deadline - time.monotonic())
+                if wait <= 0:
+                    raise TimeoutError("the run's time bound passed before the final response")
+                try:
+                    result, error, t_received = stream.responses.get(timeout=wait)
+                except queue.Empty:
+                    raise TimeoutError(f"no response from {self.model} within {wait:.1f}s") from None
+                if error is not None:
+                    raise error
+                final = is_final_response(result)
+                yield TokenChunk(t_received=t_received, n_tokens=tokens_in_response(result), is_final=final)
+                if final:
+                    clean = True
+                    return
+        finally:
+            if clean:
+                with self._lock:
+                    self._idle.append(stream)
+            else:
+                stream.close(cancel=True, wait_s=2.0)
+
+    def close(self) -> None:
+        """Close every idle stream (an open stream keeps Triton from exiting on SIGTERM)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for stream in idle:
+            stream.close(cancel=False, wait_s=5.0)
+
+
+class ServingClientSender:
+    """Streams through `trtpipe.serving.client.TritonLLMClient.stream` (a new gRPC client per request).
+
+    Kept to measure what a per-request channel costs (benchmarks/bench_overhead.py); `TritonSender`
+    is what `trtpipe bench` uses. `TritonLLMClient` objects are pooled so each keeps its cached
+    model config; one whose request failed is dropped.
+    """
+
+    def __init__(self, url: str, model: str = "ensemble", *, timeout: float = 30.0, sampling: dict | None = None) -> None:
+        from trtpipe.serving.client import TritonLLMClient
 
         self._client_type = TritonLLMClient
         self.url = url
         self.model = model
         self.timeout = timeout
         self.sampling = dict(sampling or {})
-        self._idle: list[object] = []
+        self._idle: list[Any] = []
         self._lock = threading.Lock()
 
-    def _take(self, timeout: float) -> Any:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        return self._client_type(self.url, model=self.model, timeout=timeout)
-
-    def _give_back(self, client: object) -> None:
-        with self._lock:
-            self._idle.append(client)
-
     def __call__(self, request: RequestSpec, deadline: float) -> Iterator[TokenChunk]:
-        timeout = max(0.1, min(self.timeout, deadline - time.monotonic()))
-        client = self._take(timeout)
-        client.timeout = timeout  # the client waits at most this long for each response
+        with self._lock:
+            client = self._idle.pop() if self._idle else None
+        if client is None:
+            client = self._client_type(self.url, model=self.model, timeout=self.timeout)
+        client.timeout = max(0.1, min(self.timeout, deadline - time.monotonic()))
         clean = False
         try:
             for chunk in client.stream(request.prompt, request.max_tokens, **self.sampling):
@@ -263,15 +373,12 @@ class TritonSender:
                     break
         finally:
             if clean:
-                self._give_back(client)
-            else:
-                _close_quietly(client)
+                with self._lock:
+                    self._idle.append(client)
 
     def close(self) -> None:
         with self._lock:
-            idle, self._idle = self._idle, []
-        for client in idle:
-            _close_quietly(client)
+            self._idle = []
 
 
 def _close_quietly(client: object) -> None:
