@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import json
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -144,60 +144,86 @@ class HostProbe(Protocol):
 class NvmlProbe:
     """Asks NVML (nvidia-ml-py) on this host. No GPU or no driver is an answer, not an error."""
 
-    def probe(self) -> HostInfo:
+    def record(self) -> dict[str, Any]:
+        """The raw answer, in the JSON format RecordedProbe replays (`trtpipe check --record-probe FILE`)."""
         try:
             import pynvml
         except ImportError:
-            return HostInfo(error="nvidia-ml-py (pynvml) is not installed")
+            return {"error": "nvidia-ml-py (pynvml) is not installed", "gpus": []}
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
-            return HostInfo(error=f"NVML is not available: {exc} (no NVIDIA driver or GPU on this host)")
+            return {"error": f"NVML is not available: {exc} (no NVIDIA driver or GPU on this host)", "gpus": []}
         try:
-            driver = _text(pynvml.nvmlSystemGetDriverVersion())
+            record: dict[str, Any] = {"driver_version": _text(pynvml.nvmlSystemGetDriverVersion()), "gpus": []}
             try:
                 cuda = pynvml.nvmlSystemGetCudaDriverVersion()
-                cuda_text: str | None = f"{cuda // 1000}.{(cuda % 1000) // 10}"
+                record["cuda_driver_version"] = f"{cuda // 1000}.{(cuda % 1000) // 10}"
             except pynvml.NVMLError:
-                cuda_text = None
-            gpus = []
+                record["cuda_driver_version"] = None
             for index in range(pynvml.nvmlDeviceGetCount()):
                 handle = pynvml.nvmlDeviceGetHandleByIndex(index)
                 major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
-                memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
                 try:
                     uuid: str | None = _text(pynvml.nvmlDeviceGetUUID(handle))
                 except pynvml.NVMLError:
                     uuid = None
-                gpus.append(
-                    HostGpu(
-                        index=index,
-                        name=_text(pynvml.nvmlDeviceGetName(handle)),
-                        sm=major * 10 + minor,
-                        memory_gib=round(memory.total / 2**30, 2),
-                        uuid=uuid,
-                    )
+                record["gpus"].append(
+                    {
+                        "index": index,
+                        "name": _text(pynvml.nvmlDeviceGetName(handle)),
+                        "compute_capability": [major, minor],
+                        "memory_total_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
+                        "uuid": uuid,
+                    }
                 )
-            return HostInfo(driver_version=driver, cuda_driver_version=cuda_text, gpus=gpus)
+            return record
         except pynvml.NVMLError as exc:
-            return HostInfo(error=f"NVML query failed: {exc}")
+            return {"error": f"NVML query failed: {exc}", "gpus": []}
         finally:
             try:
                 pynvml.nvmlShutdown()
             except pynvml.NVMLError:
                 pass
 
+    def probe(self) -> HostInfo:
+        return host_info_from_record(self.record(), probe="nvml")
+
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def host_info_from_record(data: dict[str, Any], probe: str) -> HostInfo:
+    """HostInfo from a raw NVML answer (live or recorded)."""
+    gpus = []
+    for entry in data.get("gpus", []):
+        major, minor = entry["compute_capability"]
+        gpus.append(
+            HostGpu(
+                index=entry["index"],
+                name=entry["name"],
+                sm=int(major) * 10 + int(minor),
+                memory_gib=round(entry["memory_total_bytes"] / 2**30, 2),
+                uuid=entry.get("uuid"),
+            )
+        )
+    return HostInfo(
+        driver_version=data.get("driver_version"),
+        cuda_driver_version=data.get("cuda_driver_version"),
+        gpus=gpus,
+        probe=probe,
+        error=data.get("error"),
+    )
+
+
 class RecordedProbe:
     """Replays a recorded NVML answer (JSON), e.g. one captured on an A100 or H100 host.
 
-    Format: {"driver_version": "535.129.03", "cuda_driver_version": "12.2",
-             "gpus": [{"index": 0, "name": "NVIDIA A100-SXM4-80GB", "compute_capability": [8, 0],
-                       "memory_total_bytes": 85899345920, "uuid": "GPU-..."}]}
+    Format (what `NvmlProbe.record()` writes):
+      {"driver_version": "535.129.03", "cuda_driver_version": "12.2",
+       "gpus": [{"index": 0, "name": "NVIDIA A100-SXM4-80GB", "compute_capability": [8, 0],
+                 "memory_total_bytes": 85899345920, "uuid": "GPU-..."}]}
     """
 
     def __init__(self, path: Path) -> None:
@@ -210,25 +236,13 @@ class RecordedProbe:
             raise TrtpipeError(f"recorded probe {self.path} does not exist", fix="check the path") from None
         except json.JSONDecodeError as exc:
             raise TrtpipeError(f"recorded probe {self.path} is not JSON: {exc}", fix="record it again") from None
-        gpus = []
-        for entry in data.get("gpus", []):
-            major, minor = entry["compute_capability"]
-            gpus.append(
-                HostGpu(
-                    index=entry["index"],
-                    name=entry["name"],
-                    sm=int(major) * 10 + int(minor),
-                    memory_gib=round(entry["memory_total_bytes"] / 2**30, 2),
-                    uuid=entry.get("uuid"),
-                )
-            )
-        return HostInfo(
-            driver_version=data.get("driver_version"),
-            cuda_driver_version=data.get("cuda_driver_version"),
-            gpus=gpus,
-            probe=f"recorded:{self.path.name}",
-            error=data.get("error"),
-        )
+        try:
+            return host_info_from_record(data, probe=f"recorded:{self.path.name}")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TrtpipeError(
+                f"recorded probe {self.path} is not in the recorded format ({exc!r})",
+                fix="record it with `trtpipe check --record-probe FILE` on the host",
+            ) from None
 
 
 def probe_host(probe: HostProbe | None = None) -> HostInfo:

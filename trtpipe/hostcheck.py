@@ -264,7 +264,7 @@ def run_checks(
                 status = "FAIL"
                 fix = "install it (pip, NVIDIA index) or start a Docker daemon for the pinned container"
             else:
-                status = "WARN" if gpu_target or not host.has_gpu else "OK"
+                status = "WARN"
                 fix = (
                     "not needed for cpu-reference; GPU builds use it here or the pinned container"
                     if not needed_locally

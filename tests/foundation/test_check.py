@@ -137,3 +137,20 @@ def test_wrong_tensorrt_llm_version_fails_with_local_executor(examples_dir: Path
     rows = {row.item: row for row in report.rows}
     assert rows["tensorrt_llm"].status == "FAIL" and "1.2.1" in rows["tensorrt_llm"].fix
     assert report.exit_code == EXIT_FAIL
+
+
+def test_record_probe_writes_a_replayable_answer(cli, tmp_path: Path) -> None:
+    out = tmp_path / "this-host.nvml.json"
+    result = cli("check", "--record-probe", out, "--json")
+    assert result.code in (EXIT_OK, EXIT_FAIL, EXIT_NO_GPU)
+    replayed = RecordedProbe(out).probe()
+    live = result.json()["host"]
+    assert [g.name for g in replayed.gpus] == [g["name"] for g in live["gpus"]]
+    assert replayed.driver_version == live["driver_version"]
+
+
+def test_recorded_probe_in_a_wrong_format_is_one_line(cli, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"gpus": [{"name": "x"}]}')
+    result = cli("check", "--recorded-probe", bad)
+    assert result.code == 1 and "recorded format" in result.err and "Traceback" not in result.err

@@ -9,6 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from trtpipe.errors import UsageError
+
 CHECK_HELP = """Can this host build what the spec asks for? Probes the GPUs (NVML), the installed packages and
 the Docker daemon, and compares them with the spec's toolchain and target (or, without --spec, with the newest
 pinned toolchain).
@@ -24,6 +26,17 @@ its new figures). Needs only the model's config.json (model.config is enough).
 Exit codes: 0 fits; 1 does not fit (suggestions printed); 2 invalid spec."""
 
 
+def _write_atomically(path: Path, text: str) -> None:
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.replace(tmp, path)
+
+
 def _fmt_bytes(n: int | float) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{int(n):,} B"
 
@@ -32,7 +45,10 @@ def check_command(
     spec: Path | None = typer.Option(None, "--spec", "-s", help="Build spec to compare this host with."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     recorded_probe: Path | None = typer.Option(
-        None, "--recorded-probe", hidden=True, help="Replay a recorded NVML answer (JSON) instead of probing."
+        None, "--recorded-probe", help="Replay a recorded NVML answer (JSON) of another host instead of probing."
+    ),
+    record_probe: Path | None = typer.Option(
+        None, "--record-probe", help="Also write this host's raw NVML answer to FILE (for --recorded-probe)."
     ),
 ) -> None:
     from trtpipe.gpu import NvmlProbe, RecordedProbe, probe_host
@@ -42,6 +58,10 @@ def check_command(
 
     resolved = resolve(load_spec(spec), need_weights=False) if spec is not None else None
     probe = RecordedProbe(recorded_probe) if recorded_probe is not None else NvmlProbe()
+    if record_probe is not None:
+        if recorded_probe is not None:
+            raise UsageError("--record-probe records this host; it cannot be combined with --recorded-probe")
+        _write_atomically(record_probe, json.dumps(NvmlProbe().record(), indent=2) + "\n")
     report = run_checks(probe_host(probe), installed_versions(), docker_status(), resolved)
     if as_json:
         print(json.dumps(report.model_dump(mode="json"), indent=2))
