@@ -338,3 +338,47 @@ def test_reference_engine_loads_in_the_reference_runtime(tiny_reference):
     model = ReferenceModel.load(out)
     logits = model.logits([1, 2, 3])
     assert logits.shape[0] == 3
+
+
+def test_preflight_fails_fast_before_any_stage_runs(tmp_path, monkeypatch):
+    from trtpipe.engine.stage import preflight
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/none.sock")
+    resolved = resolve_example("llama3-8b-int4awq-a100")
+    plan = make_build_plan(resolved)
+    resolved.spec.target.executor = "docker"
+    with pytest.raises(MissingCapability) as info:
+        preflight(resolved, plan)
+    assert f"nothing listens at unix://{tmp_path}/none.sock" in info.value.one_line()
+    if not _host_has_local_toolchain():
+        resolved.spec.target.executor = "local"
+        with pytest.raises(MissingCapability, match="a GPU with SM 80"):
+            preflight(resolved, plan)
+
+
+def test_reference_target_needs_no_capability(tiny_reference):
+    from trtpipe.engine.stage import preflight
+
+    resolved, _, _ = tiny_reference
+    assert preflight(resolved, make_build_plan(resolved)) == "reference"
+
+
+def test_container_spec_without_pinned_image_is_a_clear_error():
+    resolved = resolve_example("llama3-8b-fp8-h100")
+    plan = make_build_plan(resolved)
+    toolchain = resolved.toolchain.model_copy(update={"triton_container": None})
+    with pytest.raises(Exception, match="pins no triton_container image"):
+        container_spec(plan, toolchain, Path("/c"), Path("/e"))
+
+
+def test_engine_plan_cli_json(capsys):
+    from trtpipe.cli import main
+
+    from .conftest import EXAMPLES
+
+    assert main(["engine-plan", str(EXAMPLES / "llama3-8b-fp8-h100.yaml"), "--docker", "--json",
+                 "--checkpoint-dir", "/ckpt", "--output-dir", "/engine"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["command"] == make_build_plan(resolve_example("llama3-8b-fp8-h100")).render_command("/ckpt", "/engine")
+    assert payload["plan"]["build_config"]["plugin_config"]["use_fp8_context_fmha"] is True
+    assert payload["container"]["docker_run"][:3] == ["docker", "run", "--rm"]

@@ -76,6 +76,32 @@ def make_executor(resolved: Any, plan: BuildPlan, *, gpus: int | list[str] | Non
     return DockerExecutor(resolved.toolchain, gpus=gpus, **({"timeout_s": timeout_s} if timeout_s else {}))
 
 
+def preflight(resolved: Any, plan: BuildPlan) -> str:
+    """Check, in well under a second, that the chosen executor can run on this host; return its name.
+
+    Raises MissingCapability (one line naming everything missing) for local without TensorRT-LLM /
+    TensorRT / a GPU of the target SM, or docker without a daemon. Call it before the checkpoint
+    stage so a host that cannot build the engine fails before hours of conversion.
+    """
+    name = choose_executor_name(resolved)
+    if name == "local":
+        from trtpipe.engine.executors.local import LocalExecutor
+
+        LocalExecutor(resolved.toolchain, target_sm=plan.gpu_sm).preflight()
+    elif name == "docker":
+        from trtpipe.engine.executors.docker import connect
+
+        if not resolved.toolchain.triton_container:
+            from trtpipe.errors import MissingCapability
+
+            raise MissingCapability(
+                f"docker executor: toolchain {resolved.toolchain.name} pins no triton_container",
+                fix="add the NGC image to build_configs/toolchains.yaml or use target.executor: local",
+            )
+        connect()
+    return name
+
+
 def build_engine(resolved: Any, plan: BuildPlan, checkpoint_dir: Path, out_dir: Path, log_path: Path,
                  *, executor: Any = None) -> EngineResult:
     """Build the engine for `plan` into out_dir (created by the caller or here) and validate it."""

@@ -133,6 +133,11 @@ class ContainerSpec(BaseModel):
 def image_reference(toolchain: Any) -> tuple[str, str, str | None]:
     """(image to run, tag reference, digest): by digest when the toolchain has pinned one."""
     tag_ref = toolchain.triton_container
+    if not tag_ref:
+        raise TrtpipeError(
+            f"toolchain {toolchain.name} pins no triton_container image",
+            fix="add the NGC image (and its digest) to build_configs/toolchains.yaml, or use target.executor: local",
+        )
     digest = getattr(toolchain, "triton_container_digest", None)
     if digest:
         repo = tag_ref.split("@")[0]
@@ -255,7 +260,14 @@ def connect(timeout_s: float = DAEMON_TIMEOUT_S) -> Any:
         client.ping()
         return client
     except Exception as err:
-        reason = str(err).splitlines()[0][:160] if str(err) else type(err).__name__
+        host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        text = str(err)
+        if "FileNotFoundError" in text or "No such file" in text or "Connection refused" in text:
+            reason = f"nothing listens at {host}"
+        elif "Permission denied" in text:
+            reason = f"permission denied on {host} (add the user to the docker group)"
+        else:
+            reason = f"{host}: {text.splitlines()[0][:120] if text else type(err).__name__}"
         raise MissingCapability(
             f"docker executor: no Docker daemon reachable ({reason})",
             fix="start dockerd with the NVIDIA container toolkit, set DOCKER_HOST, or use target.executor: local",
