@@ -11,19 +11,23 @@ from rich.table import Table
 
 from trtpipe.errors import UsageError
 
-CHECK_HELP = """Can this host build what the spec asks for? Probes the GPUs (NVML), the installed packages and
-the Docker daemon, and compares them with the spec's toolchain and target (or, without --spec, with the newest
-pinned toolchain).
+CHECK_HELP = (
+    "Can this host build what the spec asks for? Probes the GPUs (NVML), the installed packages and the "
+    "Docker daemon, and compares them with the spec's toolchain and target (without --spec: with the newest "
+    "pinned toolchain). Prints OK / WARN / FAIL rows, each with its fix."
+    "\n\n"
+    "Exit codes: 0 = no FAIL row; 1 = a FAIL row; 2 = invalid spec; 3 = no NVIDIA GPU on this host and the "
+    "spec targets a GPU (or no spec was given): GPU targets can be checked and planned here but not built, "
+    "cpu-reference works."
+)
 
-Exit codes: 0 no FAIL row; 1 a FAIL row (each says its fix); 2 invalid spec;
-3 no NVIDIA GPU here and the spec targets a GPU (or no spec given): GPU targets can be checked and planned
-here but not built; cpu-reference works."""
-
-PLAN_HELP = """Memory plan of a spec on its target: weights per GPU, KV cache bytes per token, tokens and
-sequences that fit, a decode TPOT floor, a verdict and, when it does not fit, changes that would (each with
-its new figures). Needs only the model's config.json (model.config is enough).
-
-Exit codes: 0 fits; 1 does not fit (suggestions printed); 2 invalid spec."""
+PLAN_HELP = (
+    "Memory plan of a spec on its target: weights per GPU, KV cache bytes per token, tokens and sequences "
+    "that fit, a decode TPOT floor, a verdict and, when it does not fit, changes that would (each with its "
+    "new figures). Needs only the model's config.json (model.config is enough)."
+    "\n\n"
+    "Exit codes: 0 = fits; 1 = does not fit (suggestions printed); 2 = invalid spec."
+)
 
 
 def _write_atomically(path: Path, text: str) -> None:
