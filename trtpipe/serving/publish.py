@@ -53,6 +53,9 @@ REQUIRED_TOKENIZER_FILE = "tokenizer.json"
 MODELS_WITH_TOKENIZER = ("preprocessing", "postprocessing", "tensorrt_llm_bls")
 MODELS_WITH_PYTHON_CODE = ("preprocessing", "postprocessing", "tensorrt_llm_bls")
 
+# The artifact store's per-entry manifest (trtpipe.store.local.MANIFEST): not an engine file.
+STORE_MANIFEST = "manifest.json"
+
 Placement = Literal["hardlink", "reflink", "copy"]
 
 
@@ -173,8 +176,8 @@ def place_engine(engine_dir: Path, dest: Path) -> tuple[Placement, list[str]]:
     placements: set[Placement] = set()
     names: list[str] = []
     for src in sorted(engine_dir.iterdir()):
-        if not src.is_file():
-            continue
+        if not src.is_file() or src.name == STORE_MANIFEST:
+            continue  # the store's own bookkeeping is not part of the engine
         if src.name == "model.py":
             raise TrtpipeError(f"{src}: an engine dir must not contain model.py", fix="rebuild the engine")
         placements.add(place_file(src, dest / src.name))

@@ -1,0 +1,118 @@
+"""Validation of published repositories: the clean example passes; each kind of breakage is caught."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from trtpipe.cli import main
+from trtpipe.serving.validate import ValidationIssue, errors_only, validate_repository
+
+
+def _edit(path: Path, old: str, new: str, count: int = 1) -> None:
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {path}"
+    path.write_text(text.replace(old, new, count))
+
+
+def _find(issues: list[ValidationIssue], model: str, field_part: str, message_part: str) -> ValidationIssue:
+    for issue in issues:
+        if issue.model == model and field_part in issue.field and message_part in issue.message:
+            return issue
+    raise AssertionError(f"no issue {model}/{field_part}/{message_part} in {[i.one_line() for i in issues]}")
+
+
+def test_example_repository_is_valid(example_repo: Path) -> None:
+    assert errors_only(validate_repository(example_repo)) == []
+
+
+def test_published_layout_and_manifest(example_repo: Path) -> None:
+    for model in ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls"):
+        text = (example_repo / model / "config.pbtxt").read_text()
+        assert "${" not in text
+    llm = (example_repo / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert 'backend: "python"' in llm and "decoupled: true" in llm and "KIND_CPU" in llm
+    assert '"inflight_fused_batching"' in llm
+    manifest = json.loads((example_repo / "trtpipe.json").read_text())
+    assert manifest["target"] == "cpu-reference" and manifest["reference"] is True
+    assert manifest["engine"]["key"] and manifest["engine"]["digest"].startswith("sha256:")
+    assert manifest["serving_container"] and manifest["toolchain"]
+    assert manifest["triton_max_batch_size"] <= manifest["engine"]["max_batch_size"]
+    # The engine is linked from the store, not copied.
+    assert manifest["engine"]["placement"] in ("hardlink", "reflink")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (example_repo / "preprocessing" / "tokenizer" / name).is_file()
+
+
+def test_engine_files_are_hard_links_to_the_store(example_repo: Path) -> None:
+    from trtpipe.store.local import Store
+
+    manifest = json.loads((example_repo / "trtpipe.json").read_text())
+    store = Store.open(example_repo.parent.parent)
+    engine = store.get("engine", manifest["engine"]["key"])
+    assert engine is not None
+    for name in manifest["engine"]["files"]:
+        if manifest["engine"]["placement"] == "hardlink":
+            assert (example_repo / "tensorrt_llm" / "1" / name).stat().st_ino == (engine.path / name).stat().st_ino
+
+
+def test_ensemble_dtype_mismatch(repo_copy: Path) -> None:
+    _edit(repo_copy / "ensemble" / "config.pbtxt",
+          '{ name: "max_tokens" data_type: TYPE_INT32', '{ name: "max_tokens" data_type: TYPE_INT64')
+    issue = _find(validate_repository(repo_copy), "ensemble", "input_map[REQUEST_OUTPUT_LEN]", "dtype mismatch")
+    assert "TYPE_INT64" in issue.message and "TYPE_INT32" in issue.fix
+
+
+def test_missing_tokenizer(repo_copy: Path) -> None:
+    (repo_copy / "postprocessing" / "tokenizer" / "tokenizer.json").unlink()
+    issue = _find(validate_repository(repo_copy), "postprocessing", "tokenizer/tokenizer.json", "missing")
+    assert "publish again" in issue.fix
+
+
+def test_streaming_without_decoupled(repo_copy: Path) -> None:
+    _edit(repo_copy / "tensorrt_llm" / "config.pbtxt", "decoupled: true", "decoupled: false")
+    issue = _find(validate_repository(repo_copy), "tensorrt_llm", "model_transaction_policy.decoupled", "streaming")
+    assert "decoupled: true" in issue.fix
+
+
+def test_unfilled_template_variable(repo_copy: Path) -> None:
+    config = repo_copy / "preprocessing" / "config.pbtxt"
+    config.write_text(re.sub(r"max_batch_size: \d+", "max_batch_size: ${triton_max_batch_size}", config.read_text()))
+    issue = _find(validate_repository(repo_copy), "preprocessing", "config.pbtxt:", "unfilled template variable")
+    assert "${triton_max_batch_size}" in issue.message
+
+
+def test_batch_size_above_the_engines(repo_copy: Path) -> None:
+    engine_batch = json.loads((repo_copy / "trtpipe.json").read_text())["engine"]["max_batch_size"]
+    for model in ("ensemble", "tensorrt_llm"):
+        config = repo_copy / model / "config.pbtxt"
+        config.write_text(re.sub(r"max_batch_size: \d+", f"max_batch_size: {engine_batch * 2}", config.read_text(), count=1))
+    issues = validate_repository(repo_copy)
+    issue = _find(issues, "tensorrt_llm", "max_batch_size", f"exceeds the engine's max_batch_size {engine_batch}")
+    assert f"<= {engine_batch}" in issue.fix
+
+
+def test_config_syntax_error(repo_copy: Path) -> None:
+    _edit(repo_copy / "postprocessing" / "config.pbtxt", 'backend: "python"', 'backend: "python" }')
+    issue = _find(validate_repository(repo_copy), "postprocessing", "config.pbtxt:", "syntax error")
+    assert re.match(r"config\.pbtxt:\d+:\d+", issue.field)
+
+
+def test_serving_container_must_match_the_toolchain(repo_copy: Path) -> None:
+    manifest_path = repo_copy / "trtpipe.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["serving_container"] = "nvcr.io/nvidia/tritonserver:24.01-trtllm-python-py3"
+    manifest_path.write_text(json.dumps(manifest))
+    _find(validate_repository(repo_copy), "trtpipe.json", "serving_container", "is not the container of toolchain")
+
+
+def test_validate_command_exit_codes(example_repo: Path, repo_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["validate", str(example_repo)]) == 0
+    assert "valid" in capsys.readouterr().out
+    (repo_copy / "preprocessing" / "tokenizer" / "tokenizer.json").unlink()
+    assert main(["validate", str(repo_copy), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["valid"] is False and any(i["model"] == "preprocessing" for i in out["issues"])
