@@ -382,3 +382,105 @@ def test_engine_plan_cli_json(capsys):
     assert payload["command"] == make_build_plan(resolve_example("llama3-8b-fp8-h100")).render_command("/ckpt", "/engine")
     assert payload["plan"]["build_config"]["plugin_config"]["use_fp8_context_fmha"] is True
     assert payload["container"]["docker_run"][:3] == ["docker", "run", "--rm"]
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_kills_the_build_group(tmp_path):
+    """SIGINT to trtpipe (as Ctrl-C sends it) kills trtllm-build's whole process group."""
+    import signal
+    import subprocess
+
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN, encoding="utf-8")
+    pidfile = tmp_path / "grandchild.pid"
+    driver = (
+        "import sys\nfrom pathlib import Path\nfrom trtpipe.engine.executors.base import run_logged_process\n"
+        f"run_logged_process([sys.executable, {str(script)!r}], Path({str(tmp_path / 'b.log')!r}), "
+        "timeout_s=300, show_progress=False, kill_grace_s=2)\n"
+    )
+    env = dict(os.environ, STAND_IN_MODE="hang", STAND_IN_PIDFILE=str(pidfile))
+    proc = subprocess.Popen([sys.executable, "-c", driver], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not pidfile.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pidfile.exists(), "the stand-in never started"
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert "KeyboardInterrupt" in err
+    grandchild = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while _alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(grandchild)
+    assert "interrupted; process group killed" in (tmp_path / "b.log").read_text()
+
+
+class _StandInContainer:
+    """Stands in for a docker container object (no daemon here): logs, exit status, OOM state."""
+
+    def __init__(self, lines: list[bytes], status: int, oom: bool) -> None:
+        self._lines, self._status, self._oom = lines, status, oom
+        self.attrs: dict = {}
+        self.removed = False
+
+    def logs(self, stream: bool, follow: bool):
+        return iter(self._lines)
+
+    def wait(self):
+        return {"StatusCode": self._status}
+
+    def reload(self):
+        self.attrs = {"State": {"OOMKilled": self._oom, "ExitCode": self._status}}
+
+    def kill(self):
+        pass
+
+    def remove(self, force: bool):
+        self.removed = True
+
+
+class _StandInClient:
+    def __init__(self, container: _StandInContainer) -> None:
+        self.container = container
+        self.run_kwargs: dict = {}
+        outer = self
+
+        class Images:
+            def get(self, image):
+                return image
+
+        class Containers:
+            def run(self, **kwargs):
+                outer.run_kwargs = kwargs
+                return outer.container
+
+        self.images, self.containers = Images(), Containers()
+
+
+@pytest.mark.parametrize(
+    "status, oom, lines, expect",
+    [
+        (0, False, [b"[TRT-LLM] [I] Total time of building all engines: 00:00:42\n"], None),
+        (137, True, [b"[TRT-LLM] [I] building rank 0\n"], "container-oom-killed"),
+        (1, False, [b"[TRT] [E] 2: Error Code 2: OutOfMemory (Requested size was 8589934592 bytes.)\n"], "cuda-oom-build"),
+    ],
+)
+def test_docker_run_exit_status_and_oom_kill(tmp_path, status, oom, lines, expect):
+    resolved = resolve_example("llama3-8b-fp8-h100")
+    plan = make_build_plan(resolved)
+    container = _StandInContainer(lines, status, oom)
+    client = _StandInClient(container)
+    executor = DockerExecutor(_toolchain_with_image(resolved, IMAGE), client=client)
+    log = tmp_path / "docker.log"
+    if expect is None:
+        result = executor.run(plan, tmp_path / "c", tmp_path / "e", log)
+        assert result.returncode == 0 and result.image == IMAGE and result.gpu_sm == 90
+    else:
+        with pytest.raises(BuildFailed) as info:
+            executor.run(plan, tmp_path / "c", tmp_path / "e", log)
+        assert expect in info.value.one_line()
+    assert container.removed
+    assert client.run_kwargs["user"] == f"{os.getuid()}:{os.getgid()}"
+    assert client.run_kwargs["command"] == plan.render_command(CHECKPOINT_MOUNT, ENGINE_MOUNT)
+    assert "docker run --rm" in log.read_text()
