@@ -263,6 +263,11 @@ def run_checks(
             elif needed_locally and not docker.available:
                 status = "FAIL"
                 fix = "install it (pip, NVIDIA index) or start a Docker daemon for the pinned container"
+            elif resolved is not None and not gpu_target:
+                rows.append(
+                    CheckRow(status="OK", item=package, found="not installed (not needed for cpu-reference)")
+                )
+                continue
             else:
                 status = "WARN"
                 fix = (
@@ -289,6 +294,8 @@ def run_checks(
     # --- docker
     if docker.available:
         rows.append(CheckRow(status="OK", item="docker", found=docker.detail, expected=toolchain.triton_container))
+    elif resolved is not None and not gpu_target:
+        rows.append(CheckRow(status="OK", item="docker", found=f"{docker.detail}; not needed for cpu-reference"))
     else:
         needs = gpu_target and host.has_gpu and executor == Executor.docker
         rows.append(

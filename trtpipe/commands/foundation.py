@@ -41,6 +41,10 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _fmt_count(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
+
+
 def _fmt_bytes(n: int | float) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.2f} MB" if n >= 1e5 else f"{int(n):,} B"
 
@@ -107,7 +111,7 @@ def plan_command(
         table.add_column("what")
         table.add_column("value", overflow="fold")
         rows = [
-            ("model", f"{m.architecture}: {m.total_params / 1e9:.2f} B params, {m.layers} layers, "
+            ("model", f"{m.architecture}: {_fmt_count(m.total_params)} params, {m.layers} layers, "
              f"{m.attention_heads} heads / {m.kv_heads} KV heads x {m.head_dim}"),
             ("target", f"{plan.gpu_product or 'host CPU'} (SM{plan.sm})" if plan.sm else plan.memory_source),
             ("tp x pp", f"{plan.tp} x {plan.pp}"),
