@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import typer
 
-from trtpipe.errors import TrtpipeError, UsageError
+from trtpipe.errors import UsageError
 
 
 def _home() -> Path:
@@ -27,6 +27,10 @@ def _print_json(data: Any) -> None:
 
 def _short(digest: str | None) -> str:
     return digest[:19] if digest else "-"
+
+
+def _hex12(digest: str | None) -> str:
+    return digest.removeprefix("sha256:")[:12] if digest else "-"
 
 
 # --------------------------------------------------------------------------- promote / rollback / channels
@@ -95,12 +99,15 @@ def channels_command(
         from rich.table import Table
 
         table = Table(title=f"channels in {home}")
-        for column in ("model", "target", "channel", "digest", "set by", "set at", "previous", "last action"):
-            table.add_column(column)
+        for column in ("channel", "model / target", "digest", "previous", "set by", "set at (UTC)", "last action"):
+            table.add_column(column, no_wrap=column != "last action")
         for s in states:
-            table.add_row(s["model"], s["target"], s["channel"], _short(s["digest"]), s["set_by"], s["set_at"][:19], _short(s["previous"]),
-                          (s["last_action"] or "-") + (f" ({s['last_reason']})" if s["last_reason"] else ""))
-        Console().print(table)
+            table.add_row(s["channel"], f"{s['model']} / {s['target']}", _hex12(s["digest"]), _hex12(s["previous"]), s["set_by"],
+                          s["set_at"][:19].replace("T", " "), (s["last_action"] or "-") + (f": {s['last_reason']}" if s["last_reason"] else ""))
+        import shutil
+
+        # Digests and names do not fit 80 columns; pipes and CI logs get a wide table, not a truncated one.
+        Console(width=max(shutil.get_terminal_size((160, 24)).columns, 140)).print(table)
         if problems is not None:
             typer.echo("audit chain: intact" if not problems else "audit chain BROKEN:\n  " + "\n  ".join(problems))
     if problems:

@@ -172,7 +172,7 @@ def _regression(
             GateResult(
                 gate=f"regression.{metric}",
                 status="passed" if ok else "failed",
-                detail=f"{metric} {new:g} vs {old:g} in channel: {worse_pct:+.1f}% worse (limit {max_pct:g}%)",
+                detail=f"{metric} {new:g} vs {old:g} in channel: {abs(worse_pct):.1f}% {'worse' if worse_pct > 0 else 'better'} (limit {max_pct:g}% worse)",
             )
         )
     if not out:
