@@ -59,7 +59,10 @@ def load_catalog(path: Path | None = None) -> dict[str, GpuInfo]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise TrtpipeError(f"GPU catalog {path} is missing", fix="reinstall trtpipe from a full checkout") from None
+        raise TrtpipeError(
+            f"GPU catalog {path} is missing",
+            fix="install trtpipe from a checkout with `pip install -e .`, or set TRTPIPE_BUILD_CONFIGS to its build_configs/",
+        ) from None
     except yaml.YAMLError as exc:
         raise TrtpipeError(f"GPU catalog {path} is not valid YAML: {exc}", fix="restore the file from git") from None
     entries = data.get("gpus") if isinstance(data, dict) else None

@@ -25,9 +25,18 @@ REMOVAL_REASON = (
 
 
 def build_configs_dir() -> Path:
-    """The `build_configs/` folder beside the package (source checkout or editable install)."""
+    """The `build_configs/` folder: $TRTPIPE_BUILD_CONFIGS if set, else the one beside the package.
+
+    The single copy lives in the repository (a source checkout or the editable install `pip install -e .`
+    both see it beside `trtpipe/`); the variable points a non-editable install at a checkout's copy.
+    """
+    import os
+
     import trtpipe
 
+    override = os.environ.get("TRTPIPE_BUILD_CONFIGS")
+    if override:
+        return Path(override).expanduser().resolve()
     return Path(trtpipe.__file__).resolve().parent.parent / "build_configs"
 
 
@@ -84,7 +93,10 @@ def load_toolchains(path: Path | None = None) -> dict[str, Toolchain]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise TrtpipeError(f"toolchain table {path} is missing", fix="reinstall trtpipe from a full checkout") from None
+        raise TrtpipeError(
+            f"toolchain table {path} is missing",
+            fix="install trtpipe from a checkout with `pip install -e .`, or set TRTPIPE_BUILD_CONFIGS to its build_configs/",
+        ) from None
     except yaml.YAMLError as exc:
         raise TrtpipeError(f"toolchain table {path} is not valid YAML: {exc}", fix="restore the file from git") from None
     entries = (data or {}).get("toolchains") if isinstance(data, dict) else None

@@ -84,3 +84,9 @@ def test_aliases_and_suggestions() -> None:
     assert get_gpu("A100").name == "a100-80gb"
     with pytest.raises(TrtpipeError, match="did you mean 'l40s'"):
         get_gpu("l40")
+
+
+def test_missing_data_folder_is_one_line(cli, tmp_path, monkeypatch, examples_dir) -> None:
+    monkeypatch.setenv("TRTPIPE_BUILD_CONFIGS", str(tmp_path / "nowhere"))
+    result = cli("plan", examples_dir / "llama3-8b-fp8-h100.yaml")
+    assert result.code == 1 and "TRTPIPE_BUILD_CONFIGS" in result.err and "Traceback" not in result.err
