@@ -223,7 +223,8 @@ def _commands_in(text: str) -> list[list[str]]:
     for line in text.splitlines():
         if line.lstrip().startswith("#"):
             continue
-        for match in re.finditer(r"(?:^|[\s;&|(])trtpipe\s+([^;&|<>\n]*)", line):
+        # Command position only: a script line, after `run:`, a list dash, `;`, `&&`, `|` or `$(`.
+        for match in re.finditer(r"(?:^\s*(?:-\s+)?(?:run:\s*)?|[;&|]\s*|\$\(\s*)trtpipe\s+([^;&|<>\n]*)", line):
             words = shlex.split(match.group(1).replace("${{", "X").replace("}}", "X"), posix=True)
             out.append(words)
     return out
