@@ -148,4 +148,4 @@ def render_value(value: object) -> str | None:
         return "enable"
     if value is False or value is None:
         return "disable"
-    return str(value)
+    return str(value)  # a dtype such as "auto"/"fp8", or an int such as tokens_per_block

@@ -23,8 +23,6 @@ from trtpipe.engine.profiles import (
 )
 from trtpipe.errors import SpecError, TrtpipeError
 
-# Overrides that would break in-flight batching, and the value each must keep.
-IFB_REQUIRED = {"gpt_attention_plugin": "a dtype (auto)", "remove_input_padding": True}
 LIMIT_KEYS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "opt_num_tokens", "max_beam_width")
 
 
@@ -83,7 +81,7 @@ class BuildPlan(BaseModel):
             argv += [f"--{key}", str(self.limits[key])]
         argv += ["--kv_cache_type", str(self.limits["kv_cache_type"])]
         for key, value in self.plugin_config.items():
-            argv += [f"--{key}", render_value(value) if not isinstance(value, int) or isinstance(value, bool) else str(value)]
+            argv += [f"--{key}", render_value(value)]
         argv += ["--workers", str(self.workers), "--log_level", self.log_level]
         problems = self.contract().check_command(argv)
         if problems:
