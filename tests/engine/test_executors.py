@@ -86,8 +86,10 @@ def test_timeout_kills_the_whole_process_group(tmp_path, stand_in, monkeypatch):
     monkeypatch.setenv("STAND_IN_MODE", "hang")
     monkeypatch.setenv("STAND_IN_PIDFILE", str(pidfile))
     log = tmp_path / "build.log"
-    outcome = run_logged_process(stand_in, log, timeout_s=2, show_progress=False, kill_grace_s=2)
+    # The timeout leaves the stand-in time to start its grandchild even on a loaded machine.
+    outcome = run_logged_process(stand_in, log, timeout_s=8, show_progress=False, kill_grace_s=2)
     assert outcome.timed_out and outcome.returncode != 0
+    assert pidfile.exists(), f"the stand-in did not start its grandchild in time: {log.read_text()}"
     grandchild = int(pidfile.read_text())
     deadline = time.monotonic() + 10
     while _alive(grandchild) and time.monotonic() < deadline:  # a signalled process takes a moment to exit
