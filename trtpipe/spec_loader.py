@@ -231,10 +231,15 @@ def _describe(error: dict[str, Any], field_path: FieldPath) -> tuple[str, str]:
     name = str(field_path[-1]) if field_path else "spec"
     if kind == "missing":
         return "required field is missing", f"add `{name}:` here"
+    if len(field_path) == 3 and field_path[:2] == ("engine", "plugins") and kind != "extra_forbidden":
+        return (
+            f"plugin override {name!r} has a {type(value).__name__} value",
+            "write text (enable, disable, auto or a dtype such as float16), true/false, or null",
+        )
     if kind == "extra_forbidden":
         model = model_at(field_path[:-1])
         valid = list(model.model_fields) if model else []
-        close = difflib.get_close_matches(str(name), valid, n=1, cutoff=0.5)
+        close = difflib.get_close_matches(str(name), valid, n=1, cutoff=0.6)
         if close:
             return f"unknown key {name!r}", f"did you mean {close[0]!r}?"
         return f"unknown key {name!r}", f"valid keys here: {', '.join(valid)}"

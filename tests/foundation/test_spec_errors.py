@@ -53,6 +53,11 @@ CASES: dict[str, tuple[str, str]] = {
     ),
     "model_section_missing": ("target: #<\n  gpu: h100\n", "required field is missing"),
     "model_section_is_text": ("model: ./somewhere #<\n", "expected a mapping"),
+    "plugin_value_is_a_list": (
+        "model:\n  config: {cfg8b}\nengine:\n  plugins:\n    gemm_plugin: [auto] #<\n",
+        "plugin override 'gemm_plugin'",
+    ),
+    "unknown_key_without_close_match": ("model:\n  config: {cfg8b}\nxyzzy: 1 #<\n", "valid keys here"),
     "plugins_not_a_mapping": ("model:\n  config: {cfg8b}\nengine:\n  plugins: [gemm_plugin] #<\n", "mapping"),
     # ---- rules within the spec
     "input_longer_than_seq": (
