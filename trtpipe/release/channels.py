@@ -12,10 +12,12 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trtpipe.errors import TrtpipeError, UsageError
@@ -87,9 +89,22 @@ class ChannelStore:
         self.home = Path(home)
         self.root = self.home / "channels"
 
-    def lock(self) -> FileLock:
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """The release lock: held across a channel's compare-and-swap, its write and its audit record."""
         self.root.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(self.root / ".lock"), timeout=LOCK_TIMEOUT_S)
+        lock = FileLock(str(self.root / ".lock"), timeout=LOCK_TIMEOUT_S)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise TrtpipeError(
+                f"another promotion or rollback has held {self.root / '.lock'} for {LOCK_TIMEOUT_S:g} s",
+                fix="wait for it to finish and try again",
+            ) from None
+        try:
+            yield
+        finally:
+            lock.release()
 
     def path(self, scope: ChannelScope, channel: str) -> Path:
         return self.root / check_name("model", scope.model) / check_name("target", scope.target) / f"{check_name('channel', channel)}.json"
