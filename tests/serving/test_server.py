@@ -205,3 +205,25 @@ def test_server_killed_mid_stream(example_repo: Path) -> None:
                     server.kill()
         assert len(received) >= 2
         assert not server.alive()
+
+
+@pytest.mark.timeout(240)
+def test_non_streaming_deployment(example_repo: Path, tiny_llama_dir: Path) -> None:
+    """triton.streaming: false publishes a non-decoupled tensorrt_llm; unary calls work, streaming is refused."""
+    from trtpipe.errors import TrtpipeError
+    from trtpipe.serving.demo import publish_example
+    from trtpipe.serving.server import start_server
+
+    example_dir = example_repo.parent.parent.parent  # publish_example's tmp_dir: same store, engine reused
+    repo = publish_example(example_dir, streaming=False, model_dir=tiny_llama_dir)
+    assert "decoupled: false" in (repo / "tensorrt_llm" / "config.pbtxt").read_text()
+    with start_server(repo, start_timeout=180) as server:
+        ensemble = TritonLLMClient(server.grpc_url, timeout=60)
+        bls = TritonLLMClient(server.grpc_url, model="tensorrt_llm_bls", timeout=60)
+        assert not ensemble.is_decoupled() and bls.is_decoupled()
+        assert ensemble.generate(PROMPTS[0], 8, top_k=1).output_token_ids == \
+            bls.generate(PROMPTS[0], 8, top_k=1).output_token_ids
+        with pytest.raises(TrtpipeError, match="not decoupled"):
+            next(ensemble.stream(PROMPTS[0], 8))
+        with pytest.raises(TritonRequestError, match="decoupled mode"):
+            list(bls.stream(PROMPTS[0], 8))

@@ -43,7 +43,11 @@ def write_example_spec(
 
 
 def publish_example(tmp_dir: Path, *, streaming: bool = True, model_dir: Path | None = None) -> Path:
-    """Build and publish the tiny example under `tmp_dir`; returns the model repository path."""
+    """Build and publish the tiny example under `tmp_dir`; returns the model repository path.
+
+    The spec is written to `tmp_dir/spec/tiny-llama-cpu.yaml` (`tiny-llama-cpu-unary.yaml` with
+    streaming=False) and the store is `tmp_dir/store` (the repository lives in it).
+    """
     from trtpipe.pipeline import run_build
 
     tmp_dir = Path(tmp_dir)
@@ -54,7 +58,9 @@ def publish_example(tmp_dir: Path, *, streaming: bool = True, model_dir: Path | 
         model_dir = tmp_dir / "tiny-llama"
         if not (model_dir / "config.json").is_file():
             write_example_model(model_dir, arch="llama")
-    spec_path = write_example_spec(tmp_dir / "spec", Path(model_dir), streaming=streaming)
+    # One store per tmp_dir: a second call (say streaming=False) reuses the checkpoint and engine.
+    name = "tiny-llama-cpu" if streaming else "tiny-llama-cpu-unary"
+    spec_path = write_example_spec(tmp_dir / "spec", Path(model_dir), streaming=streaming, name=name)
     report = run_build(spec_path, store=tmp_dir / "store", progress=False)
     if report.repository_path:
         return Path(report.repository_path)
