@@ -4,7 +4,8 @@ Left panel: one point per load level (rate or concurrency), x = achieved output-
 throughput, y = E2E and TTFT latency at P50 (solid) and P99 (dashed); each point is labelled with
 its load level, so the knee where throughput stops growing and latency takes off is visible.
 Right panel: the TTFT histogram of every load level (successful requests), with P50 and P99 marks
-for the highest load.
+for the highest load. Both switch to a log scale when values span more than 20x (past the knee,
+latency grows by orders of magnitude and would squash the low-load points).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ def plot_result(result: BenchResult, path: Path) -> Path:
 
     matplotlib.use("Agg", force=True)
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(13, 5.2), dpi=110, layout="constrained")
     curve, hist = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.25, 1]})
@@ -41,12 +43,19 @@ def plot_result(result: BenchResult, path: Path) -> Path:
         if yv is not None:
             curve.annotate(run.label, (xv, yv * 1e3), textcoords="offset points", xytext=(4, 6), fontsize=8)
     curve.set_xlabel("achieved output throughput (tokens/s)")
-    curve.set_ylabel("latency (ms)")
+    curve.set_ylabel("latency (ms)")  # replaced below when the axis goes logarithmic
     curve.set_title("Throughput vs latency across the sweep")
     curve.grid(True, alpha=0.3)
-    finite = [v * 1e3 for _, values, _, _ in series for v in values if v is not None]
-    # Headroom so the load labels above the top curve and right of the last point stay inside.
-    curve.set_ylim(bottom=0, top=(max(finite) * 1.18) if finite else 1)
+    finite = [v * 1e3 for _, values, _, _ in series for v in values if v is not None and v > 0]
+    # Past saturation latency grows by orders of magnitude; a log axis keeps the low-load points readable.
+    wide = bool(finite) and max(finite) / min(finite) > 20
+    if wide:
+        curve.set_yscale("log")
+        curve.set_ylim(bottom=min(finite) / 1.5, top=max(finite) * 2.0)
+        curve.set_ylabel("latency (ms, log scale)")
+    else:
+        # Headroom so the load labels above the top curve stay inside.
+        curve.set_ylim(bottom=0, top=(max(finite) * 1.18) if finite else 1)
     curve.set_xlim(left=0, right=(max(x) * 1.15) if x and max(x) > 0 else 1)
     if runs:
         curve.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=4, fontsize=9, frameon=False)
@@ -61,9 +70,16 @@ def plot_result(result: BenchResult, path: Path) -> Path:
 
     all_ttft = [r.ttft_s * 1e3 for run in runs for r in run.records if r.ok and r.ttft_s is not None]
     if all_ttft:
-        lo, hi = min(all_ttft), max(all_ttft)
-        bins = 30 if hi > lo else 1
-        edges = [lo + (hi - lo) * i / bins for i in range(bins + 1)] if hi > lo else [lo - 0.5, lo + 0.5]
+        lo, hi = max(min(all_ttft), 1e-3), max(all_ttft)
+        log_bins = hi / lo > 20
+        if log_bins:  # same reason as the curve: low-load TTFTs would all fall in the first bin
+            edges = [lo * (hi / lo) ** (i / 40) for i in range(41)]
+            edges[0], edges[-1] = lo * 0.999, hi * 1.001
+            hist.set_xscale("log")
+        elif hi > lo:
+            edges = [lo + (hi - lo) * i / 30 for i in range(31)]
+        else:
+            edges = [lo - 0.5, lo + 0.5]
         for run in runs:
             values = [r.ttft_s * 1e3 for r in run.records if r.ok and r.ttft_s is not None]
             hist.hist(values, bins=edges, histtype="step", linewidth=1.6, label=f"{run.label} (n={len(values)})")
@@ -77,8 +93,9 @@ def plot_result(result: BenchResult, path: Path) -> Path:
         hist.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3, fontsize=8, frameon=False)
     else:
         hist.text(0.5, 0.5, "no TTFT measured", transform=hist.transAxes, ha="center", va="center")
-    hist.set_xlabel("time to first token (ms)")
+    hist.set_xlabel("time to first token (ms" + (", log scale)" if all_ttft and log_bins else ")"))
     hist.set_ylabel("requests")
+    hist.yaxis.set_major_locator(MaxNLocator(integer=True))
     hist.set_title("TTFT distribution per load level")
     hist.grid(True, alpha=0.3)
 
