@@ -17,7 +17,7 @@ H100_FP8_COMMAND = (
     "--max_beam_width 1 --kv_cache_type paged "
     "--gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable "
     "--use_paged_context_fmha enable --tokens_per_block 32 --use_fused_mlp enable --multiple_profiles enable "
-    "--gemm_plugin disable --use_fp8_context_fmha enable --low_latency_gemm_plugin disable "
+    "--gemm_plugin disable --use_fp8_context_fmha enable --gemm_swiglu_plugin fp8 --low_latency_gemm_plugin disable "
     "--low_latency_gemm_swiglu_plugin disable --reduce_fusion disable --user_buffer disable "
     "--workers 1 --log_level info"
 )
@@ -27,7 +27,7 @@ A100_INT4_AWQ_COMMAND = (
     "--max_beam_width 1 --kv_cache_type paged "
     "--gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable "
     "--use_paged_context_fmha enable --tokens_per_block 32 --use_fused_mlp enable --multiple_profiles enable "
-    "--gemm_plugin auto --use_fp8_context_fmha disable --low_latency_gemm_plugin disable "
+    "--gemm_plugin auto --use_fp8_context_fmha disable --gemm_swiglu_plugin disable --low_latency_gemm_plugin disable "
     "--low_latency_gemm_swiglu_plugin disable --reduce_fusion disable --user_buffer disable "
     "--workers 1 --log_level info"
 )
@@ -72,13 +72,15 @@ def test_latency_profile_on_hopper_fp8_uses_low_latency_gemms():
     plan = make_build_plan(resolved)
     assert plan.plugin_config["low_latency_gemm_plugin"] == "fp8"
     assert plan.plugin_config["low_latency_gemm_swiglu_plugin"] == "fp8"
+    assert plan.plugin_config["gemm_swiglu_plugin"] is None  # the low-latency variant replaces it
     assert plan.limits["max_num_tokens"] == 8192  # the spec sets it explicitly
     assert plan.plugin_config["reduce_fusion"] is False  # tp == 1
 
 
-def test_latency_profile_with_tp_fuses_allreduce_and_user_buffers():
+@pytest.mark.parametrize("profile", ["throughput", "latency"])
+def test_tensor_parallel_llama_fuses_allreduce_and_user_buffers(profile):
     resolved = resolve_example("llama3-70b-fp8-4xh100")
-    resolved.spec.engine.profile = "latency"
+    resolved.spec.engine.profile = profile
     plan = make_build_plan(resolved)
     assert plan.plugin_config["reduce_fusion"] is True
     assert plan.plugin_config["user_buffer"] is True
