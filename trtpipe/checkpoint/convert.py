@@ -1,0 +1,448 @@
+"""HF model -> TensorRT-LLM checkpoint (config.json + rank{N}.safetensors) with NVIDIA ModelOpt.
+
+The quantizer and exporter are ModelOpt's own (`mtq.quantize` + `export_tensorrt_llm_checkpoint`) at exactly the
+version the spec's toolchain pins; a different installed version is refused, because a checkpoint's layout and
+scales are only as trustworthy as the exporter the engine builder was tested with.
+
+Formats (spec `quantization.algo` -> ModelOpt 0.37 config -> checkpoint `quant_algo`):
+  none     -> no quantization                    -> null (weights in the spec dtype)
+  fp8      -> FP8_DEFAULT_CFG                    -> FP8
+  int4_awq -> INT4_AWQ_CFG, block = group_size   -> W4A16_AWQ
+  w4a8_awq -> W4A8_AWQ_BETA_CFG, block = group   -> W4A8_AWQ
+  int8_sq  -> INT8_SMOOTHQUANT_CFG               -> W8A8_SQ_PER_CHANNEL
+  int8_wo  -> refused: ModelOpt 0.37 has no INT8 weight-only config, and its exporter maps every 8-bit weight
+              quantizer to W8A8_SQ_PER_CHANNEL (modelopt/torch/export/quant_utils.py), so any attempt would
+              silently produce SmoothQuant. (0.47 has INT8_WEIGHT_ONLY_CFG -> W8A16; not the pinned version.)
+  nvfp4    -> refused: needs CUDA kernels to calibrate (and a Blackwell GPU to run).
+  kv_cache fp8 -> FP8_KV_CFG's `*[kv]_bmm_quantizer` entry added, on fp8, int4_awq or w4a8_awq.
+
+CPU practice: calibration runs in bfloat16 (fp16 matmul is ~12x slower on CPU). Tensors that no quantizer
+touches (embedding, norms, lm_head, biases) are put back from the model loaded in the export dtype before
+export, so a bf16 round trip never degrades them; the quantized GEMM weights are quantized from their bf16
+copy, whose rounding (2^-9 relative) is far below any quantization step except int8's, where it is of the
+order of half a step at most for the largest values.
+
+Qwen2: ModelOpt 0.37's `decoder_type="qwen"` export needs `tensorrt_llm` importable (NotImplementedError
+otherwise), which it never is on a CPU host. The llama layout writes the same tensor names TRT-LLM's
+QWenForCausalLM declares (`transformer.layers.N.attention.qkv.{weight,bias}`, `attention.dense`, `mlp.fc` =
+gate_proj, `mlp.gate` = up_proj, `mlp.proj`, `input_layernorm`, `post_layernorm`, `transformer.ln_f`,
+`lm_head`), QKV bias included. `config.json` is then rewritten with the fields TRT-LLM's `QWenConfig`
+(tensorrt_llm/models/qwen/config.py) reads and `QWenForCausalLM` (model.py) needs: architecture
+Qwen2ForCausalLM, qwen_type qwen2, attn_bias true, mlp_bias false, rotary_base, rotary_scaling,
+use_logn_attn false, seq_length, moe_intermediate_size 0, moe_shared_expert_intermediate_size 0,
+disable_weight_only_quant_plugin false, num_labels 1, tie_word_embeddings. Verified against the TRT-LLM
+source (config/model files of the stored 1.x line) and by our schema check: names, shapes, dtypes. Only a
+GPU host with TRT-LLM 1.2 can confirm that `trtllm-build` loads it (tests/checkpoint marks that check gpu).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import json
+import os
+import resource
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from trtpipe.checkpoint.calibration import CalibrationInfo, prepare_calibration
+from trtpipe.checkpoint.hf_source import (
+    HfSource,
+    check_group_size,
+    check_tp_divisibility,
+    inspect_source,
+    load_model,
+)
+from trtpipe.errors import TrtpipeError
+from trtpipe.spec import BuildSpec, KvCacheDtype, QuantAlgo
+
+GROUPED_ALGOS = (QuantAlgo.int4_awq, QuantAlgo.w4a8_awq)
+FP8_KV_ALGOS = (QuantAlgo.fp8, QuantAlgo.int4_awq, QuantAlgo.w4a8_awq)
+CHECKPOINT_QUANT_ALGO = {
+    QuantAlgo.none: None,
+    QuantAlgo.fp8: "FP8",
+    QuantAlgo.int4_awq: "W4A16_AWQ",
+    QuantAlgo.w4a8_awq: "W4A8_AWQ",
+    QuantAlgo.int8_sq: "W8A8_SQ_PER_CHANNEL",
+}
+
+
+class FileDigest(BaseModel):
+    name: str
+    bytes: int
+    sha256: str
+
+
+class ConvertSummary(BaseModel):
+    """What a conversion wrote and what it cost (the `--json` output of `trtpipe convert`)."""
+
+    out_dir: str
+    architecture: str
+    dtype: str
+    quant_algo: str | None
+    kv_cache_quant_algo: str | None
+    group_size: int | None
+    tp: int
+    pp: int
+    files: list[FileDigest]
+    total_bytes: int
+    seconds: float
+    peak_rss_bytes: int
+    modelopt_version: str
+    transformers_version: str
+    calibration: CalibrationInfo | None
+
+
+# ------------------------------------------------------------------------------------------------ checks
+
+
+def _versions_match(installed: str, pinned: str) -> bool:
+    """`0.37.0` matches pins `0.37.0`, `0.37`, `0.37.x`, `0.37.*` and `~=0.37.0`; nothing else."""
+    pin = pinned.strip().removeprefix("~=").removeprefix("==").rstrip("*").rstrip("x").rstrip(".")
+    pin_parts, have_parts = pin.split("."), installed.split("+")[0].split(".")
+    return bool(pin) and have_parts[: len(pin_parts)] == pin_parts
+
+
+def check_versions(toolchain: Any, *, warn: Callable[[str], None]) -> tuple[str, str]:
+    """Refuse a ModelOpt/transformers that differs from the toolchain's pins; warn when a pin is unknown."""
+    import modelopt
+    import transformers
+
+    installed = {"nvidia-modelopt": modelopt.__version__, "transformers": transformers.__version__}
+    pins = {
+        "nvidia-modelopt": getattr(toolchain, "modelopt_version", None),
+        "transformers": getattr(toolchain, "transformers_version", None),
+    }
+    name = getattr(toolchain, "name", "the toolchain")
+    for package, pinned in pins.items():
+        if not pinned or str(pinned).lower() == "unknown":
+            warn(f"toolchain {name} does not pin {package}; using the installed {installed[package]}")
+            continue
+        if not _versions_match(installed[package], str(pinned)):
+            raise TrtpipeError(
+                f"{package} {installed[package]} is installed but toolchain {name} pins {pinned}",
+                fix=f"pip install {package}=={pinned} (or choose the toolchain that matches)",
+            )
+    return installed["nvidia-modelopt"], installed["transformers"]
+
+
+def check_recipe(spec: BuildSpec) -> None:
+    """Refuse what the pinned ModelOpt cannot produce, with the reason, before any work."""
+    quant = spec.quantization
+    if quant.algo == QuantAlgo.int8_wo:
+        raise TrtpipeError(
+            "quantization.algo int8_wo: nvidia-modelopt 0.37 (pinned by TRT-LLM 1.2) has no INT8 weight-only "
+            "config, and its exporter writes every 8-bit weight as W8A8_SQ_PER_CHANNEL",
+            fix="use int8_sq (INT8 SmoothQuant) or int4_awq; trtpipe never exports a different format silently",
+        )
+    if quant.algo == QuantAlgo.nvfp4:
+        raise TrtpipeError(
+            "quantization.algo nvfp4: calibration needs CUDA kernels, which a CPU conversion cannot run",
+            fix="convert on a Blackwell GPU host, or use fp8 / int4_awq",
+        )
+    if quant.kv_cache == KvCacheDtype.int8:
+        raise TrtpipeError(
+            "quantization.kv_cache int8: nvidia-modelopt 0.37 has no INT8 KV-cache config for TRT-LLM export",
+            fix="use kv_cache: fp8 (on fp8, int4_awq or w4a8_awq) or auto",
+        )
+    if quant.kv_cache == KvCacheDtype.fp8 and quant.algo not in FP8_KV_ALGOS:
+        raise TrtpipeError(
+            f"quantization.kv_cache fp8 is offered on top of fp8, int4_awq or w4a8_awq, not {quant.algo.value}",
+            fix="set quantization.algo to fp8 or int4_awq, or kv_cache: auto",
+        )
+
+
+def quant_config(algo: QuantAlgo, kv_cache: KvCacheDtype, group_size: int) -> dict[str, Any] | None:
+    """The ModelOpt 0.37 quantization config for a spec recipe (a deep copy: the library dicts stay intact)."""
+    import modelopt.torch.quantization as mtq
+
+    if algo == QuantAlgo.none:
+        return None
+    base = {
+        QuantAlgo.fp8: mtq.FP8_DEFAULT_CFG,
+        QuantAlgo.int4_awq: mtq.INT4_AWQ_CFG,
+        QuantAlgo.w4a8_awq: mtq.W4A8_AWQ_BETA_CFG,
+        QuantAlgo.int8_sq: mtq.INT8_SMOOTHQUANT_CFG,
+    }[algo]
+    config = copy.deepcopy(base)
+    weight = config["quant_cfg"]["*weight_quantizer"]
+    if algo in GROUPED_ALGOS:
+        first = weight[0] if isinstance(weight, list) else weight
+        first["block_sizes"][-1] = group_size
+    if kv_cache == KvCacheDtype.fp8:
+        config["quant_cfg"]["*[kv]_bmm_quantizer"] = copy.deepcopy(mtq.FP8_KV_CFG["quant_cfg"]["*[kv]_bmm_quantizer"])
+    return config
+
+
+# ------------------------------------------------------------------------------------------------ progress
+
+
+class _Progress:
+    """A rich progress display when asked for, else nothing (library callers and tests stay quiet)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self._progress = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=Console(stderr=True),
+            )
+
+    def __enter__(self) -> _Progress:
+        if self._progress is not None:
+            self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+
+    def task(self, description: str, total: int | None) -> Callable[[int], None]:
+        if self._progress is None:
+            return lambda advance=1: None
+        task_id = self._progress.add_task(description, total=total)
+        progress = self._progress
+        return lambda advance=1: progress.advance(task_id, advance)
+
+
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """ModelOpt and transformers print; stdout belongs to the command's (possibly JSON) output."""
+    with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+# ------------------------------------------------------------------------------------------------ convert
+
+
+SMALL_MODEL_PARAMS = 200_000_000
+
+
+@contextlib.contextmanager
+def _threads_for(config: dict[str, Any]) -> Iterator[None]:
+    """One torch thread for small models: their GEMMs are too small to split, and on a busy host a second
+    OpenMP thread that gets descheduled stalls every op (measured 80x slower on a loaded 2-core CI box).
+    Large models keep torch's default. Same model -> same thread count -> same bytes."""
+    import torch
+
+    from trtpipe.checkpoint.hf_source import dims
+
+    d = dims(config)
+    approx_params = d["layers"] * (4 * d["hidden"] ** 2 + 3 * d["hidden"] * d["intermediate"]) + 2 * d["vocab"] * d["hidden"]
+    previous = torch.get_num_threads()
+    if approx_params < SMALL_MODEL_PARAMS:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"float16": torch.float16, "bfloat16": torch.bfloat16}[name]
+
+
+def _untouched_parameters(model: Any) -> dict[str, Any]:
+    """Parameters no quantizer will change: everything outside the decoder's Linear layers, plus their biases."""
+    import torch
+
+    keep: dict[str, Any] = {}
+    for module_name, module in model.named_modules():
+        is_decoder_linear = isinstance(module, torch.nn.Linear) and ".layers." in f".{module_name}"
+        for param_name, param in module.named_parameters(recurse=False):
+            if not is_decoder_linear or param_name == "bias":
+                keep[f"{module_name}.{param_name}" if module_name else param_name] = param.data
+    return keep
+
+
+def _restore_parameters(model: Any, originals: dict[str, Any]) -> None:
+    params = dict(model.named_parameters())
+    for name, tensor in originals.items():
+        params[name].data = tensor
+
+
+def _calibrate_and_quantize(
+    model: Any, config: dict[str, Any], windows: list[list[int]], progress: _Progress
+) -> None:
+    import modelopt.torch.quantization as mtq
+    import torch
+
+    passes = {"n": 0}
+
+    def forward_loop(m: Any) -> None:
+        passes["n"] += 1
+        advance = progress.task(f"calibrating (pass {passes['n']})", len(windows))
+        with torch.no_grad():
+            for window in windows:
+                m(input_ids=torch.tensor([window], dtype=torch.long))
+                advance(1)
+
+    mtq.quantize(model, config, forward_loop)
+
+
+def _post_process_config(out_dir: Path, source: HfSource, spec: BuildSpec) -> None:
+    """Make config.json deterministic and complete for TRT-LLM 1.2's loaders (see the module docstring)."""
+    path = out_dir / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    mixed = out_dir / "quant_cfg.json"
+    if mixed.is_file() and not json.loads(mixed.read_text(encoding="utf-8")).get("quantized_layers"):
+        # With pp > 1 and no quantization ModelOpt writes an empty per-layer table; it means "none".
+        mixed.unlink()
+    hf = source.config
+    quantization = config.get("quantization") or {}
+    if isinstance(quantization.get("exclude_modules"), list):
+        # ModelOpt builds this list from a set: its order would change between runs.
+        quantization["exclude_modules"] = sorted(quantization["exclude_modules"])
+    scaling = config.get("rotary_scaling")
+    if isinstance(scaling, dict):
+        # TRT-LLM reads "type"; HF >= 4.45 writes "rope_type": carry both.
+        kind = scaling.get("type") or scaling.get("rope_type")
+        if kind:
+            scaling.setdefault("type", kind)
+            scaling.setdefault("rope_type", kind)
+    config["architecture"] = source.architecture
+    if source.family == "qwen2":
+        config.update(
+            {
+                "qwen_type": "qwen2",
+                "attn_bias": True,
+                "mlp_bias": False,
+                "rotary_base": float(hf.get("rope_theta", 1000000.0)),
+                "rotary_scaling": hf.get("rope_scaling"),
+                "use_logn_attn": False,
+                "seq_length": int(hf.get("seq_length", 8192)),
+                "moe_intermediate_size": 0,
+                "moe_shared_expert_intermediate_size": 0,
+                "disable_weight_only_quant_plugin": False,
+                "num_labels": 1,
+                "tie_word_embeddings": bool(hf.get("tie_word_embeddings", False)),
+            }
+        )
+    staging = path.with_name(".config.json.tmp")
+    staging.write_text(json.dumps(config, indent=4) + "\n", encoding="utf-8")
+    os.replace(staging, path)
+
+
+def _file_digests(out_dir: Path) -> list[FileDigest]:
+    digests = []
+    for path in sorted(out_dir.iterdir()):
+        if path.is_file():
+            sha = hashlib.sha256()
+            with path.open("rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    sha.update(block)
+            digests.append(FileDigest(name=path.name, bytes=path.stat().st_size, sha256=sha.hexdigest()))
+    return digests
+
+
+def convert_checkpoint(resolved: Any, out_dir: Path, *, show_progress: bool = False) -> ConvertSummary:
+    """Convert the resolved spec's HF model into a validated TRT-LLM checkpoint written into `out_dir`.
+
+    `out_dir` must exist (the caller created it, typically a temp dir it renames into place afterwards).
+    """
+    import torch
+
+    from trtpipe.checkpoint.schema import validate_checkpoint
+
+    started = time.monotonic()
+    spec: BuildSpec = resolved.spec
+    quant = spec.quantization
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        raise TrtpipeError(f"{out_dir} is not a directory", fix="create it first")
+    warn = lambda message: print(f"warning: {message}", file=sys.stderr)  # noqa: E731
+    modelopt_version, transformers_version = check_versions(resolved.toolchain, warn=warn)
+    check_recipe(spec)
+    if resolved.model_dir is None:
+        raise TrtpipeError("the spec gives no model weights to convert", fix="set model.path to a local HF folder")
+    source = inspect_source(Path(resolved.model_dir), resolved.tokenizer_dir, allow_pickle=spec.model.allow_pickle)
+    tp, pp = spec.target.tp, spec.target.pp
+    check_tp_divisibility(source.config, tp)
+    if source.config["num_hidden_layers"] % pp:
+        raise TrtpipeError(
+            f"num_hidden_layers {source.config['num_hidden_layers']} is not divisible by pp={pp}",
+            fix="choose a pp that divides the layer count",
+        )
+    if quant.algo in GROUPED_ALGOS:
+        check_group_size(source.config, quant.group_size, tp)
+
+    export_dtype = resolved.weight_dtype if hasattr(resolved, "weight_dtype") else "float16"
+    recipe = quant_config(quant.algo, quant.kv_cache, quant.group_size)
+    calibration: CalibrationInfo | None = None
+
+    with _quiet_stdout(), _threads_for(source.config), _Progress(show_progress) as progress:
+        torch.manual_seed(quant.calibration.seed)
+        advance = progress.task("loading model", 1)
+        model = load_model(source, _torch_dtype(export_dtype), trust_remote_code=spec.model.trust_remote_code)
+        advance(1)
+        if recipe is not None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(
+                source.tokenizer_dir, trust_remote_code=spec.model.trust_remote_code
+            )
+            windows, calibration = prepare_calibration(spec, tokenizer)
+            originals = _untouched_parameters(model)
+            model = model.to(torch.bfloat16)
+            _calibrate_and_quantize(model, recipe, windows, progress)
+            _restore_parameters(model, originals)
+        advance = progress.task("exporting", 1)
+        _export(model, out_dir, export_dtype, tp, pp)
+        advance(1)
+        del model
+    _post_process_config(out_dir, source, spec)
+    validate_checkpoint(out_dir, spec)
+    files = _file_digests(out_dir)
+    config = json.loads((out_dir / "config.json").read_text())
+    quantization = config.get("quantization") or {}
+    return ConvertSummary(
+        out_dir=str(out_dir),
+        architecture=config["architecture"],
+        dtype=config["dtype"],
+        quant_algo=quantization.get("quant_algo"),
+        kv_cache_quant_algo=quantization.get("kv_cache_quant_algo"),
+        group_size=quant.group_size if quant.algo in GROUPED_ALGOS else None,
+        tp=tp,
+        pp=pp,
+        files=files,
+        total_bytes=sum(f.bytes for f in files),
+        seconds=round(time.monotonic() - started, 3),
+        peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        modelopt_version=modelopt_version,
+        transformers_version=transformers_version,
+        calibration=calibration,
+    )
+
+
+def _export(model: Any, out_dir: Path, dtype: str, tp: int, pp: int) -> None:
+    from modelopt.torch.export import export_tensorrt_llm_checkpoint
+
+    try:
+        # decoder_type "llama" for every supported family: see the module docstring for Qwen2.
+        export_tensorrt_llm_checkpoint(
+            model,
+            decoder_type="llama",
+            dtype=_torch_dtype(dtype),
+            export_dir=out_dir,
+            inference_tensor_parallel=tp,
+            inference_pipeline_parallel=pp,
+        )
+    except (AssertionError, ValueError, NotImplementedError, RuntimeError) as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise TrtpipeError(f"ModelOpt export failed: {message}", fix="report this with the spec attached") from None
