@@ -65,7 +65,7 @@ def test_sweep_against_the_tiny_model(example_server, example_repo: Path, tmp_pa
 
     digest = json.loads((example_repo / "trtpipe.json").read_text())["engine"]["digest"]
     recorded = ResultsLog(trtpipe_home).for_digest(digest)
-    assert [(r.kind, r.passed) for r in recorded] == [("bench", True)]
+    assert [(r.kind, r.passed, r.gpu_class) for r in recorded] == [("bench", True, "cpu-reference")]
     assert len(recorded[0].data["runs"]) == 2 and "records" not in recorded[0].data["runs"][0]
 
 
@@ -107,3 +107,46 @@ def test_server_killed_during_a_run_ends_in_time_and_reports_failures() -> None:
     assert agg.requests_ok + agg.requests_failed == agg.requests_sent
     assert sum(agg.errors_by_kind.values()) == agg.requests_failed
     assert run.server.error is not None  # the dead server's metrics could not be scraped: said, not hidden
+
+
+@pytest.fixture(scope="module")
+def stream_server():
+    """The no-work streaming model of benchmarks/models (not a published repository: validation off)."""
+    from trtpipe.serving.server import start_server
+
+    with start_server(BENCH_MODELS, validate=False, start_timeout=60) as handle:
+        yield handle
+
+
+@pytest.mark.timeout(120)
+def test_cli_closed_loop_on_a_sharegpt_dataset_json_to_stdout(stream_server, tmp_path: Path, capsys) -> None:
+    dataset = tmp_path / "sharegpt.jsonl"
+    rows = [{"conversations": [{"from": "human", "value": f"question {i} about kernels"},
+                               {"from": "gpt", "value": "an answer"}]} for i in range(5)]
+    dataset.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
+    code = main([
+        "bench", stream_server.grpc_url, "--model", "stream_tokens", "--mode", "closed", "--concurrency", "4",
+        "--requests", "24", "--dataset", str(dataset), "--output-len", "uniform:3,9", "--seed", "5",
+        "--metrics-url", stream_server.metrics_url, "--json", "-",
+    ])
+    assert code == 0
+    result = BenchResult.model_validate_json(capsys.readouterr().out)  # stdout is JSON only
+    (run,) = result.runs
+    assert run.concurrency == 4 and run.aggregates.requests_ok == 24
+    assert {spec.prompt for spec in result.workload.requests} == {f"question {i} about kernels" for i in range(5)}
+    assert all(r.output_tokens == r.requested_output_tokens for r in run.records)
+    assert run.server.for_model("stream_tokens").request_success == 24
+
+
+@pytest.mark.timeout(60)
+def test_cli_against_no_server_fails_in_time_with_one_line(capsys) -> None:
+    import socket
+
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code = main(["bench", f"127.0.0.1:{port}", "--rate", "20", "--requests", "5", "--duration", "5s",
+                 "--timeout", "2s", "--metrics-url", f"http://127.0.0.1:{port}/metrics"])
+    assert code == 1
+    out = capsys.readouterr().out
+    assert "5 of 5 requests failed; first: unavailable" in " ".join(out.split())

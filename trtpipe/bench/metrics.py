@@ -210,6 +210,9 @@ class Aggregates(BaseModel):
     input_tokens: Stats
     output_tokens: Stats
     output_tokens_match_requested: bool = Field(description="every successful request returned exactly max_tokens tokens")
+    schedule_lag_s: Stats = Field(
+        description="t_sent - t_scheduled: how late the generator sent (open loop); large values mean it could not keep up"
+    )
 
 
 def aggregate(records: list[RequestRecord], slo: Slo | None = None) -> Aggregates:
@@ -242,4 +245,5 @@ def aggregate(records: list[RequestRecord], slo: Slo | None = None) -> Aggregate
         input_tokens=Stats.of(float(r.input_tokens) for r in records),
         output_tokens=Stats.of(float(r.output_tokens) for r in ok),
         output_tokens_match_requested=all(r.output_tokens == r.requested_output_tokens for r in ok),
+        schedule_lag_s=Stats.of(max(0.0, r.t_sent - r.t_scheduled) for r in records),
     )

@@ -40,8 +40,8 @@ def _trtpipe_home() -> Path:
     return Path(platformdirs.user_cache_dir("trtpipe"))
 
 
-def _repository_digest(repo: Path) -> str:
-    """The artifact digest a published repository serves, from its `trtpipe.json` manifest."""
+def _repository_facts(repo: Path) -> tuple[str, str | None]:
+    """The artifact digest a published repository serves and its target GPU class, from `trtpipe.json`."""
     manifest_path = repo / "trtpipe.json"
     if not manifest_path.is_file():
         raise UsageError(
@@ -52,13 +52,16 @@ def _repository_digest(repo: Path) -> str:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise UsageError(f"{manifest_path}:{err.lineno}:{err.colno}: not valid JSON ({err.msg})") from None
-    for key in ("engine_digest", "artifact_digest", "digest"):
-        value = manifest.get(key) if isinstance(manifest, dict) else None
+    if not isinstance(manifest, dict):
+        raise UsageError(f"{manifest_path}: not a trtpipe manifest", fix="republish the repository with `trtpipe publish`")
+    target = manifest.get("target") if isinstance(manifest.get("target"), str) else None
+    engine = manifest.get("engine")
+    if isinstance(engine, dict) and isinstance(engine.get("digest"), str) and engine["digest"]:
+        return engine["digest"], target
+    for key in ("engine_digest", "artifact_digest"):
+        value = manifest.get(key)
         if isinstance(value, str) and value:
-            return value
-    engine = manifest.get("engine") if isinstance(manifest, dict) else None
-    if isinstance(engine, dict) and isinstance(engine.get("digest"), str):
-        return engine["digest"]
+            return value, target
     raise UsageError(f"{manifest_path}: engine_digest: missing", fix="republish the repository with `trtpipe publish`")
 
 
@@ -91,7 +94,9 @@ def bench(
     record: Optional[Path] = typer.Option(
         None, "--record", help="store the result for the artifact served from this model repository"
     ),
-    gpu_class: Optional[str] = typer.Option(None, "--gpu-class", help="GPU class to file the recorded result under"),
+    gpu_class: Optional[str] = typer.Option(
+        None, "--gpu-class", help="GPU class to file the recorded result under (default: the repository's target)"
+    ),
 ) -> None:
     """Load a Triton LLM endpoint over streaming gRPC; report TTFT, TPOT, ITL, E2E, throughput and goodput.
 
@@ -123,7 +128,7 @@ def bench(
     duration_s = parse_duration_s(duration, option="--duration")
     drain_s = parse_duration_s(timeout, option="--timeout")
     slo_limits = Slo.parse(slo)
-    digest = _repository_digest(record) if record is not None else None
+    digest, target = _repository_facts(record) if record is not None else (None, None)
     counter = make_counter(tokenizer or record)
     out_len = LengthDist.parse(output_len, option="--output-len")
     if dataset is not None:
@@ -175,8 +180,13 @@ def bench(
     if digest is not None:
         from trtpipe.results import ResultsLog
 
-        ResultsLog(_trtpipe_home()).record(digest, "bench", result.passed, result.summary(), gpu_class)
-        console.print(f"bench result recorded for {digest} ({'passed' if result.passed else 'failed'})")
+        # Promotion gates compare bench results of one GPU class: default to the repository's target.
+        filed_under = gpu_class or target
+        ResultsLog(_trtpipe_home()).record(digest, "bench", result.passed, result.summary(), filed_under)
+        console.print(
+            f"bench result recorded for {digest} on {filed_under or 'no GPU class'} "
+            f"({'passed' if result.passed else 'failed'})"
+        )
     failed = [r for run in result.runs for r in run.records if not r.ok]
     if failed:
         sent = sum(run.aggregates.requests_sent for run in result.runs)
