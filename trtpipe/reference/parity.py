@@ -1,0 +1,211 @@
+"""Numerical parity between the CPU reference runtime and transformers on the original HF model.
+
+For each prompt: the relative logit error ||ref - hf|| / ||hf|| over all positions (Frobenius norm of the
+[len, vocab] logits), the top-1 agreement rate over positions, and whether N greedy tokens are identical.
+A `ParityReport` gives the verdict against `ParityBounds`, whose defaults per quantization format are
+`DEFAULT_BOUNDS` (measured on trtpipe's tiny example models; see tests/reference/test_quantized_parity.py).
+
+Top-1 agreement alone is too weak a gate: an INT4 checkpoint with mlp.fc and mlp.gate swapped can keep most
+top-1 tokens while its relative error triples, so every verdict needs both.
+
+transformers is imported only inside `check_parity` (the runtime itself stays light).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from trtpipe.errors import TrtpipeError, UsageError
+from trtpipe.reference.runtime import ReferenceModel
+
+
+class ParityBounds(BaseModel):
+    """What a conversion must meet to pass parity."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_rel_error: float = Field(gt=0, description="Upper bound on every prompt's relative logit error.")
+    min_top1_agreement: float = Field(ge=0, le=1, description="Lower bound on top-1 agreement over all positions.")
+    greedy_tokens: int = Field(default=32, ge=0, description="Greedy continuation length compared per prompt.")
+    require_greedy_equal: bool = Field(
+        default=False, description="Fail unless every greedy continuation is identical (unquantized formats)."
+    )
+
+
+# Bounds per checkpoint format (quant_algo, with "+FP8KV" when the KV cache is FP8). The numbers come
+# from measurements of correct conversions of the tiny example Llama and Qwen2 (TP=1 and 2) against the
+# same conversions deliberately broken; each bound sits between the worst correct value and the best
+# broken one with margin on both sides. The measurements are recorded in
+# tests/reference/test_quantized_parity.py next to the tests that enforce them.
+DEFAULT_BOUNDS: dict[str, ParityBounds] = {
+    "none": ParityBounds(max_rel_error=0.01, min_top1_agreement=0.99, require_greedy_equal=True),
+    "FP8": ParityBounds(max_rel_error=0.10, min_top1_agreement=0.90),
+    "FP8+FP8KV": ParityBounds(max_rel_error=0.12, min_top1_agreement=0.90),
+    "W4A16_AWQ": ParityBounds(max_rel_error=0.25, min_top1_agreement=0.80),
+    "W4A16_AWQ+FP8KV": ParityBounds(max_rel_error=0.25, min_top1_agreement=0.80),
+    "W4A8_AWQ": ParityBounds(max_rel_error=0.25, min_top1_agreement=0.80),
+    "W8A8_SQ_PER_CHANNEL": ParityBounds(max_rel_error=0.15, min_top1_agreement=0.85),
+    "W8A16": ParityBounds(max_rel_error=0.05, min_top1_agreement=0.95),
+}
+
+
+def format_key(quant_algo: str | None, kv_cache_quant_algo: str | None) -> str:
+    key = quant_algo or "none"
+    if kv_cache_quant_algo == "FP8":
+        key += "+FP8KV"
+    return key
+
+
+def bounds_for(quant_algo: str | None, kv_cache_quant_algo: str | None = None) -> ParityBounds:
+    """Default bounds for a checkpoint format."""
+    key = format_key(quant_algo, kv_cache_quant_algo)
+    if key in DEFAULT_BOUNDS:
+        return DEFAULT_BOUNDS[key]
+    if quant_algo in DEFAULT_BOUNDS:  # e.g. FP8 KV on a format without its own entry
+        base = DEFAULT_BOUNDS[quant_algo or "none"]
+        return base.model_copy(update={"max_rel_error": base.max_rel_error * 1.2, "require_greedy_equal": False})
+    raise TrtpipeError(f"no parity bounds for checkpoint format {key}", fix="pass bounds= explicitly")
+
+
+class PromptParity(BaseModel):
+    index: int
+    num_tokens: int
+    rel_error: float
+    top1_agreement: float
+    greedy_reference: list[int]
+    greedy_hf: list[int]
+    greedy_match_prefix: int
+    greedy_equal: bool
+
+
+class ParityReport(BaseModel):
+    hf_dir: str
+    checkpoint_dir: str
+    format: str
+    bounds: ParityBounds
+    prompts: list[PromptParity]
+    max_rel_error: float
+    mean_rel_error: float
+    top1_agreement: float
+    greedy_equal_all: bool
+    passed: bool
+    failures: list[str]
+
+
+def _hf_greedy(model: torch.nn.Module, prompt: Sequence[int], steps: int, vocab: int) -> list[int]:
+    ids = list(prompt)
+    out: list[int] = []
+    with torch.no_grad():
+        for _ in range(steps):
+            logits = model(torch.tensor([ids])).logits[0, -1, :vocab]
+            token = int(torch.argmax(logits))
+            out.append(token)
+            ids.append(token)
+    return out
+
+
+def _load_hf(hf_dir: Path) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM  # heavy: imported only when parity runs
+
+    if not (hf_dir / "config.json").is_file():
+        raise TrtpipeError(f"{hf_dir}/config.json not found", fix="point hf_dir at the HF model the checkpoint came from")
+    if not any(hf_dir.glob("*.safetensors")):
+        raise TrtpipeError(f"{hf_dir} has no .safetensors weights", fix="parity loads safetensors only")
+    model = AutoModelForCausalLM.from_pretrained(
+        hf_dir, dtype=torch.float32, trust_remote_code=False, use_safetensors=True
+    )
+    return model.eval()
+
+
+def _checkpoint_format(path: Path) -> str:
+    raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    cfg = raw.get("pretrained_config", raw)
+    quant = cfg.get("quantization") or {}
+    return format_key(quant.get("quant_algo"), quant.get("kv_cache_quant_algo"))
+
+
+def check_parity(
+    hf_dir: Path,
+    ckpt_or_engine_dir: Path,
+    prompts: list[list[int]],
+    *,
+    bounds: ParityBounds | None = None,
+    reference: ReferenceModel | None = None,
+) -> ParityReport:
+    """Compare the reference runtime on `ckpt_or_engine_dir` with transformers on `hf_dir`.
+
+    `bounds` defaults to `DEFAULT_BOUNDS` for the checkpoint's format. `reference` may pass an already
+    loaded model of `ckpt_or_engine_dir` to skip loading it again.
+    """
+    hf_dir, ckpt_or_engine_dir = Path(hf_dir), Path(ckpt_or_engine_dir)
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise UsageError("parity needs at least one non-empty prompt", fix="pass token id lists")
+    fmt = _checkpoint_format(ckpt_or_engine_dir)
+    if bounds is None:
+        raw = json.loads((ckpt_or_engine_dir / "config.json").read_text(encoding="utf-8"))
+        quant = raw.get("pretrained_config", raw).get("quantization") or {}
+        bounds = bounds_for(quant.get("quant_algo"), quant.get("kv_cache_quant_algo"))
+    ref = reference if reference is not None else ReferenceModel.load(ckpt_or_engine_dir)
+    hf = _load_hf(hf_dir)
+    vocab = min(ref.config.vocab_size, int(hf.config.vocab_size))
+
+    results: list[PromptParity] = []
+    agree_total, positions_total = 0, 0
+    for index, prompt in enumerate(prompts):
+        with torch.no_grad():
+            hf_logits = hf(torch.tensor([list(prompt)])).logits[0, :, :vocab].to(torch.float32)
+        ref_logits = ref.logits(prompt)[:, :vocab]
+        rel = float(torch.linalg.norm(ref_logits - hf_logits) / torch.linalg.norm(hf_logits))
+        agree = int((ref_logits.argmax(-1) == hf_logits.argmax(-1)).sum())
+        agree_total += agree
+        positions_total += len(prompt)
+        greedy_ref = [t.token_id for t in ref.generate(prompt, max_new_tokens=bounds.greedy_tokens, top_k=1)]
+        greedy_hf = _hf_greedy(hf, prompt, bounds.greedy_tokens, vocab)
+        prefix = 0
+        while prefix < min(len(greedy_ref), len(greedy_hf)) and greedy_ref[prefix] == greedy_hf[prefix]:
+            prefix += 1
+        results.append(
+            PromptParity(
+                index=index,
+                num_tokens=len(prompt),
+                rel_error=rel,
+                top1_agreement=agree / len(prompt),
+                greedy_reference=greedy_ref,
+                greedy_hf=greedy_hf,
+                greedy_match_prefix=prefix,
+                greedy_equal=greedy_ref == greedy_hf,
+            )
+        )
+
+    max_rel = max(r.rel_error for r in results)
+    top1 = agree_total / positions_total
+    greedy_all = all(r.greedy_equal for r in results)
+    failures: list[str] = []
+    if max_rel > bounds.max_rel_error:
+        worst = max(results, key=lambda r: r.rel_error)
+        failures.append(
+            f"relative logit error {max_rel:.4f} (prompt {worst.index}) exceeds the {fmt} bound {bounds.max_rel_error}"
+        )
+    if top1 < bounds.min_top1_agreement:
+        failures.append(f"top-1 agreement {top1:.3f} is below the {fmt} bound {bounds.min_top1_agreement}")
+    if bounds.require_greedy_equal and not greedy_all:
+        bad = [r.index for r in results if not r.greedy_equal]
+        failures.append(f"greedy continuations of prompts {bad} differ from transformers")
+    return ParityReport(
+        hf_dir=str(hf_dir),
+        checkpoint_dir=str(ckpt_or_engine_dir),
+        format=fmt,
+        bounds=bounds,
+        prompts=results,
+        max_rel_error=max_rel,
+        mean_rel_error=sum(r.rel_error for r in results) / len(results),
+        top1_agreement=top1,
+        greedy_equal_all=greedy_all,
+        passed=not failures,
+        failures=failures,
+    )
