@@ -144,3 +144,30 @@ def test_bearer_token_registry_push_pull(token_registry, isolated_home, monkeypa
     with pytest.raises(TrtpipeError, match="rejected the credentials") as err:
         oci.OciClient(token_registry.host).probe()
     assert "not-the-password-4711" not in str(err.value)
+
+
+def test_docker_credential_helper_is_used(registry, isolated_home, monkeypatch, tmp_path: Path) -> None:
+    """`docker login` with a credsStore/credHelpers keeps secrets in a helper: trtpipe asks it, like docker does."""
+    import os
+    import stat
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    helper = bin_dir / "docker-credential-trtpipetest"
+    helper.write_text(
+        "#!/bin/sh\n"
+        '[ "$1" = get ] || exit 2\n'
+        "read host\n"
+        f'if [ "$host" = "{registry.host}" ]; then\n'
+        f'  printf \'{{"ServerURL":"%s","Username":"{registry.username}","Secret":"{registry.password}"}}\' "$host"\n'
+        "else echo 'credentials not found in native keychain'; exit 1; fi\n"
+    )
+    helper.chmod(helper.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    config = Path(os.environ["HOME"]) / ".docker" / "config.json"
+    config.parent.mkdir(parents=True)
+    config.write_text(json.dumps({"auths": {registry.host: {}}, "credHelpers": {registry.host: "trtpipetest"}}))
+    creds = oci.resolve_credentials(registry.host)
+    assert creds is not None and creds.source == "docker-credential-trtpipetest"
+    oci.OciClient(registry.host).probe()
+    assert oci.resolve_credentials("other.example.com:5000") is None

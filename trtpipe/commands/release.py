@@ -7,6 +7,8 @@ store area's `cache` group).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
@@ -164,6 +166,21 @@ def results_show_command(digest: str = typer.Argument(...), as_json: bool = type
 # --------------------------------------------------------------------------- cache push / pull
 
 
+@contextmanager
+def _byte_progress(label: str, total: int, *, quiet: bool) -> Iterator[Callable[[str, int], None]]:
+    """A rich progress bar over bytes (on stderr, so --json output stays clean)."""
+    if quiet:
+        yield lambda _name, _size: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=total or None)
+        yield lambda _name, size: bar.advance(task, size)
+
+
 def cache_push_command(
     ref: str = typer.Argument(..., help="Local artifact: kind/key, key prefix or sha256 digest."),
     to: Optional[str] = typer.Option(None, "--to", help="oci://HOST/REPOSITORY (default: $TRTPIPE_STORE if it is oci://)."),
@@ -180,7 +197,8 @@ def cache_push_command(
     if not oci.is_oci_url(url):
         raise UsageError("no registry to push to", fix="pass --to oci://HOST/REPOSITORY or set TRTPIPE_STORE=oci://HOST/REPOSITORY")
     entry = Store.open(_home()).find(ref)
-    result = oci.RemoteStore(url).push(entry, tags=tuple(tag))
+    with _byte_progress(f"push {entry.kind}/{entry.key[:12]}", entry.size, quiet=as_json) as advance:
+        result = oci.RemoteStore(url).push(entry, tags=tuple(tag), progress=advance)
     if as_json:
         _print_json({"ref": str(result.ref), "oci_digest": result.oci_digest, "artifact_digest": result.artifact_digest,
                      "tags": list(result.tags), "files": result.files, "bytes": result.bytes})
@@ -200,7 +218,9 @@ def cache_pull_command(
     parsed = oci.parse_oci_ref(ref)
     client = oci.OciClient(parsed.host)
     remote = oci.resolve_remote(client, parsed)
-    entry = oci.install_pulled(client, remote, Store.open(_home()))
+    total = sum(int(layer.get("size", 0)) for layer in remote.manifest.get("layers") or [])
+    with _byte_progress(f"pull {remote.kind}/{remote.key[:12]}", total, quiet=as_json) as advance:
+        entry = oci.install_pulled(client, remote, Store.open(_home()), progress=advance)
     if as_json:
         _print_json({"kind": entry.kind, "key": entry.key, "path": str(entry.path), "artifact_digest": entry.digest, "oci_ref": str(remote.ref)})
     else:

@@ -25,7 +25,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -604,7 +604,8 @@ def describe_manifest(manifest: dict[str, Any]) -> dict[str, str]:
     return found
 
 
-def push_artifact(client: OciClient, base: OciRef, artifact: LocalArtifact, *, tags: tuple[str, ...] = (), progress: Any = None) -> PushResult:
+def push_artifact(client: OciClient, base: OciRef, artifact: LocalArtifact, *, tags: tuple[str, ...] = (),
+                  progress: Callable[[str, int], None] | None = None) -> PushResult:
     """Push an entry's files and manifest; tag it `<kind>-<key>` plus `tags` (version tags never move)."""
     if not artifact.manifest_path.is_file():
         raise TrtpipeError(f"{artifact.path}: no manifest.json", fix="push a committed store entry")
@@ -694,7 +695,7 @@ def _safe_relpath(title: str) -> PurePosixPath:
     return rel
 
 
-def download_verified(client: OciClient, remote: RemoteArtifact, dest: Path) -> dict[str, Any]:
+def download_verified(client: OciClient, remote: RemoteArtifact, dest: Path, *, progress: Callable[[str, int], None] | None = None) -> dict[str, Any]:
     """Download every blob of `remote` into the empty directory `dest`, verifying each; return the store manifest.
 
     `dest` is a staging directory: on any failure the caller discards it, so nothing unverified is ever used.
@@ -716,6 +717,8 @@ def download_verified(client: OciClient, remote: RemoteArtifact, dest: Path) -> 
         target = dest.joinpath(*rel.parts)
         target.parent.mkdir(parents=True, exist_ok=True)
         client.fetch_blob(repository, str(layer["digest"]), int(layer["size"]), target)
+        if progress is not None:
+            progress(rel.as_posix(), int(layer["size"]))
     _check_store_manifest(remote, store_manifest, config_bytes, dest)
     (dest / "manifest.json").write_bytes(config_bytes)
     return store_manifest
@@ -767,7 +770,7 @@ def artifact_from_entry(entry: Any) -> LocalArtifact:
 # --------------------------------------------------------------------------- local store integration
 
 
-def install_pulled(client: OciClient, remote: RemoteArtifact, store: Any) -> Any:
+def install_pulled(client: OciClient, remote: RemoteArtifact, store: Any, *, progress: Callable[[str, int], None] | None = None) -> Any:
     """Download `remote` into the local store as `<kind>/<key>`, verified, published by one rename.
 
     The entry keeps its original manifest.json bytes, so its digest (the artifact digest that
@@ -782,7 +785,7 @@ def install_pulled(client: OciClient, remote: RemoteArtifact, store: Any) -> Any
         if handle.existing is not None:
             return handle.existing
         staging = Path(handle.dir)
-        download_verified(client, remote, staging)
+        download_verified(client, remote, staging, progress=progress)
         raw = (staging / "manifest.json").read_bytes()
         if sha256_bytes(raw) != remote.artifact_digest:
             raise TrtpipeError(
@@ -830,5 +833,5 @@ class RemoteStore:
             raise TrtpipeError(f"{self.base}:{key_tag(kind, key)} holds {remote.kind}/{remote.key}; refused")
         return install_pulled(self.client, remote, local_store)
 
-    def push(self, entry: Any, *, tags: tuple[str, ...] = ()) -> PushResult:
-        return push_artifact(self.client, self.base, artifact_from_entry(entry), tags=tags)
+    def push(self, entry: Any, *, tags: tuple[str, ...] = (), progress: Callable[[str, int], None] | None = None) -> PushResult:
+        return push_artifact(self.client, self.base, artifact_from_entry(entry), tags=tags, progress=progress)
