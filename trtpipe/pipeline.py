@@ -134,8 +134,9 @@ def _now_iso() -> str:
 class _Printer:
     """One line per stage on stderr (rich when it is a terminal)."""
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool, *, full_keys: bool = False) -> None:
         self.enabled = enabled
+        self.full_keys = full_keys  # a dry run prints whole keys
         self._console = None
 
     def _out(self, text: str) -> None:
@@ -145,13 +146,13 @@ class _Printer:
             from rich.console import Console
 
             self._console = Console(stderr=True, highlight=False)
-        self._console.print(text)
+        self._console.print(text, soft_wrap=True)
 
     def stage(self, report: StageReport) -> None:
         colour = {"hit": "green", "built": "cyan", "ran": "white", "would-build": "yellow", "failed": "red"}.get(
             report.outcome, "magenta"
         )
-        key = report.key[:16] if report.key else ""
+        key = (report.key if self.full_keys else report.key[:16]) if report.key else ""
         detail = f"  {report.detail}" if report.detail else ""
         self._out(
             f"  {report.name:<11} [{colour}]{report.outcome:<11}[/{colour}] {report.seconds:8.2f}s  {key}{detail}"
@@ -171,7 +172,7 @@ class _Runner:
         self.force = force
         self.verify = verify
         self.progress = progress
-        self.printer = _Printer(progress)
+        self.printer = _Printer(progress, full_keys=dry_run)
         self.report = BuildReport(spec_path=str(spec_path), dry_run=dry_run, verify=verify, store=str(store.root))
         self.resolved: Any = None
         self.memory_plan: dict[str, Any] | None = None
@@ -333,8 +334,9 @@ class _Runner:
             calibration_text_field=calibration.text_field,
             tp=spec.target.tp,
             pp=spec.target.pp,
-            modelopt_version=toolchain.modelopt_version,
-            transformers_version=toolchain.transformers_version,
+            # A toolchain that pins no version converts with the installed one: key that one.
+            modelopt_version=toolchain.modelopt_version or _installed("nvidia-modelopt"),
+            transformers_version=toolchain.transformers_version or _installed("transformers"),
         )
 
     def checkpoint_stage(self, leases: contextlib.ExitStack) -> None:
@@ -498,10 +500,25 @@ def _container_spec(resolved: Any, plan: Any, checkpoint_dir: Path, out_dir: Pat
     }  # fmt: skip
     params = inspect.signature(container_spec).parameters
     args = {name: available[name] for name in params if name in available}
-    spec = container_spec(**args)
+    try:
+        spec = container_spec(**args)
+    except Exception as err:  # a dry run reports why there is no container instead of failing
+        reason = err.one_line() if isinstance(err, TrtpipeError) else f"{type(err).__name__}: {str(err).splitlines()[0]}"
+        if not resolved.toolchain.triton_container:
+            reason = f"toolchain {resolved.toolchain.name} pins no triton_container"
+        return {"unavailable": reason}
     if hasattr(spec, "model_dump"):
         return spec.model_dump(mode="json")
     return dict(spec) if spec is not None else None
+
+
+def _installed(distribution: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return "not-installed"
 
 
 def weight_files(model_dir: Path, *, allow_pickle: bool = False) -> list[Path]:

@@ -57,6 +57,9 @@ class KeyLocks:
     def try_exclusive(self, kind: str, key: str) -> Iterator[bool]:
         """Build lock + exclusive lease without waiting; yields False when someone holds either."""
         lock = self.build_lock(kind, key)
+        if lock.is_locked:  # this very process is building it (the lock is re-entrant in-process)
+            yield False
+            return
         try:
             lock.acquire(timeout=0)
         except Timeout:
