@@ -98,6 +98,16 @@ def test_remote_store_as_shared_build_cache(registry_env, store_entry, tmp_path)
     got = remote.pull_if_present("engine", entry.key, runner_store)
     assert got is not None and got.digest == entry.digest
     assert runner_store.get("engine", entry.key, verify=True) is not None
+    # Inside a build that already holds the key's lock (how the stage runner uses it).
+    third = Store.open(tmp_path / "third-store")
+    with third.building("engine", entry.key) as handle:
+        assert handle.existing is None
+        pulled = remote.pull_into(handle)
+    assert pulled is not None and pulled.digest == entry.digest
+    assert third.get("engine", entry.key, verify=True).digest == entry.digest
+    with third.building("engine", "0" * 16) as handle:
+        assert remote.pull_into(handle) is None
+    assert third.peek("engine", "0" * 16) is None
 
 
 def test_promote_registry_artifact_moves_channel_tag_and_rolls_back(registry_env, store_entry, cli) -> None:

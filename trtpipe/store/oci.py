@@ -784,26 +784,40 @@ def install_pulled(client: OciClient, remote: RemoteArtifact, store: Any, *, pro
     with store.building(kind, key) as handle:
         if handle.existing is not None:
             return handle.existing
-        staging = Path(handle.dir)
-        download_verified(client, remote, staging, progress=progress)
-        raw = (staging / "manifest.json").read_bytes()
-        if sha256_bytes(raw) != remote.artifact_digest:
-            raise TrtpipeError(
-                f"{remote.ref}: its trtpipe manifest hashes to {sha256_bytes(raw)}, not the annotated artifact digest {remote.artifact_digest}; refused",
-                fix="push the artifact again from a good copy",
-            )
-        manifest = json.loads(raw)
-        if manifest.get("kind") not in (None, kind) or manifest.get("key") not in (None, key):
-            raise TrtpipeError(f"{remote.ref}: its manifest names {manifest.get('kind')}/{manifest.get('key')}, not {kind}/{key}; refused")
-        for item in manifest.get("files") or []:
-            if isinstance(item, dict) and item.get("sha256") and item.get("path"):
-                path = staging.joinpath(*_safe_relpath(str(item["path"])).parts)
-                store.objects.adopt(path, str(item["sha256"]), int(item["size"]))
-        final = store.entry_dir(kind, key)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(staging, final)  # the publish: one atomic rename, after every byte was verified
-        entry = Entry(kind=kind, key=key, path=final, manifest=manifest, digest=sha256_bytes(raw))
-        handle.entry = entry  # tells the store's context the staging dir was consumed
+        return install_into(client, remote, store, handle, progress=progress)
+
+
+def install_into(client: OciClient, remote: RemoteArtifact, store: Any, handle: Any, *,
+                 progress: Callable[[str, int], None] | None = None) -> Any:
+    """Like `install_pulled`, into a `store.building(kind, key)` handle the caller already holds
+    (its key's build lock; `handle.dir` empty). Publishes by one rename and sets `handle.entry`."""
+    from trtpipe.store.local import Entry
+
+    kind, key = remote.kind, remote.key
+    if (handle.kind, handle.key) != (kind, key):
+        raise TrtpipeError(f"{remote.ref} holds {kind}/{key}, not {handle.kind}/{handle.key}; refused")
+    staging = Path(handle.dir)
+    download_verified(client, remote, staging, progress=progress)
+    raw = (staging / "manifest.json").read_bytes()
+    if sha256_bytes(raw) != remote.artifact_digest:
+        raise TrtpipeError(
+            f"{remote.ref}: its trtpipe manifest hashes to {sha256_bytes(raw)}, not the annotated artifact digest {remote.artifact_digest}; refused",
+            fix="push the artifact again from a good copy",
+        )
+    manifest = json.loads(raw)
+    if manifest.get("kind") not in (None, kind) or manifest.get("key") not in (None, key):
+        raise TrtpipeError(f"{remote.ref}: its manifest names {manifest.get('kind')}/{manifest.get('key')}, not {kind}/{key}; refused")
+    for item in manifest.get("files") or []:
+        if isinstance(item, dict) and item.get("sha256") and item.get("path"):
+            path = staging.joinpath(*_safe_relpath(str(item["path"])).parts)
+            store.objects.adopt(path, str(item["sha256"]), int(item["size"]))
+    final = store.entry_dir(kind, key)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if final.exists():  # a stale entry the caller chose to replace (forced / invalid): move it out first
+        store._move_to(final, store.root / "trash")  # noqa: SLF001  (the store's own replace step)
+    os.rename(staging, final)  # the publish: one atomic rename, after every byte was verified
+    entry = Entry(kind=kind, key=key, path=final, manifest=manifest, digest=sha256_bytes(raw))
+    handle.entry = entry  # tells the store's context the staging dir was consumed
     return entry
 
 
@@ -825,13 +839,28 @@ class RemoteStore:
 
     def pull_if_present(self, kind: str, key: str, local_store: Any) -> Any | None:
         """The entry from the registry, installed locally, or None if the registry does not hold it."""
+        remote = self.find(kind, key)
+        if remote is None:
+            return None
+        return install_pulled(self.client, remote, local_store)
+
+    def find(self, kind: str, key: str) -> RemoteArtifact | None:
+        """The registry's verified manifest of `kind/key`, or None (nothing downloaded)."""
         body = self.client.get_manifest(self.base.repository, key_tag(kind, key))
         if body is None:
             return None
         remote = resolve_remote(self.client, self.base.with_digest(sha256_bytes(body)))
         if remote.kind != kind or remote.key != key:
             raise TrtpipeError(f"{self.base}:{key_tag(kind, key)} holds {remote.kind}/{remote.key}; refused")
-        return install_pulled(self.client, remote, local_store)
+        return remote
+
+    def pull_into(self, handle: Any, *, progress: Callable[[str, int], None] | None = None) -> Any | None:
+        """Inside `with local_store.building(kind, key) as handle` (lock held, no entry yet): fill it from
+        the registry and return the Entry, or None when the registry does not hold this key."""
+        remote = self.find(handle.kind, handle.key)
+        if remote is None:
+            return None
+        return install_into(self.client, remote, handle.store, handle, progress=progress)
 
     def push(self, entry: Any, *, tags: tuple[str, ...] = (), progress: Callable[[str, int], None] | None = None) -> PushResult:
         return push_artifact(self.client, self.base, artifact_from_entry(entry), tags=tags, progress=progress)
