@@ -24,7 +24,7 @@ from trtpipe.release.audit import AuditRecord, append_audit, read_audit
 from trtpipe.release.channels import ChannelPointer, ChannelScope, ChannelStore, PointerTarget, check_name, now_iso
 from trtpipe.release.gates import GateResult, evaluate_gates, gates_for_channel
 from trtpipe.results import ResultRecord, ResultsLog, current_user, normalize_digest
-from trtpipe.spec import BuildSpec, ChannelGates
+from trtpipe.spec import ChannelGates
 
 UNSET = "__unset__"
 

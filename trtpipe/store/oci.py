@@ -26,7 +26,6 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -565,7 +564,7 @@ def _iter_files(root: Path) -> Iterator[tuple[str, Path]]:
         if not path.is_file():
             continue
         rel = path.relative_to(root).as_posix()
-        if rel == "manifest.json" or rel.endswith(".lock"):
+        if rel == "manifest.json" or path.name.startswith(".tmp-link-"):  # the config; the store's transient links
             continue
         yield rel, path
 
@@ -744,18 +743,6 @@ def _check_store_manifest(remote: RemoteArtifact, store_manifest: dict[str, Any]
             want = want if str(want).startswith("sha256:") else f"sha256:{want}"
             if _sha256_file(path) != want:
                 raise TrtpipeError(f"{remote.ref}: file {rel} does not match its manifest digest; refused")
-
-
-@contextmanager
-def staging_dir(parent: Path) -> Iterator[Path]:
-    """A temp dir on the same filesystem as `parent`, removed unless the caller renamed it away."""
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".pull-", dir=parent))
-    try:
-        yield tmp
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def sha256_bytes(body: bytes) -> str:
