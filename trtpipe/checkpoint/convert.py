@@ -112,8 +112,13 @@ def _versions_match(installed: str, pinned: str) -> bool:
 
 def check_versions(toolchain: Any, *, warn: Callable[[str], None]) -> tuple[str, str]:
     """Refuse a ModelOpt/transformers that differs from the toolchain's pins; warn when a pin is unknown."""
-    import modelopt
     import transformers
+
+    with warnings.catch_warnings():
+        # modelopt warns on import that transformers 4.57 is outside its [hf] extra; the pin check is ours.
+        warnings.simplefilter("ignore")
+        import modelopt
+        import modelopt.torch.quantization  # noqa: F401
 
     installed = {"nvidia-modelopt": modelopt.__version__, "transformers": transformers.__version__}
     pins = {
@@ -220,8 +225,8 @@ class _Progress:
 
 @contextlib.contextmanager
 def _quiet_stdout() -> Iterator[None]:
-    """ModelOpt and transformers print; stdout belongs to the command's (possibly JSON) output."""
-    with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
+    """ModelOpt prints chatter ("Inserted 51 quantizers"); stdout belongs to the command's (JSON) output."""
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
 

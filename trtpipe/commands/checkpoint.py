@@ -1,9 +1,120 @@
-"""CLI commands for the checkpoint area. Thin: parse, call one function, print."""
+"""CLI commands for the checkpoint area: `example-model` and `convert`. Thin: parse, call one function, print."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from trtpipe.errors import UsageError
+
+EXAMPLE_HELP = (
+    "Write a tiny, deterministic, briefly trained Hugging Face model (safetensors + byte-level BPE tokenizer) "
+    "to DIR, for trying trtpipe without downloading anything. Same bytes on every run."
+)
+CONVERT_HELP = (
+    "Convert the spec's Hugging Face model to a TensorRT-LLM checkpoint (config.json + rank{N}.safetensors) "
+    "with NVIDIA ModelOpt at the toolchain's pinned version: quantize, calibrate, export, validate. "
+    "Without --out it writes out/checkpoints/<name>-<algo>[-kv<kv>]-tp<T>-pp<P> under the current folder. "
+    "The folder appears only when complete (written beside it, then renamed)."
+)
+
+
+def default_checkpoint_dir(spec: object) -> Path:
+    """out/checkpoints/<name>-<algo>[-kvfp8]-tp<T>-pp<P>, relative to the current folder."""
+    quant = spec.quantization  # type: ignore[attr-defined]
+    target = spec.target  # type: ignore[attr-defined]
+    kv = f"-kv{quant.kv_cache.value}" if quant.kv_cache.value != "auto" else ""
+    name = f"{spec.artifact_name}-{quant.algo.value}{kv}-tp{target.tp}-pp{target.pp}"  # type: ignore[attr-defined]
+    return Path("out") / "checkpoints" / name
+
+
+def _refuse_occupied(out: Path, force: bool) -> None:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise UsageError(f"{out} exists and is not empty", fix="choose another --out or pass --force to replace it")
+
+
+def _replace_dir(staging: Path, out: Path) -> None:
+    """Put the finished `staging` at `out`, removing what --force allowed us to replace."""
+    if out.exists():
+        graveyard = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        os.replace(out, graveyard / out.name)
+        shutil.rmtree(graveyard, ignore_errors=True)
+    os.rename(staging, out)
+
+
+def example_model_command(
+    directory: Path = typer.Argument(..., help="Folder to create (must not exist or be empty)."),
+    arch: str = typer.Option("llama", "--arch", help="llama, qwen2 (QKV bias) or mistral."),
+    force: bool = typer.Option(False, "--force", help="Replace DIR if it is not empty."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
+) -> None:
+    from trtpipe.checkpoint.example_model import write_example_model
+
+    path = write_example_model(directory, arch=arch, overwrite=force)
+    files = [
+        {"name": p.name, "bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+        for p in sorted(path.iterdir())
+    ]
+    if as_json:
+        print(json.dumps({"path": str(path), "arch": arch, "files": files}, indent=2))
+        return
+    console = Console()
+    console.print(f"wrote {arch} example model to [bold]{path}[/bold]")
+    for f in files:
+        console.print(f"  {f['name']:<26} {f['bytes']:>10,} B  {f['sha256'][:16]}")
+
+
+def convert_command(
+    spec_path: Path = typer.Argument(..., metavar="SPEC", help="Build spec (YAML)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Checkpoint folder to create."),
+    force: bool = typer.Option(False, "--force", help="Replace --out if it is not empty."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON (files, bytes, time, memory, digests)."),
+) -> None:
+    from trtpipe.checkpoint.convert import convert_checkpoint
+    from trtpipe.resolve import resolve
+    from trtpipe.spec_loader import load_spec
+
+    resolved = resolve(load_spec(spec_path))
+    out = out if out is not None else default_checkpoint_dir(resolved.spec)
+    _refuse_occupied(out, force)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        summary = convert_checkpoint(resolved, staging, show_progress=sys.stderr.isatty())
+        _refuse_occupied(out, force)  # someone may have filled it while we converted
+        _replace_dir(staging, out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    summary = summary.model_copy(update={"out_dir": str(out)})
+    if as_json:
+        print(summary.model_dump_json(indent=2))
+        return
+    console = Console()
+    table = Table(title=f"checkpoint {out}")
+    for column in ("file", "bytes", "sha256"):
+        table.add_column(column)
+    for f in summary.files:
+        table.add_row(f.name, f"{f.bytes:,}", f.sha256[:16])
+    console.print(table)
+    kv = f", KV {summary.kv_cache_quant_algo}" if summary.kv_cache_quant_algo else ""
+    console.print(
+        f"{summary.architecture} {summary.dtype}, {summary.quant_algo or 'unquantized'}{kv}, "
+        f"tp={summary.tp} pp={summary.pp}: {summary.total_bytes / 1e6:.1f} MB in {summary.seconds:.1f} s, "
+        f"peak RSS {summary.peak_rss_bytes / 2**30:.2f} GiB"
+    )
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the trtpipe app."""
+    app.command("example-model", help=EXAMPLE_HELP)(example_model_command)
+    app.command("convert", help=CONVERT_HELP)(convert_command)
