@@ -177,8 +177,13 @@ def validate_gitlab(doc: Any) -> list[str]:
         if artifacts is not None and not isinstance(artifacts.get("paths", []), list):
             problems.append(f"{name}: artifacts.paths must be a list")
         # Our rules: promotion is manual, runs on the release runner; GPU jobs run on GPU-tagged runners.
+        for key in ("only", "except"):
+            if key in job and "rules" in job:
+                problems.append(f"{name}: config key may not be used with `rules`: {key}")
         if stage == "promote":
-            if job.get("when") != "manual":
+            rules = [r for r in job.get("rules") or [] if isinstance(r, dict)]
+            runs_when = {r.get("when", "on_success") for r in rules if r.get("when") != "never"} if rules else {job.get("when", "on_success")}
+            if runs_when != {"manual"}:
                 problems.append(f"{name}: promotion jobs must be `when: manual`")
             if "trtpipe-release" not in (tags or []):
                 problems.append(f"{name}: promotion must run on the trtpipe-release runner")
@@ -198,7 +203,8 @@ def test_gitlab_pipeline_is_valid() -> None:
 @pytest.mark.parametrize(
     "mutate, expected",
     [
-        (lambda d: d["promote-prod"].pop("when") and d[".promote"].pop("when"), "when: manual"),
+        (lambda d: d[".promote"]["rules"].__setitem__(-1, {"when": "on_success"}), "when: manual"),
+        (lambda d: d["promote-prod"].update(only=["main"]), "may not be used with `rules`: only"),
         (lambda d: d["cpu-reference"].update(stage="deploy"), "not declared"),
         (lambda d: d[".promote"].update(needs=["gpu-a100"]), "needs unknown job 'gpu-a100'"),
         (lambda d: d["cpu-reference"].update(script=[]), "script must be"),
