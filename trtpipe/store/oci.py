@@ -661,6 +661,14 @@ def put_immutable_tag(client: OciClient, repository: str, tag: str, body: bytes)
             fix="push under a new version tag",
         )
     client.put_manifest(repository, tag, body)
+    # Registries have no compare-and-swap on tags: detect a concurrent push of the same tag. (Where the
+    # registry offers it, e.g. Harbor's tag immutability rules, enable it for version tags as well.)
+    after = client.get_manifest(repository, tag)
+    if after is not None and sha256_bytes(after) != digest:
+        raise TrtpipeError(
+            f"tag {repository}:{tag} was pushed concurrently and now points at {sha256_bytes(after)}, not {digest}",
+            fix="version tags must be unique per artifact; push under a new version tag",
+        )
 
 
 def move_tag(client: OciClient, repository: str, tag: str, body: bytes) -> None:
