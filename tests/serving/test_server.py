@@ -199,7 +199,8 @@ def test_server_killed_mid_stream(example_repo: Path) -> None:
         client = TritonLLMClient(server.grpc_url, timeout=15)
         received = []
         with pytest.raises(TritonConnectionError, match=server.grpc_url):
-            for chunk in client.stream(PROMPTS[0], 100, top_k=1):
+            # end_id -1 never matches: the generation runs its full length, long after the kill.
+            for chunk in client.stream(PROMPTS[0], 120, top_k=1, end_id=-1):
                 received.append(chunk)
                 if len(received) == 2:
                     server.kill()

@@ -188,6 +188,8 @@ class TritonServerHandle:
             except OSError:
                 pass
         shutil.rmtree(self.work_dir / "backends", ignore_errors=True)
+        if self.process.returncode == 0 and self.log_path.parent == self.work_dir:
+            shutil.rmtree(self.work_dir, ignore_errors=True)  # a clean exit: the log is not needed
 
     def __enter__(self) -> TritonServerHandle:
         return self
@@ -251,7 +253,7 @@ def start_server(
     check_stub_links(python_stub(home), env)
     models = repository_models(repo)
     explicit = (grpc_port, http_port, metrics_port)
-    last_error = ""
+    last_error, log_seen = "", Path()
     for attempt in range(PORT_ATTEMPTS):
         ports = free_ports(3, host)
         ports = [given or picked for given, picked in zip(explicit, ports)]
@@ -285,16 +287,19 @@ def start_server(
         why = _wait_ready(handle, time.monotonic() + start_timeout)
         if why is None:
             return handle
-        tail = handle.log_tail()
+        tail = handle.log_tail(40)
         handle.stop()
-        last_error = f"{why}; last log lines:\n{tail}"
-        busy = "address already in use" in tail.lower() or "failed to start" in tail.lower()
-        if why == "timeout" or not busy or any(explicit):
+        errors = [line for line in tail.splitlines() if line.startswith("E")]
+        last_error = f"{why}: {errors[-1] if errors else (tail.splitlines() or ['no log output'])[-1]}"
+        log_seen = server_log
+        busy = "already in use" in tail.lower()
+        if not busy or any(explicit):
             break
         log.info("tritonserver port clash (attempt %d); retrying on other ports", attempt + 1)
+    hint = "pass free ports (or none, to pick free ones); " if "already in use" in last_error else ""
     raise TrtpipeError(
-        f"tritonserver did not become ready on {repo}: {last_error.splitlines()[0]}",
-        fix=f"see the server log ({last_error.splitlines()[-1].strip() if last_error else ''}); run `trtpipe validate {repo}`",
+        f"tritonserver did not become ready on {repo} ({last_error})",
+        fix=f"{hint}see the server log {log_seen}; check the repository with `trtpipe validate {repo}`",
     )
 
 
