@@ -60,7 +60,7 @@ def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
         return [0.0] * n
     rng = random.Random(seed)
     times, t = [], 0.0
-    for i in range(n):
+    for _ in range(n):
         times.append(t)
         t += rng.expovariate(rate)
     return times
@@ -175,7 +175,7 @@ def run_load(
             slots.release()
         finish(state, final_seen, error)
 
-    for spec, offset in zip(requests, arrivals):
+    for spec, offset in zip(requests, arrivals, strict=True):
         now = time.monotonic()
         if settings.mode == "open":
             wait = t0 + offset - now
@@ -267,6 +267,19 @@ class _Stream:
         closer.join(timeout=wait_s)
 
 
+def _stream_error(stream: _Stream, timeout: float) -> BaseException | None:
+    """The error a broken stream delivered to its callback, if one arrives within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            _, error, _ = stream.responses.get(timeout=left)
+        except queue.Empty:
+            return None
+        if error is not None:
+            return error
+    return None
+
+
 class TritonSender:
     """Streams requests to a Triton LLM model (ensemble or BLS) over gRPC, on persistent streams.
 
@@ -302,13 +315,18 @@ class TritonSender:
         stream = self._take()
         clean = False
         try:
-            stream.client.async_stream_infer(
-                self.model,
-                build_inputs(request.prompt, request.max_tokens, stream=True, **self.sampling),
-                outputs=[grpcclient.InferRequestedOutput(name) for name in BENCH_OUTPUTS],
-                request_id=f"bench-{request.index}-{uuid.uuid4().hex[:8]}",
-                enable_empty_final_response=True,
-            )
+            try:
+                stream.client.async_stream_infer(
+                    self.model,
+                    build_inputs(request.prompt, request.max_tokens, stream=True, **self.sampling),
+                    outputs=[grpcclient.InferRequestedOutput(name) for name in BENCH_OUTPUTS],
+                    request_id=f"bench-{request.index}-{uuid.uuid4().hex[:8]}",
+                    enable_empty_final_response=True,
+                )
+            except Exception as exc:
+                # The stream broke before the request went out (e.g. no server); tritonclient then
+                # says only "no longer in valid state" and hands the cause to the callback.
+                raise _stream_error(stream, timeout=1.0) or exc from None
             while True:
                 wait = min(self.timeout, deadline - time.monotonic())
                 if wait <= 0:

@@ -39,7 +39,7 @@ def plot_result(result: BenchResult, path: Path) -> Path:
     for name, values, color, style in series:
         ms = [v * 1e3 if v is not None else float("nan") for v in values]
         curve.plot(x, ms, style, marker="o", color=color, label=name)
-    for run, xv, yv in zip(runs, x, [r.aggregates.e2e_s.p99 for r in runs]):
+    for run, xv, yv in zip(runs, x, [r.aggregates.e2e_s.p99 for r in runs], strict=True):
         if yv is not None:
             curve.annotate(run.label, (xv, yv * 1e3), textcoords="offset points", xytext=(4, 6), fontsize=8)
     curve.set_xlabel("achieved output throughput (tokens/s)")

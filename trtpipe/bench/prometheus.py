@@ -132,6 +132,10 @@ class ServerSide(BaseModel):
         return next((m for m in self.models if m.model == model), None)
 
 
+def _mean_s(total_us: float, requests: int) -> float | None:
+    return total_us / 1e6 / requests if requests > 0 else None
+
+
 def delta(before: dict[str, ModelCounters], after: dict[str, ModelCounters], metrics_url: str | None = None) -> ServerSide:
     """The per-model difference of two scrapes (models that did nothing are left out)."""
     models = []
@@ -144,18 +148,15 @@ def delta(before: dict[str, ModelCounters], after: dict[str, ModelCounters], met
         if success == 0 and failure == 0 and count == 0:
             continue
 
-        def mean_s(total_after: float, total_before: float) -> float | None:
-            return (total_after - total_before) / 1e6 / success if success > 0 else None
-
         models.append(
             ServerModelDelta(
                 model=name,
                 request_success=success,
                 request_failure=failure,
                 inference_count=count,
-                mean_request_s=mean_s(a.request_duration_us, b.request_duration_us),
-                mean_queue_s=mean_s(a.queue_duration_us, b.queue_duration_us),
-                mean_compute_infer_s=mean_s(a.compute_infer_duration_us, b.compute_infer_duration_us),
+                mean_request_s=_mean_s(a.request_duration_us - b.request_duration_us, success),
+                mean_queue_s=_mean_s(a.queue_duration_us - b.queue_duration_us, success),
+                mean_compute_infer_s=_mean_s(a.compute_infer_duration_us - b.compute_infer_duration_us, success),
             )
         )
     return ServerSide(metrics_url=metrics_url, models=models)
