@@ -170,6 +170,15 @@ def bench(
         )
 
     render_table(result, console)
+    for run in result.runs:
+        lag = run.aggregates.schedule_lag_s
+        # Latencies are measured from the actual send, so lateness does not inflate them, but the
+        # offered load was lower than asked: say so when it is more than a rounding error.
+        if run.mode == "open" and lag.p99 is not None and run.rate and lag.p99 > max(0.05, 0.5 / run.rate):
+            console.print(
+                f"[yellow]note: at {run.label} the generator sent requests up to {lag.p99 * 1e3:.0f} ms late "
+                "(P99); the host is short of CPU, so the offered load was below the asked rate[/yellow]"
+            )
     if json_out:
         write_json(result, json_out)
     if plot is not None:
