@@ -158,8 +158,10 @@ def run_load(
     def execute(state: _InFlight) -> None:
         final_seen = False
         error: BaseException | None = None
+        chunks: Iterator[TokenChunk] | None = None
         try:
-            for chunk in sender(state.spec, hard_deadline):
+            chunks = sender(state.spec, hard_deadline)
+            for chunk in chunks:
                 with lock:
                     state.chunks.append((chunk.t_received - t0, chunk.n_tokens))
                 if chunk.is_final:
@@ -172,6 +174,13 @@ def run_load(
         except BaseException as exc:  # noqa: BLE001 - every failure is a measured outcome
             error = exc
         finally:
+            # Close a generator sender now (not at garbage collection) so it can pool its stream.
+            close = getattr(chunks, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception:  # noqa: BLE001 - a sender failing to clean up does not change the outcome
+                    pass
             slots.release()
         finish(state, final_seen, error)
 
@@ -338,9 +347,10 @@ class TritonSender:
                 if error is not None:
                     raise error
                 final = is_final_response(result)
+                # Mark the stream reusable before yielding: the caller stops iterating at the final chunk.
+                clean = final
                 yield TokenChunk(t_received=t_received, n_tokens=tokens_in_response(result), is_final=final)
                 if final:
-                    clean = True
                     return
         finally:
             if clean:
@@ -385,9 +395,9 @@ class ServingClientSender:
         clean = False
         try:
             for chunk in client.stream(request.prompt, request.max_tokens, **self.sampling):
+                clean = chunk.is_final  # set before yielding: the caller stops at the final chunk
                 yield TokenChunk(t_received=chunk.t_received, n_tokens=len(chunk.token_ids), is_final=chunk.is_final)
                 if chunk.is_final:
-                    clean = True
                     break
         finally:
             if clean:
