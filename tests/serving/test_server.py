@@ -206,6 +206,12 @@ def test_server_killed_mid_stream(example_repo: Path) -> None:
                     server.kill()
         assert len(received) >= 2
         assert not server.alive()
+    # Stopping reaps the dead server's orphaned Python stubs and their shared-memory regions.
+    import os
+
+    with pytest.raises(ProcessLookupError):
+        os.killpg(server.pid, 0)
+    assert not list(Path("/dev/shm").glob(f"{server.shm_prefix}*"))
 
 
 @pytest.mark.timeout(240)

@@ -163,10 +163,25 @@ class TritonServerHandle:
             return ""
 
     def kill(self) -> None:
-        """Kill the server at once (SIGKILL), as a crash would."""
+        """Kill the server at once (SIGKILL), as a crash would. Its stubs are reaped by `stop()`."""
         if self.alive():
             self.process.kill()
             self.process.wait(timeout=10)
+
+    def _kill_leftover_stubs(self) -> None:
+        # The server runs in its own session (process group = its pid); Python-backend stubs of a
+        # server that died hard outlive it there. Nothing else is in that group.
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            return
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # SIGKILL is asynchronous: wait until the group is gone
+            try:
+                os.killpg(self.process.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.05)
 
     def stop(self, timeout: float = EXIT_TIMEOUT_S + 10) -> None:
         """SIGTERM, then SIGKILL past `timeout` (an open client stream can hold the server up)."""
@@ -181,6 +196,7 @@ class TritonServerHandle:
         self.cleanup()
 
     def cleanup(self) -> None:
+        self._kill_leftover_stubs()
         # Python-backend stubs that died hard leave their shared-memory regions; ours carry our prefix.
         for region in SHM_DIR.glob(f"{self.shm_prefix}*"):
             try:
