@@ -106,6 +106,7 @@ def plot_result(result: BenchResult, path: Path) -> Path:
     os.close(fd)
     try:
         fig.savefig(tmp, format="png")
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a plot is meant to be read by others
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -99,6 +99,7 @@ def write_json(result: BenchResult, destination: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text + "\n")
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a report is meant to be read by others
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
