@@ -135,3 +135,37 @@ def test_trtllm_loads_qwen2_checkpoint(converted: Callable[..., Path]) -> None:
     trtllm = pytest.importorskip("tensorrt_llm", reason="needs TensorRT-LLM (GPU host)")
     model = trtllm.models.QWenForCausalLM.from_checkpoint(str(converted("qwen2", "int4_awq")))
     assert model.config.qwen_type == "qwen2"
+
+
+def _variant(tiny_llama_dir: Path, dst: Path, **config_changes: object) -> Path:
+    """The tiny Llama with config.json edited (same weights): Mistral and Llama 3.1 share Llama's tensors."""
+    import shutil
+
+    shutil.copytree(tiny_llama_dir, dst)
+    config = json.loads((dst / "config.json").read_text())
+    config.update(config_changes)
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+def test_mistral_family(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    model = _variant(
+        tiny_llama_dir, tmp_path / "mistral", architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=None
+    )
+    ckpt = Path(convert_local(model, tmp_path / "ck", algo="none").out_dir)
+    assert _config(ckpt)["architecture"] == "MistralForCausalLM"  # TRT-LLM maps it to its Llama model
+
+
+def test_llama31_rope_scaling_is_carried(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 256,
+    }
+    model = _variant(tiny_llama_dir, tmp_path / "llama31", rope_scaling=scaling)
+    config = _config(Path(convert_local(model, tmp_path / "ck", algo="none").out_dir))
+    assert config["rotary_scaling"]["factor"] == 8.0
+    assert config["rotary_scaling"]["type"] == config["rotary_scaling"]["rope_type"] == "llama3"
+    assert config["rotary_scaling"]["original_max_position_embeddings"] == 256
