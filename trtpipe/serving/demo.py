@@ -7,9 +7,6 @@ under `tmp_dir`, and returns the published repository.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import shutil
 from pathlib import Path
 
 from trtpipe.errors import TrtpipeError
@@ -64,52 +61,8 @@ def publish_example(tmp_dir: Path, *, streaming: bool = True, model_dir: Path | 
     report = run_build(spec_path, store=tmp_dir / "store", progress=False)
     if report.repository_path:
         return Path(report.repository_path)
-    if report.status == "failed":
-        raise TrtpipeError(f"building the example failed: {report.error or report.message}")
-    # TEMPORARY (until the checkpoint/engine stages are committed): the same steps by hand.
-    return _publish_without_pipeline(tmp_dir, spec_path)
-
-
-def _publish_without_pipeline(tmp_dir: Path, spec_path: Path) -> Path:
-    import torch
-    from modelopt.torch.export import export_tensorrt_llm_checkpoint
-    from transformers import AutoModelForCausalLM
-
-    from trtpipe.resolve import resolve
-    from trtpipe.serving.publish import publish_repository
-    from trtpipe.spec_loader import load_spec
-
-    resolved = resolve(load_spec(spec_path))
-    engine_dir = tmp_dir / "engine"
-    if engine_dir.exists():
-        shutil.rmtree(engine_dir)
-    ckpt_dir = tmp_dir / "checkpoint"
-    if not (ckpt_dir / "config.json").is_file():
-        model = AutoModelForCausalLM.from_pretrained(resolved.model_dir, torch_dtype=torch.float16)
-        export_tensorrt_llm_checkpoint(model, decoder_type="llama", dtype=torch.float16, export_dir=ckpt_dir,
-            inference_tensor_parallel=1, inference_pipeline_parallel=1,
-        )
-    engine_dir.mkdir()
-    limits = resolved.spec.engine
-    build_config = {
-        "max_batch_size": limits.max_batch_size,
-        "max_input_len": limits.max_input_len,
-        "max_seq_len": limits.max_seq_len,
-        "max_beam_width": limits.max_beam_width,
-        "max_num_tokens": limits.max_num_tokens or limits.max_batch_size * limits.max_input_len,
-        "plugin_config": {"gpt_attention_plugin": "auto", "remove_input_padding": True, "paged_kv_cache": True},
-    }
-    config = {
-        "version": resolved.toolchain.trtllm_version,
-        "pretrained_config": json.loads((ckpt_dir / "config.json").read_text()),
-        "build_config": build_config,
-        "trtpipe_reference": True,
-    }
-    (engine_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    for rank_file in sorted(ckpt_dir.glob("rank*.safetensors")):
-        shutil.copy2(rank_file, engine_dir / rank_file.name)
-    digest = hashlib.sha256((engine_dir / "config.json").read_bytes()).hexdigest()
-    out = tmp_dir / "repository"
-    if out.exists():
-        shutil.rmtree(out)
-    return publish_repository(resolved, engine_dir, f"sha256:{digest}", "example-engine", out)
+    raise TrtpipeError(
+        f"building the example stopped after {report.stopped_after or 'an early stage'}: "
+        f"{report.error or report.message or report.status}",
+        fix="install the complete trtpipe package (every stage module) and retry",
+    )

@@ -25,7 +25,6 @@ from types import TracebackType
 from typing import Any
 
 from trtpipe.errors import MissingCapability, TrtpipeError
-from trtpipe.serving.templates import MODEL_NAMES
 
 log = logging.getLogger(__name__)
 

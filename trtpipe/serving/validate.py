@@ -7,7 +7,6 @@ protobuf text_format). Each issue names the model, the field and the fix.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any, Literal
 
