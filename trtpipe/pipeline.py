@@ -372,12 +372,14 @@ class _Runner:
         checkpoint_dir = self.store.entry_dir("checkpoint", checkpoint_key)
         if self.dry_run:
             self._stored_stage("engine", key, lambda _: None, leases)
+            if self.resolved.spec.target.is_cpu_reference:
+                return  # the reference executor runs no trtllm-build and no container
             stage = self.report.stages[-1]
             out_dir = self.store.root / "tmp" / f"engine-{key.key}-XXXXXXXX"
             stage.command = [str(a) for a in self.build_plan.render_command(checkpoint_dir, out_dir)]
-            stage.container = _container_spec(self.resolved, self.build_plan, checkpoint_dir, out_dir)
-            if self.progress:
-                self.printer.note("    command: " + " ".join(stage.command))
+            self.printer.note("    command: " + " ".join(stage.command))
+            if self.resolved.spec.target.executor.value in ("docker", "auto"):
+                stage.container = _container_spec(self.resolved, self.build_plan, checkpoint_dir, out_dir)
                 if stage.container is not None:
                     import json
 

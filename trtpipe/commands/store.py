@@ -219,11 +219,17 @@ def _channel_history(home: Path, channel: str, json_out: bool) -> None:
 
     records = read_audit(home, channel=channel)
     rows = [r.model_dump(mode="json") if hasattr(r, "model_dump") else dict(r) for r in records]
+    rows.reverse()  # the audit trail is oldest first; history reads newest first
     if json_out:
         typer.echo(json.dumps(rows, indent=2))
         return
     if not rows:
         typer.echo(f"no audit records for channel {channel}")
         return
-    columns = list(rows[0].keys())[:7]
-    _table(f"channel {channel}", columns, [[str(row.get(c, ""))[:40] for c in columns] for row in rows])
+    columns = ["at", "action", "who", "model", "target", "from_digest", "to_digest", "reason"]
+    _table(
+        f"channel {channel}: promotions and rollbacks",
+        columns,
+        [[str(row.get(c) if row.get(c) is not None else "-")[:40 if "digest" not in c else 19] for c in columns]
+         for row in rows],
+    )

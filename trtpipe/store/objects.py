@@ -16,14 +16,14 @@ import uuid
 from pathlib import Path
 from typing import Literal
 
-READ_CHUNK = 4 * 1024 * 1024  # large reads keep sha256 CPU-bound, not syscall-bound
+READ_CHUNK = 1024 * 1024  # 1 MiB reads: as fast as larger ones here, kinder to caches
 READ_ONLY = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
 
 Placement = Literal["linked", "copied"]
 
 
 def sha256_file(path: Path) -> str:
-    """sha256 of a file, read in 4 MiB chunks into one reused buffer."""
+    """sha256 of a file, read in 1 MiB chunks into one reused buffer."""
     digest = hashlib.sha256()
     buffer = bytearray(READ_CHUNK)
     view = memoryview(buffer)
