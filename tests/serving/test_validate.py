@@ -116,3 +116,10 @@ def test_validate_command_exit_codes(example_repo: Path, repo_copy: Path, capsys
     assert main(["validate", str(repo_copy), "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["valid"] is False and any(i["model"] == "preprocessing" for i in out["issues"])
+
+
+def test_templates_digest_is_stable_and_covers_model_code() -> None:
+    from trtpipe.serving.templates import TEMPLATE_ROOT, templates_digest
+
+    assert templates_digest() == templates_digest()
+    assert (TEMPLATE_ROOT / "tensorrt_llm_reference" / "1" / "model.py").is_file()

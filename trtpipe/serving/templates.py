@@ -56,3 +56,20 @@ def render(text: str, values: dict[str, str], *, source: str) -> str:
             fix="values must be literal text",
         )
     return rendered
+
+
+def templates_digest() -> str:
+    """sha256 over every template and model.py under triton_repo/ (path and bytes, sorted).
+
+    What a published repository is made of besides the engine, spec and tokenizer: the store's
+    repository key should include it, so a changed template or model.py republishes.
+    """
+    import hashlib
+
+    root = template_root()
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes())
+        digest.update(b"\0")
+    return "sha256:" + digest.hexdigest()

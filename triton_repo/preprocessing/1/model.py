@@ -102,6 +102,13 @@ class TritonPythonModel:
             encoded = [self.tokenizer.encode(q, add_special_tokens=self.add_special_tokens).ids for q in queries]
             if any(not ids for ids in encoded):
                 raise ValueError("empty prompt: text_input tokenizes to no tokens")
+            longest = max(len(ids) for ids in encoded)
+            if self.max_input_len and longest > self.max_input_len:
+                # Refused here with the same words on every target (the C++ backend's message is terse).
+                raise ValueError(
+                    f"input length {longest} exceeds the engine's max_input_len {self.max_input_len}; "
+                    "shorten the prompt or rebuild with a larger engine.max_input_len"
+                )
             width = max(len(ids) for ids in encoded)
             input_ids = np.full((batch, width), self.pad_id, dtype=np.int32)
             for i, ids in enumerate(encoded):
