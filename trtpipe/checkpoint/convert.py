@@ -30,9 +30,14 @@ gate_proj, `mlp.gate` = up_proj, `mlp.proj`, `input_layernorm`, `post_layernorm`
 (tensorrt_llm/models/qwen/config.py) reads and `QWenForCausalLM` (model.py) needs: architecture
 Qwen2ForCausalLM, qwen_type qwen2, attn_bias true, mlp_bias false, rotary_base, rotary_scaling,
 use_logn_attn false, seq_length, moe_intermediate_size 0, moe_shared_expert_intermediate_size 0,
-disable_weight_only_quant_plugin false, num_labels 1, tie_word_embeddings. Verified against the TRT-LLM
-source (config/model files of the stored 1.x line) and by our schema check: names, shapes, dtypes. Only a
-GPU host with TRT-LLM 1.2 can confirm that `trtllm-build` loads it (tests/checkpoint marks that check gpu).
+disable_weight_only_quant_plugin false, num_labels 1, tie_word_embeddings.
+What was verified, and how: the field names and defaults against the stored TensorRT-LLM sources
+(tensorrt_llm/models/qwen/config.py at commit 0428c188, qwen/model.py at 04a2cacb, modeling_utils.py at
+01ea6d79: PretrainedConfig.from_dict picks the class by `architecture`, sets unknown keys as attributes,
+`load` refuses missing tensors and only warns on extra ones); that commit-to-release mapping (1.2.x) could
+not be confirmed with the search tools. Locally, tests check every tensor name, dtype and shape per rank
+(schema.py) and the config fields. Only a GPU host with TRT-LLM 1.2 can confirm that
+`QWenForCausalLM.from_checkpoint` and `trtllm-build` accept it (tests/checkpoint: the `gpu`-marked test).
 """
 
 from __future__ import annotations
@@ -314,13 +319,6 @@ def _post_process_config(out_dir: Path, source: HfSource, spec: BuildSpec) -> No
     if isinstance(quantization.get("exclude_modules"), list):
         # ModelOpt builds this list from a set: its order would change between runs.
         quantization["exclude_modules"] = sorted(quantization["exclude_modules"])
-    scaling = config.get("rotary_scaling")
-    if isinstance(scaling, dict):
-        # TRT-LLM reads "type"; HF >= 4.45 writes "rope_type": carry both.
-        kind = scaling.get("type") or scaling.get("rope_type")
-        if kind:
-            scaling.setdefault("type", kind)
-            scaling.setdefault("rope_type", kind)
     config["architecture"] = source.architecture
     if source.family == "qwen2":
         config.update(
@@ -328,8 +326,8 @@ def _post_process_config(out_dir: Path, source: HfSource, spec: BuildSpec) -> No
                 "qwen_type": "qwen2",
                 "attn_bias": True,
                 "mlp_bias": False,
-                "rotary_base": float(hf.get("rope_theta", 1000000.0)),
-                "rotary_scaling": hf.get("rope_scaling"),
+                "rotary_base": float(hf.get("rope_theta", 100000.0)),  # 1e5: QWenConfig's default
+                "rotary_scaling": copy.deepcopy(hf.get("rope_scaling")),
                 "use_logn_attn": False,
                 "seq_length": int(hf.get("seq_length", 8192)),
                 "moe_intermediate_size": 0,
@@ -339,6 +337,13 @@ def _post_process_config(out_dir: Path, source: HfSource, spec: BuildSpec) -> No
                 "tie_word_embeddings": bool(hf.get("tie_word_embeddings", False)),
             }
         )
+    scaling = config.get("rotary_scaling")
+    if isinstance(scaling, dict):
+        # TRT-LLM reads "type"; HF >= 4.45 writes "rope_type": carry both.
+        kind = scaling.get("type") or scaling.get("rope_type")
+        if kind:
+            scaling.setdefault("type", kind)
+            scaling.setdefault("rope_type", kind)
     staging = path.with_name(".config.json.tmp")
     staging.write_text(json.dumps(config, indent=4) + "\n", encoding="utf-8")
     os.replace(staging, path)
