@@ -267,3 +267,23 @@ def test_history_of_a_channel_reads_the_release_audit(tmp_path: Path, tools) -> 
     result = tools.run_cli(tmp_path / "home", "history", "--channel", "prod", "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == []
+
+
+WARM_IMPORTS = r"""
+import sys
+from trtpipe.cli import main
+code = main(["build", sys.argv[1], "--json"])
+heavy = sorted(m for m in ("torch", "transformers", "modelopt", "safetensors") if m in sys.modules)
+print("HEAVY=" + ",".join(heavy), file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def test_warm_build_imports_no_heavy_library(built, tiny_spec: Path, tmp_path: Path, tools) -> None:
+    import sys
+
+    home = _copy_store(built[0], tmp_path / "home")
+    result = subprocess.run([sys.executable, "-c", WARM_IMPORTS, str(tiny_spec)], env=tools.cli_env(home),
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "HEAVY=\n" in result.stderr or result.stderr.rstrip().endswith("HEAVY="), result.stderr[-500:]

@@ -80,12 +80,12 @@ def test_sigkill_at_many_points_leaves_no_partial_entry(tiny_spec: Path, tmp_pat
 
     kill_points: list[tuple[str, float]] = []
     # Phase 1: kills while the checkpoint is converted and committed (the store is cold again each time).
-    for fraction in (0.3, 0.9, 1.02):
+    for fraction in (0.5, 1.02):  # mid-conversion, and around its commit
         kill_points.append(("checkpoint", startup_s + fraction * checkpoint_s))
     # Phase 2: the checkpoint exists; kills spread over start-up, engine and publish.
     tail_s = max(record["seconds"] - checkpoint_s, 0.2)
-    for i in range(17):
-        kill_points.append(("engine+publish", startup_s * 0.5 + (i / 16) * (startup_s * 0.6 + tail_s * 1.4)))
+    for i in range(18):
+        kill_points.append(("engine+publish", startup_s * 0.5 + (i / 17) * (startup_s * 0.6 + tail_s * 1.4)))
 
     finished_before_kill = 0
     for phase, delay in kill_points:

@@ -172,7 +172,7 @@ def _clean_leftovers(store: Store, report: GcReport, now: float, dry_run: bool) 
     tmp = store.root / "tmp"
     if tmp.is_dir():
         for child in sorted(tmp.iterdir()):
-            parts = child.name.split("-", 2)
+            parts = child.name.lstrip(".").split("-", 2)
             if len(parts) == 3 and parts[0] in KINDS:
                 stale = store.locks.is_free(parts[0], parts[1])  # no live builder holds this key
             else:

@@ -292,8 +292,10 @@ class Store:
     def _clean_tmp_for(self, kind: str, key: str) -> None:
         """Remove leftovers of killed builds of this key (we hold its lock, so they are stale)."""
         tmp = self.root / "tmp"
-        for child in tmp.glob(f"{kind}-{key}-*"):
-            shutil.rmtree(child, ignore_errors=True)
+        # Also ".<kind>-<key>-*": staging folders a stage made beside its output dir.
+        for pattern in (f"{kind}-{key}-*", f".{kind}-{key}-*"):
+            for child in tmp.glob(pattern):
+                shutil.rmtree(child, ignore_errors=True)
 
     def _publish(
         self, kind: str, key: str, tmp_dir: Path, inputs: dict[str, Any], meta: dict[str, Any], started: float
@@ -336,6 +338,7 @@ class Store:
             handle.write(raw)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp_dir, 0o755)  # mkdtemp made it private; entries are read by servers and containers
         _fsync_dir(tmp_dir)
         final = self.entry_dir(kind, key)
         final.parent.mkdir(parents=True, exist_ok=True)
