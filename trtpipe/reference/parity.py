@@ -5,8 +5,9 @@ For each prompt: the relative logit error ||ref - hf|| / ||hf|| over all positio
 A `ParityReport` gives the verdict against `ParityBounds`, whose defaults per quantization format are
 `DEFAULT_BOUNDS` (measured on trtpipe's tiny example models; see tests/reference/test_quantized_parity.py).
 
-Top-1 agreement alone is too weak a gate: an INT4 checkpoint with mlp.fc and mlp.gate swapped can keep most
-top-1 tokens while its relative error triples, so every verdict needs both.
+Top-1 agreement alone is too weak a gate: on the tiny example Llama, an INT4 checkpoint with mlp.fc and
+mlp.gate swapped in one layer still agrees on two thirds of the top-1 tokens, while its relative error is
+14x the correct checkpoint's (0.25 vs 0.018), so every verdict needs both.
 
 transformers is imported only inside `check_parity` (the runtime itself stays light).
 """
@@ -44,13 +45,14 @@ class ParityBounds(BaseModel):
 # tests/reference/test_quantized_parity.py next to the tests that enforce them.
 DEFAULT_BOUNDS: dict[str, ParityBounds] = {
     "none": ParityBounds(max_rel_error=0.01, min_top1_agreement=0.99, require_greedy_equal=True),
-    "FP8": ParityBounds(max_rel_error=0.10, min_top1_agreement=0.90),
-    "FP8+FP8KV": ParityBounds(max_rel_error=0.12, min_top1_agreement=0.90),
-    "W4A16_AWQ": ParityBounds(max_rel_error=0.25, min_top1_agreement=0.80),
-    "W4A16_AWQ+FP8KV": ParityBounds(max_rel_error=0.25, min_top1_agreement=0.80),
-    "W4A8_AWQ": ParityBounds(max_rel_error=0.25, min_top1_agreement=0.80),
-    "W8A8_SQ_PER_CHANNEL": ParityBounds(max_rel_error=0.15, min_top1_agreement=0.85),
-    "W8A16": ParityBounds(max_rel_error=0.05, min_top1_agreement=0.95),
+    "FP8": ParityBounds(max_rel_error=0.05, min_top1_agreement=0.90),
+    "FP8+FP8KV": ParityBounds(max_rel_error=0.06, min_top1_agreement=0.90),
+    "W4A16_AWQ": ParityBounds(max_rel_error=0.10, min_top1_agreement=0.85),
+    "W4A16_AWQ+FP8KV": ParityBounds(max_rel_error=0.11, min_top1_agreement=0.85),
+    "W4A8_AWQ": ParityBounds(max_rel_error=0.12, min_top1_agreement=0.85),
+    "W4A8_AWQ+FP8KV": ParityBounds(max_rel_error=0.13, min_top1_agreement=0.85),
+    "W8A8_SQ_PER_CHANNEL": ParityBounds(max_rel_error=0.06, min_top1_agreement=0.90),
+    "W8A16": ParityBounds(max_rel_error=0.03, min_top1_agreement=0.95),
 }
 
 
@@ -97,16 +99,22 @@ class ParityReport(BaseModel):
     failures: list[str]
 
 
-def _hf_greedy(model: torch.nn.Module, prompt: Sequence[int], steps: int, vocab: int) -> list[int]:
-    ids = list(prompt)
-    out: list[int] = []
+def _hf_logits_and_greedy(
+    model: torch.nn.Module, prompt: Sequence[int], steps: int, vocab: int
+) -> tuple[torch.Tensor, list[int]]:
+    """transformers' float32 logits [len, vocab] for the prompt, and its greedy continuation (KV-cached)."""
     with torch.no_grad():
-        for _ in range(steps):
-            logits = model(torch.tensor([ids])).logits[0, -1, :vocab]
-            token = int(torch.argmax(logits))
-            out.append(token)
-            ids.append(token)
-    return out
+        out = model(torch.tensor([list(prompt)]), use_cache=True)
+        logits = out.logits[0, :, :vocab].to(torch.float32)
+        tokens: list[int] = []
+        next_logits, past = logits[-1], out.past_key_values
+        for step in range(steps):
+            token = int(torch.argmax(next_logits))
+            tokens.append(token)
+            if step + 1 < steps:
+                out = model(torch.tensor([[token]]), past_key_values=past, use_cache=True)
+                next_logits, past = out.logits[0, -1, :vocab].to(torch.float32), out.past_key_values
+    return logits, tokens
 
 
 def _load_hf(hf_dir: Path) -> torch.nn.Module:
@@ -157,15 +165,13 @@ def check_parity(
     results: list[PromptParity] = []
     agree_total, positions_total = 0, 0
     for index, prompt in enumerate(prompts):
-        with torch.no_grad():
-            hf_logits = hf(torch.tensor([list(prompt)])).logits[0, :, :vocab].to(torch.float32)
+        hf_logits, greedy_hf = _hf_logits_and_greedy(hf, prompt, bounds.greedy_tokens, vocab)
         ref_logits = ref.logits(prompt)[:, :vocab]
         rel = float(torch.linalg.norm(ref_logits - hf_logits) / torch.linalg.norm(hf_logits))
         agree = int((ref_logits.argmax(-1) == hf_logits.argmax(-1)).sum())
         agree_total += agree
         positions_total += len(prompt)
         greedy_ref = [t.token_id for t in ref.generate(prompt, max_new_tokens=bounds.greedy_tokens, top_k=1)]
-        greedy_hf = _hf_greedy(hf, prompt, bounds.greedy_tokens, vocab)
         prefix = 0
         while prefix < min(len(greedy_ref), len(greedy_hf)) and greedy_ref[prefix] == greedy_hf[prefix]:
             prefix += 1
