@@ -262,7 +262,7 @@ def _check_target(loaded: LoadedSpec, toolchain: Toolchain) -> GpuInfo | None:
 
 def _alternatives_below_fp8(gpu: GpuInfo) -> str:
     return (
-        f"on {gpu.name} ({gpu.sm_label}) use quantization.algo int4_awq, int8_sq, int8_wo or none (fp16/bf16), "
+        f"on {gpu.name} ({gpu.sm_label}) use quantization.algo int4_awq, int8_sq or none (fp16/bf16), "
         "or target an FP8-capable GPU (l40s, h100-sxm, h200, b200)"
     )
 
