@@ -139,27 +139,34 @@ class _Printer:
         self.full_keys = full_keys  # a dry run prints whole keys
         self._console = None
 
-    def _out(self, text: str) -> None:
+    def _out(self, text: str, *, markup: bool = True) -> None:
         if not self.enabled:
             return
         if self._console is None:
             from rich.console import Console
 
             self._console = Console(stderr=True, highlight=False)
-        self._console.print(text, soft_wrap=True)
+        self._console.print(text, soft_wrap=True, markup=markup)
 
     def stage(self, report: StageReport) -> None:
         colour = {"hit": "green", "built": "cyan", "ran": "white", "would-build": "yellow", "failed": "red"}.get(
             report.outcome, "magenta"
         )
+        from rich.markup import escape
+
         key = (report.key if self.full_keys else report.key[:16]) if report.key else ""
-        detail = f"  {report.detail}" if report.detail else ""
+        detail = f"  {escape(report.detail)}" if report.detail else ""
         self._out(
             f"  {report.name:<11} [{colour}]{report.outcome:<11}[/{colour}] {report.seconds:8.2f}s  {key}{detail}"
         )
 
-    def note(self, text: str) -> None:
-        self._out(text)
+    def note(self, text: str, *, style: str | None = None) -> None:
+        if style:
+            from rich.markup import escape
+
+            self._out(f"[{style}]{escape(text)}[/{style}]")
+        else:
+            self._out(text, markup=False)
 
 
 class _Runner:
@@ -457,7 +464,7 @@ class _Runner:
                         self.report.message = (
                             f"stopped after the {last_done} stage: {why}" if last_done else f"nothing ran: {why}"
                         )
-                        self.printer.note(f"[yellow]{self.report.message}[/yellow]")
+                        self.printer.note(self.report.message, style="yellow")
                         break
                     last_done = name
                 if self.report.status == "ok" and self.dry_run:
