@@ -114,3 +114,7 @@ def test_versions_must_equal_the_toolchain_pins() -> None:
         check_versions(_Toolchain("0.47.0", transformers.__version__), warn=warnings.append)
     with pytest.raises(TrtpipeError, match="pins 4.56.0"):
         check_versions(_Toolchain("0.37.0", "4.56.0"), warn=warnings.append)
+
+
+def test_missing_calibration_dataset(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    _refused(tiny_llama_dir, tmp_path / "ck", "nope.txt", algo="fp8", dataset=tmp_path / "nope.txt")

@@ -57,7 +57,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from trtpipe.checkpoint.calibration import CalibrationInfo, prepare_calibration
+from trtpipe.checkpoint.calibration import CalibrationInfo, calibration_source, prepare_calibration, read_texts
 from trtpipe.checkpoint.hf_source import (
     HfSource,
     check_group_size,
@@ -349,6 +349,17 @@ def _post_process_config(out_dir: Path, source: HfSource, spec: BuildSpec) -> No
     os.replace(staging, path)
 
 
+def _peak_rss_bytes() -> int:
+    """This process's peak RSS: VmHWM (ru_maxrss would include a forking parent's peak: it survives exec)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def _file_digests(out_dir: Path) -> list[FileDigest]:
     digests = []
     for path in sorted(out_dir.iterdir()):
@@ -395,6 +406,8 @@ def convert_checkpoint(resolved: Any, out_dir: Path, *, show_progress: bool = Fa
     export_dtype = resolved.weight_dtype if hasattr(resolved, "weight_dtype") else "float16"
     recipe = quant_config(quant.algo, quant.kv_cache, quant.group_size)
     calibration: CalibrationInfo | None = None
+    if recipe is not None:  # a missing or malformed dataset fails now, not after loading the model
+        read_texts(calibration_source(spec), quant.calibration.text_field)
 
     with _quiet_stdout(), _threads_for(source.config), _Progress(show_progress) as progress:
         torch.manual_seed(quant.calibration.seed)
@@ -433,7 +446,7 @@ def convert_checkpoint(resolved: Any, out_dir: Path, *, show_progress: bool = Fa
         files=files,
         total_bytes=sum(f.bytes for f in files),
         seconds=round(time.monotonic() - started, 3),
-        peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        peak_rss_bytes=_peak_rss_bytes(),
         modelopt_version=modelopt_version,
         transformers_version=transformers_version,
         calibration=calibration,
