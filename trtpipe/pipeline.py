@@ -33,7 +33,7 @@ from trtpipe.store.local import Entry, Store
 STAGES = ("resolve", "plan", "checkpoint", "engine", "publish")
 STORED_STAGES = {"checkpoint": "checkpoint", "engine": "engine", "publish": "repository"}
 
-Outcome = Literal["ran", "hit", "built", "would-build", "skipped", "unavailable", "failed"]
+Outcome = Literal["ran", "hit", "built", "pulled", "would-build", "would-pull", "skipped", "unavailable", "failed"]
 
 # HF files that determine a converted checkpoint (tokenizer files enter the repository key instead).
 _WEIGHT_SUFFIXES = (".safetensors",)
@@ -80,6 +80,7 @@ class BuildReport(BaseModel):
     artifacts: dict[str, str] = Field(default_factory=dict, description="kind -> artifact digest")
     repository_path: str | None = None
     store: str | None = None
+    remote: str | None = Field(default=None, description="oci:// shared cache consulted before building.")
     record_path: str | None = None
     seconds: float = 0.0
     error: str | None = None
@@ -171,16 +172,19 @@ class _Printer:
 
 class _Runner:
     def __init__(
-        self, spec_path: Path, store: Store, *, dry_run: bool, force: tuple[str, ...], verify: bool, progress: bool
+        self, spec_path: Path, store: Store, *, dry_run: bool, force: tuple[str, ...], verify: bool, progress: bool,
+        remote: Any = None,
     ) -> None:
         self.spec_path = spec_path
         self.store = store
+        self.remote = remote  # trtpipe.store.oci.RemoteStore, or None
         self.dry_run = dry_run
         self.force = force
         self.verify = verify
         self.progress = progress
         self.printer = _Printer(progress, full_keys=dry_run)
-        self.report = BuildReport(spec_path=str(spec_path), dry_run=dry_run, verify=verify, store=str(store.root))
+        self.report = BuildReport(spec_path=str(spec_path), dry_run=dry_run, verify=verify, store=str(store.root),
+                                  remote=str(remote) if remote is not None else None)
         self.resolved: Any = None
         self.memory_plan: dict[str, Any] | None = None
         self.build_plan: Any = None
@@ -237,6 +241,9 @@ class _Runner:
             if present and still_valid is not None and not still_valid(entry):
                 present = False
             outcome: Outcome = "hit" if present and not forced else "would-build"
+            if outcome == "would-build" and not forced and self.remote is not None:
+                if self.remote.find(kind, key.key) is not None:
+                    outcome = "would-pull"
             detail = "forced" if forced and present else None
             self._add(StageReport(name=stage, outcome=outcome, key=key.key, seconds=time.monotonic() - started,
                                   digest=entry.digest if present else None,
@@ -247,7 +254,8 @@ class _Runner:
         if entry is not None and still_valid is not None and not still_valid(entry):
             entry, forced = None, True
         waited = False
-        outcome = "hit"
+        outcome: Outcome = "hit"
+        push_note: str | None = None
         if entry is None:
             def on_wait() -> None:
                 nonlocal waited
@@ -262,14 +270,34 @@ class _Runner:
                         entry = self._build_into(fresh, key, build)
                     outcome = "built"
                 else:
-                    entry = self._build_into(handle, key, build)
-                    outcome = "built"
+                    if self.remote is not None and not forced:
+                        entry = self.remote.pull_into(handle)
+                        outcome = "pulled"
+                        if entry is not None and still_valid is not None and not still_valid(entry):
+                            with self.store.building(kind, key.key, force=True) as fresh:
+                                entry = self._build_into(fresh, key, build)
+                            outcome = "built"
+                    if entry is None:
+                        entry = self._build_into(handle, key, build)
+                        outcome = "built"
+            if outcome == "built" and self.remote is not None:
+                push_note = self._push(entry)
         self.entries[kind] = entry
         self.report.artifacts[kind] = entry.digest
         self._add(StageReport(name=stage, outcome=outcome, key=key.key, digest=entry.digest, path=str(entry.path),
                               seconds=time.monotonic() - started, waited=waited,
-                              detail="reused a concurrent build" if waited and outcome == "hit" else None))
+                              detail=push_note or ("reused a concurrent build" if waited and outcome == "hit" else None)))
         return entry
+
+    def _push(self, entry: Entry) -> str:
+        """Share a built entry through the remote cache; a failed push is reported, not fatal."""
+        try:
+            self.remote.push(entry)
+        except TrtpipeError as err:
+            self.printer.note(f"warning: could not push {entry.kind} to {self.remote}: {err.one_line()}",
+                              style="yellow")
+            return f"push to {self.remote} failed: {err.one_line()}"
+        return f"pushed to {self.remote}"
 
     def _build_into(self, handle: Any, key: keymod.StageKey, build: Callable[[Path], dict[str, Any] | None]) -> Entry:
         build_started = time.monotonic()
@@ -546,6 +574,21 @@ def tokenizer_digest(store: Store, tokenizer_dir: Path | None) -> str | None:
     return keymod.tree_digest(found) if found else None
 
 
+def open_stores(store: Store | Path | str | None) -> tuple[Store, Any]:
+    """The local store, and the shared OCI cache when `store` (or $TRTPIPE_STORE) is `oci://host/repo`.
+
+    With a remote cache, artifacts still live in the local store ($TRTPIPE_HOME); the registry is
+    consulted before building a stage, and what is built is pushed to it."""
+    if isinstance(store, Store):
+        return store, None
+    text = str(store) if store is not None else os.environ.get("TRTPIPE_STORE", "")
+    if text.startswith("oci://"):
+        from trtpipe.store.oci import RemoteStore
+
+        return Store.open(None), RemoteStore(text)
+    return Store.open(store), None
+
+
 def run_build(
     spec_path: Path | str,
     *,
@@ -561,8 +604,9 @@ def run_build(
     if not spec_path.is_file():
         raise UsageError(f"{spec_path}: no such spec file", fix="give the path of a build spec YAML")
     forced = check_force(force)
-    opened = store if isinstance(store, Store) else Store.open(store)
-    runner = _Runner(spec_path, opened, dry_run=dry_run, force=forced, verify=verify, progress=progress)
+    opened, remote = open_stores(store)
+    runner = _Runner(spec_path, opened, dry_run=dry_run, force=forced, verify=verify, progress=progress,
+                     remote=remote)
     try:
         return runner.run()
     finally:

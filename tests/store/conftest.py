@@ -89,3 +89,50 @@ class Tools:
 @pytest.fixture
 def tools() -> type[Tools]:
     return Tools
+
+
+@pytest.fixture(scope="module")
+def oci_registry(tmp_path_factory: pytest.TempPathFactory):
+    """A real registry (Debian's docker-registry) on 127.0.0.1 with htpasswd auth; yields (host, user, password)."""
+    import shutil
+    import socket
+    import time
+
+    binary = shutil.which("docker-registry")
+    if binary is None:
+        pytest.skip("docker-registry is not installed (apt-get install -y docker-registry)")
+    import bcrypt
+    import requests
+
+    base = tmp_path_factory.mktemp("registry")
+    user, password = "builder", "store-test-password"
+    htpasswd = base / "htpasswd"  # written first: a missing file makes the registry invent a password
+    htpasswd.write_text(f"{user}:{bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=5)).decode()}\n")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = base / "config.yml"
+    config.write_text(
+        f"version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {base / 'data'}\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n  secret: store-test\n  draintimeout: 5s\n"
+        f"auth:\n  htpasswd:\n    realm: store-test\n    path: {htpasswd}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}
+    proc = subprocess.Popen([binary, "serve", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=env)
+    host = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if requests.get(f"http://{host}/v2/", timeout=1).status_code == 401:
+                    break
+            except requests.RequestException:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("docker-registry did not start")
+            time.sleep(0.05)
+        yield host, user, password
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
         verify: Annotated[bool, typer.Option("--verify", help="Check every reused file's sha256, not only sizes.")] = False,
         json_out: Annotated[bool, typer.Option("--json", help="Print the build report as JSON.")] = False,
-        store: Annotated[Optional[Path], typer.Option("--store", help="Artifact store root (default $TRTPIPE_HOME).")] = None,
+        store: Annotated[Optional[str], typer.Option("--store", help="Store root (default $TRTPIPE_HOME), or oci://HOST/REPO to share a build cache through a registry (default $TRTPIPE_STORE).")] = None,
     ) -> None:
         """Run resolve -> plan -> checkpoint -> engine -> publish, reusing every stage already built."""
         from trtpipe.pipeline import run_build
