@@ -198,12 +198,15 @@ def register(app: typer.Typer) -> None:
         if json_out:
             typer.echo(json.dumps([r.model_dump(mode="json") for r in records], indent=2))
             return
+        def outcome(record: Any, stage: str) -> str:
+            return next((s.outcome for s in record.stages if s.name == stage), "-")
+
         _table(
             f"builds recorded in {opened.root}",
-            ["when", "model", "target", "status", "stages", "seconds", "repository"],
-            [[r.started_at[:19].replace("T", " "), str(r.model or "-"), str(r.target or "-"), r.status,
-              " ".join(f"{s.name}:{s.outcome}" for s in r.stages if s.outcome != "skipped"),
-              f"{r.seconds:.2f}", (r.artifacts.get("repository") or "-")[:19]] for r in records],
+            ["when (UTC)", "model", "target", "status", "checkpoint", "engine", "publish", "secs", "repository"],
+            [[r.started_at[5:19].replace("T", " "), str(r.model or "-"), str(r.target or "-"), r.status,
+              outcome(r, "checkpoint"), outcome(r, "engine"), outcome(r, "publish"), f"{r.seconds:.2f}",
+              (r.artifacts.get("repository") or "-").removeprefix("sha256:")[:12]] for r in records],
         )
 
 
