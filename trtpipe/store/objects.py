@@ -16,24 +16,15 @@ import uuid
 from pathlib import Path
 from typing import Literal
 
-READ_CHUNK = 1024 * 1024  # 1 MiB reads: as fast as larger ones here, kinder to caches
 READ_ONLY = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
 
 Placement = Literal["linked", "copied"]
 
 
 def sha256_file(path: Path) -> str:
-    """sha256 of a file, read in 1 MiB chunks into one reused buffer."""
-    digest = hashlib.sha256()
-    buffer = bytearray(READ_CHUNK)
-    view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as handle:
-        while True:
-            count = handle.readinto(buffer)
-            if not count:
-                break
-            digest.update(view[:count])
-    return digest.hexdigest()
+    """sha256 of a file (hashlib.file_digest: C-level reads, measured as fast as large manual reads)."""
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _is_hex_digest(value: str) -> bool:
