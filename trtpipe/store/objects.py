@@ -24,7 +24,12 @@ Placement = Literal["linked", "copied"]
 def sha256_file(path: Path) -> str:
     """sha256 of a file (hashlib.file_digest: C-level reads, measured as fast as large manual reads)."""
     with open(path, "rb") as handle:
-        return hashlib.file_digest(handle, "sha256").hexdigest()
+        if hasattr(hashlib, "file_digest"):  # Python >= 3.11
+            return hashlib.file_digest(handle, "sha256").hexdigest()
+        digest = hashlib.sha256()
+        for block in iter(lambda: handle.read(1024 * 1024), b""):
+            digest.update(block)
+        return digest.hexdigest()
 
 
 def _is_hex_digest(value: str) -> bool:
