@@ -327,15 +327,9 @@ def _suggestions(inputs: PlanInputs, figures: Figures, sm: int | None) -> list[S
         )
     if inputs.algo in (QuantAlgo.none, QuantAlgo.int8_wo, QuantAlgo.int8_sq) and sm is not None and sm >= FP8_MIN_SM:
         add("quantize weights to FP8", {"quantization.algo": "fp8"}, dataclasses.replace(inputs, algo=QuantAlgo.fp8))
-    if inputs.kv_dtype not in ("fp8", "int8"):
-        if sm is not None and sm >= FP8_MIN_SM:
-            add("store the KV cache in FP8", {"quantization.kv_cache": "fp8"}, dataclasses.replace(inputs, kv_dtype="fp8"))
-        else:
-            add(
-                "store the KV cache in INT8 (FP8 KV cache needs SM89+)",
-                {"quantization.kv_cache": "int8"},
-                dataclasses.replace(inputs, kv_dtype="int8"),
-            )
+    # No INT8 KV cache suggestion: the pinned converter (ModelOpt 0.37 path) refuses kv_cache int8.
+    if inputs.kv_dtype not in ("fp8", "int8") and sm is not None and sm >= FP8_MIN_SM:
+        add("store the KV cache in FP8", {"quantization.kv_cache": "fp8"}, dataclasses.replace(inputs, kv_dtype="fp8"))
     for tp in (inputs.tp * 2, inputs.tp * 4):
         if tp <= 8 and s.attention_heads % tp == 0 and (s.kv_heads % tp == 0 or tp % s.kv_heads == 0):
             add(

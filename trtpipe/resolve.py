@@ -289,7 +289,7 @@ def _check_quantization(loaded: LoadedSpec, gpu: GpuInfo | None) -> None:
         raise loaded.error(
             ("quantization", "kv_cache"),
             f"an FP8 KV cache needs SM{FP8_MIN_SM} or newer, but {gpu.name} is {gpu.sm_label}",
-            f"use kv_cache: int8 or auto on {gpu.name}, or target l40s, h100-sxm, h200 or b200",
+            f"use kv_cache: auto on {gpu.name}, or target l40s, h100-sxm, h200 or b200",
         )
 
 
