@@ -312,7 +312,9 @@ class _Runner:
         started = time.monotonic()
         load_spec = _need("trtpipe.spec_loader", "load_spec")
         resolve = _need("trtpipe.resolve", "resolve")
-        self.resolved = resolve(load_spec(self.spec_path))
+        # A dry run also works for planning-only specs (model.config, no weights): it still shows
+        # the engine stage's exact trtllm-build command and container for a GPU target.
+        self.resolved = resolve(load_spec(self.spec_path), need_weights=not self.dry_run)
         spec = self.resolved.spec
         self.report.name = spec.artifact_name
         self.report.target = spec.target.gpu
@@ -374,8 +376,17 @@ class _Runner:
             transformers_version=toolchain.transformers_version or _installed("transformers"),
         )
 
+    def _planning_only(self) -> bool:
+        model = self.resolved.spec.model
+        return self.resolved.model_dir is None and not (model.repo_id and model.revision)
+
     def checkpoint_stage(self, leases: contextlib.ExitStack) -> None:
         _check_available("trtpipe.checkpoint.convert", "convert_checkpoint")
+        if self.dry_run and self._planning_only():
+            self._add(StageReport(name="checkpoint", outcome="skipped",
+                                  detail="planning-only spec (model.config): no weights, so no key; "
+                                         "set model.path or model.repo_id + revision to build"))
+            return
         key = self.checkpoint_key()
 
         def build(out_dir: Path) -> dict[str, Any]:
@@ -401,24 +412,34 @@ class _Runner:
         )
 
     def engine_stage(self, leases: contextlib.ExitStack) -> None:
-        checkpoint_key = self.report.keys["checkpoint"]
-        key = self.engine_key(checkpoint_key)
+        checkpoint_key = self.report.keys.get("checkpoint")
         _check_available("trtpipe.engine.stage", "build_engine")
-        checkpoint_dir = self.store.entry_dir("checkpoint", checkpoint_key)
+        if checkpoint_key is None:  # dry run of a planning-only spec: no keys, but the exact command
+            make_build_plan = _need("trtpipe.engine.plan", "make_build_plan")
+            self.build_plan = make_build_plan(self.resolved)
+            self._add(StageReport(name="engine", outcome="would-build",
+                                  detail="key needs the checkpoint's weights"))
+            checkpoint_dir = self.store.root / "checkpoint" / "CHECKPOINT-KEY"
+            out_name = "engine-ENGINE-KEY"
+        else:
+            key = self.engine_key(checkpoint_key)
+            checkpoint_dir = self.store.entry_dir("checkpoint", checkpoint_key)
+            out_name = f"engine-{key.key}-XXXXXXXX"
+            if self.dry_run:
+                self._stored_stage("engine", key, lambda _: None, leases)
         if self.dry_run:
-            self._stored_stage("engine", key, lambda _: None, leases)
             if self.resolved.spec.target.is_cpu_reference:
                 return  # the reference executor runs no trtllm-build and no container
             stage = self.report.stages[-1]
-            out_dir = self.store.root / "tmp" / f"engine-{key.key}-XXXXXXXX"
+            out_dir = self.store.root / "tmp" / out_name
             stage.command = [str(a) for a in self.build_plan.render_command(checkpoint_dir, out_dir)]
             self.printer.note("    command: " + " ".join(stage.command))
             if self.resolved.spec.target.executor.value in ("docker", "auto"):
                 stage.container = _container_spec(self.resolved, self.build_plan, checkpoint_dir, out_dir)
                 if stage.container is not None:
-                    import json
-
-                    self.printer.note("    container: " + json.dumps(stage.container, sort_keys=True))
+                    # The full spec is in --json; a person reads the equivalent docker run line.
+                    docker_run = stage.container.get("docker_run") or []
+                    self.printer.note("    container: " + " ".join(str(a) for a in docker_run))
             return
 
         def build(out_dir: Path) -> dict[str, Any]:
@@ -447,7 +468,10 @@ class _Runner:
 
     def publish_stage(self, leases: contextlib.ExitStack) -> None:
         _check_available("trtpipe.serving.publish", "publish_repository")
-        engine_key = self.report.keys["engine"]
+        engine_key = self.report.keys.get("engine")
+        if engine_key is None:  # dry run of a planning-only spec
+            self._add(StageReport(name="publish", outcome="would-build", detail="key needs the engine key"))
+            return
         key = self.repository_key(engine_key)
         engine = self.entries.get("engine")
 
