@@ -457,12 +457,15 @@ class _Runner:
 
     def repository_key(self, engine_key: str) -> keymod.StageKey:
         from trtpipe import __version__
+        # Light (hashlib + ~10 small files, no torch): fine on the warm path.
+        from trtpipe.serving.templates import templates_digest
 
         resolved = self.resolved
         return keymod.repository_key(
             engine=engine_key,
             serving=resolved.spec.triton.model_dump(mode="json"),
             tokenizer_digest=tokenizer_digest(self.store, resolved.tokenizer_dir),
+            templates_digest=templates_digest(),
             trtpipe_version=__version__,
         )
 

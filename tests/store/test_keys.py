@@ -29,7 +29,7 @@ def all_keys(p: dict[str, Any]) -> dict[str, str]:
         tensorrt_version=p["tensorrt"], gpu_sm=p["sm"], gpu_product=p["product"],
     )
     rk = keys.repository_key(engine=ek.key, serving=p["serving"], tokenizer_digest=p["tokenizer"],
-                             trtpipe_version=p["trtpipe"])
+                             templates_digest=p["templates"], trtpipe_version=p["trtpipe"])
     return {"checkpoint": ck.key, "engine": ek.key, "repository": rk.key}
 
 
@@ -64,6 +64,7 @@ def params(draw) -> dict[str, Any]:
         "product": draw(st.sampled_from(["cpu-reference", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"])),
         "serving": {"streaming": draw(st.booleans()), "kv_cache_free_gpu_mem_fraction": 0.9},
         "tokenizer": draw(hexes),
+        "templates": "sha256:" + draw(hexes),
         "trtpipe": draw(st.sampled_from(["0.1.0", "0.2.0"])),
     }
 
@@ -124,6 +125,9 @@ def mutate(p: dict[str, Any], what: str) -> tuple[dict[str, Any], set[str]]:
     if what == "tokenizer":
         q["tokenizer"] = _bump_hex(q["tokenizer"])
         return q, {"repository"}
+    if what == "serving templates":
+        q["templates"] = "sha256:" + _bump_hex(p["templates"].removeprefix("sha256:"))
+        return q, {"repository"}
     if what == "trtpipe version":
         q["trtpipe"] = p["trtpipe"] + ".post1"
         return q, {"repository"}
@@ -133,7 +137,7 @@ def mutate(p: dict[str, Any], what: str) -> tuple[dict[str, Any], set[str]]:
 MUTATIONS = [
     "weight file", "config file", "calibration file", "calibration samples", "group size", "dtype", "tp",
     "modelopt version", "transformers version", "engine limit", "plugin", "trtllm version", "tensorrt version",
-    "gpu", "serving option", "tokenizer", "trtpipe version",
+    "gpu", "serving option", "tokenizer", "serving templates", "trtpipe version",
 ]  # fmt: skip
 
 
@@ -156,9 +160,11 @@ def test_keys_ignore_the_order_of_weight_files(p: dict[str, Any], rnd) -> None:
 
 
 def test_key_document_is_versioned_and_canonical() -> None:
-    key = keys.repository_key(engine="e", serving={"b": 1, "a": 2}, tokenizer_digest=None, trtpipe_version="0.1.0")
+    key = keys.repository_key(engine="e", serving={"b": 1, "a": 2}, tokenizer_digest=None, templates_digest="t",
+                              trtpipe_version="0.1.0")
     assert key.inputs["key_schema"] == keys.KEY_SCHEMA and key.inputs["kind"] == "repository"
-    again = keys.repository_key(engine="e", serving={"a": 2, "b": 1}, tokenizer_digest=None, trtpipe_version="0.1.0")
+    again = keys.repository_key(engine="e", serving={"a": 2, "b": 1}, tokenizer_digest=None, templates_digest="t",
+                              trtpipe_version="0.1.0")
     assert key.key == again.key and len(key.key) == 64
     assert keys.canonical_json({"b": 1, "a": [1, "x"]}) == b'{"a":[1,"x"],"b":1}'
 

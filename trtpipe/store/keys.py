@@ -8,7 +8,7 @@ by their content digest only.
 Dependency chain (which keys change when an input changes):
     checkpoint  <- HF weight + config digests, dtype, quant recipe, tp, pp, ModelOpt + transformers versions
     engine      <- checkpoint key + full build config + TRT-LLM + TensorRT versions + target SM + GPU product
-    repository  <- engine key + serving options + tokenizer digest + trtpipe version
+    repository  <- engine key + serving options + tokenizer digest + serving templates digest + trtpipe version
 """
 
 from __future__ import annotations
@@ -167,15 +167,22 @@ def repository_key(
     engine: str,
     serving: Mapping[str, Any],
     tokenizer_digest: str | None,
+    templates_digest: str,
     trtpipe_version: str,
 ) -> StageKey:
-    """Key of a Triton model repository: engine key + serving options + tokenizer + writer version."""
+    """Key of a Triton model repository: engine key + serving options + tokenizer + writer version.
+
+    `templates_digest` covers the config.pbtxt templates and model.py files the repository is
+    rendered from (`trtpipe.serving.templates.templates_digest()`): editing one republishes even
+    when the trtpipe version string did not move.
+    """
     return _make(
         "repository",
         {
             "engine": engine,
             "serving": dict(serving),
             "tokenizer": tokenizer_digest,
+            "templates": templates_digest,
             "trtpipe_version": trtpipe_version,
         },
     )
