@@ -204,7 +204,7 @@ class _Runner:
         for name in names:
             self.report.stages.append(StageReport(name=name, outcome="skipped", detail=reason))
 
-    def _meta(self, stage_seconds: float | None = None) -> dict[str, Any]:
+    def _meta(self, kind: str, stage_seconds: float | None = None) -> dict[str, Any]:
         spec = self.resolved.spec
         meta: dict[str, Any] = {
             "model": spec.artifact_name,
@@ -216,6 +216,10 @@ class _Runner:
             "tp": spec.target.tp,
             "pp": spec.target.pp,
         }
+        if kind in ("engine", "repository"):
+            # What was built and served, as loaded (paths absolute): `trtpipe promote` reads
+            # `meta.spec.release.gates` from here when no --spec is given. Meta is not in the key.
+            meta["spec"] = spec.model_dump(mode="json")
         if stage_seconds is not None:
             meta["timings"] = {"stage_seconds": round(stage_seconds, 6)}
         return meta
@@ -303,7 +307,7 @@ class _Runner:
         build_started = time.monotonic()
         extra_meta = build(handle.dir) or {}
         seconds = time.monotonic() - build_started
-        entry = handle.commit(inputs=key.inputs, meta={**self._meta(seconds), **extra_meta})
+        entry = handle.commit(inputs=key.inputs, meta={**self._meta(handle.kind, seconds), **extra_meta})
         self.store.log_built(handle.kind, handle.key, entry.digest, seconds)
         return entry
 

@@ -134,8 +134,12 @@ def registry_env(registry: RegistryHandle, isolated_home: Path, monkeypatch: pyt
 
 
 def make_store_entry(home: Path, key: str, *, seed: str = "a", kind: str = "engine", model: str = "tiny-llama",
-                     target: str = "cpu-reference", gates: dict[str, Any] | None = None):
-    """Commit a small engine-like entry into the real local store under `home`."""
+                     target: str = "cpu-reference", gates: dict[str, Any] | None = None,
+                     spec: dict[str, Any] | None = None):
+    """Commit a small engine-like entry into the real local store under `home`.
+
+    `spec`: a whole BuildSpec dump stored as `meta.spec`, as `trtpipe build` records it.
+    """
     from trtpipe.store.local import Store
 
     store = Store.open(home)
@@ -149,6 +153,8 @@ def make_store_entry(home: Path, key: str, *, seed: str = "a", kind: str = "engi
         meta: dict[str, Any] = {"model": model, "target": target, "toolchain": "trtllm-1.2.1"}
         if gates is not None:
             meta["spec"] = {"release": {"gates": gates}}
+        if spec is not None:
+            meta["spec"] = spec
         return b.commit(inputs={"seed": seed}, meta=meta)
 
 
@@ -167,7 +173,7 @@ def run_cli(*args: str) -> tuple[int, str, str]:
 
 @pytest.fixture
 def store_entry():
-    """make_store_entry(home, key, seed=..., model=..., target=..., gates=...) -> Entry."""
+    """make_store_entry(home, key, seed=..., model=..., target=..., gates=..., spec=...) -> Entry."""
     return make_store_entry
 
 

@@ -140,6 +140,31 @@ def test_gates_from_spec_option(isolated_home, store_entry, cli, tmp_path) -> No
     assert "spec" in read_audit(isolated_home)[-1].gates_source
 
 
+def test_gates_from_the_spec_a_build_recorded(isolated_home, store_entry, cli, tmp_path) -> None:
+    """`trtpipe build` stores the loaded spec as `meta.spec`; promote finds its gates without --spec."""
+    from trtpipe.spec_loader import load_spec
+
+    (tmp_path / "tiny-llama").mkdir()
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text("model:\n  path: tiny-llama\nrelease:\n  gates:\n    prod:\n      smoke: true\n      parity: true\n")
+    recorded = load_spec(spec_path).spec.model_dump(mode="json")  # what pipeline._meta stores
+    entry = store_entry(isolated_home, "c8" * 8, seed="s", spec=recorded)
+    spec_path.unlink()  # promotion must not need the spec file any more
+    ResultsLog(isolated_home).record(entry.digest, "smoke", True, {})
+    code, _, err = cli("promote", entry.digest, "--to", "prod")
+    assert code == 1 and "parity missing" in err
+    assert read_audit(isolated_home)[-1].gates_source == "artifact manifest"
+    ResultsLog(isolated_home).record(entry.digest, "parity", True, {"max_abs_logit_diff": 0.0})
+    code, out, err = cli("promote", entry.digest, "--to", "prod", "--json")
+    assert code == 0, err
+    assert json.loads(out)["gates_source"] == "artifact manifest"
+    assert prod_digest(isolated_home) == entry.digest
+    # A channel the recorded spec has no gates for falls back to the default (smoke only).
+    code, out, err = cli("promote", entry.digest, "--to", "staging", "--json")
+    assert code == 0, err
+    assert json.loads(out)["gates_source"].startswith("artifact manifest (no gates for this channel")
+
+
 def test_audit_edit_is_detected(isolated_home, store_entry, cli) -> None:
     entry = store_entry(isolated_home, "d0" * 8)
     ResultsLog(isolated_home).record(entry.digest, "smoke", True, {})

@@ -21,6 +21,10 @@ engine:
   max_batch_size: 4
   max_input_len: 64
   max_seq_len: 128
+release:
+  gates:
+    prod:
+      parity: true
 """
 
 

@@ -49,6 +49,23 @@ def test_cold_build_builds_every_stage_and_records_it(built, tools) -> None:
     assert [s["name"] for s in record["stages"]] == ["resolve", "plan", "checkpoint", "engine", "publish"]
 
 
+def test_engine_and_repository_manifests_record_the_spec_for_promote(built, tiny_spec: Path) -> None:
+    from trtpipe.release.promote import load_gates
+    from trtpipe.spec_loader import load_spec
+
+    home, report = built
+    store = Store.open(home)
+    expected = load_spec(tiny_spec).spec.model_dump(mode="json")
+    checkpoint = store.get("checkpoint", report["keys"]["checkpoint"])
+    assert checkpoint is not None and "spec" not in checkpoint.manifest["meta"]
+    for kind, stage in (("engine", "engine"), ("repository", "publish")):
+        entry = store.get(kind, report["keys"][stage])
+        assert entry is not None
+        assert entry.manifest["meta"]["spec"] == expected
+        gates, source = load_gates(None, entry.manifest, "prod")
+        assert source == "artifact manifest" and gates.parity and gates.smoke
+
+
 def test_warm_build_is_all_hits_and_does_no_stage_work(built, tiny_spec: Path, tools, tmp_path: Path) -> None:
     home = _copy_store(built[0], tmp_path / "home")
     lines_before = len(tools.built_lines(home))
