@@ -57,7 +57,7 @@ def load_catalog(path: Path | None = None) -> dict[str, GpuInfo]:
     """Every GPU of the catalog by canonical name."""
     path = path or build_configs_dir() / "gpus.yaml"
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except FileNotFoundError:
         raise TrtpipeError(
             f"GPU catalog {path} is missing",

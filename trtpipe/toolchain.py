@@ -91,7 +91,7 @@ def load_toolchains(path: Path | None = None) -> dict[str, Toolchain]:
     """All pinned toolchains by name, oldest first."""
     path = path or build_configs_dir() / "toolchains.yaml"
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except FileNotFoundError:
         raise TrtpipeError(
             f"toolchain table {path} is missing",

@@ -122,7 +122,7 @@ def contract_path(toolchain_name: str) -> Path:
 
 @lru_cache(maxsize=16)
 def _load_contract_cached(path: Path, mtime_ns: int) -> FlagContract:
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     return FlagContract.model_validate(data)
 
 
