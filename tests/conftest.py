@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -34,3 +38,98 @@ def trtpipe_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home.mkdir()
     monkeypatch.setenv("TRTPIPE_HOME", str(home))
     return home
+
+
+# --------------------------------------------------------------------------- OCI registry
+# A real registry (Debian's docker-registry) on 127.0.0.1, shared by the store (remote cache) and
+# release (push/pull, channels) tests. Skips where docker-registry is not installed.
+
+REGISTRY_USER = "trtpipe-ci"
+REGISTRY_PASSWORD = "s3cret-Registry-Pw-7f3a"
+
+
+@dataclass(frozen=True)
+class RegistryHandle:
+    host: str  # 127.0.0.1:PORT
+    root: Path  # the registry's storage root (blobs live under docker/registry/v2/blobs)
+    username: str
+    password: str
+
+    def url(self, repository: str) -> str:
+        return f"oci://{self.host}/{repository}"
+
+    def blob_data_path(self, digest: str) -> Path:
+        hexd = digest.split(":", 1)[1]
+        return self.root / "docker" / "registry" / "v2" / "blobs" / "sha256" / hexd[:2] / hexd / "data"
+
+
+@contextlib.contextmanager
+def _serve_registry(base: Path, auth: list[str], username: str, password: str) -> Iterator[RegistryHandle]:
+    """Run docker-registry with storage under `base` and the given `auth:` config lines until the block ends."""
+    import shutil
+    import socket
+    import subprocess
+    import time
+
+    import requests
+
+    binary = shutil.which("docker-registry")
+    if binary is None:
+        pytest.skip("docker-registry is not installed (apt-get install -y docker-registry; scripts/install.sh --test does it)")
+    root = base / "storage"
+    root.mkdir()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = base / "config.yml"
+    config.write_text("\n".join([
+        "version: 0.1", "log:", "  level: warn", "storage:", "  filesystem:", f"    rootdirectory: {root}",
+        "  delete:", "    enabled: true",
+        "http:", f"  addr: 127.0.0.1:{port}", "  secret: trtpipe-test-secret", "  draintimeout: 5s",
+        "auth:", *auth, "",
+    ]))  # fmt: skip
+    log_path = base / "registry.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT, env=env)
+        host = f"127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    if requests.get(f"http://{host}/v2/", timeout=1).status_code == 401:
+                        break
+                except requests.RequestException:
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"docker-registry did not start: {log_path.read_text()[-2000:]}")
+                time.sleep(0.05)
+            yield RegistryHandle(host=host, root=root, username=username, password=password)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(scope="session")
+def serve_registry():
+    """serve_registry(base, auth_lines, username, password): a context manager yielding a RegistryHandle."""
+    return _serve_registry
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryHandle]:
+    """docker-registry with htpasswd auth for the session (REGISTRY_USER / REGISTRY_PASSWORD)."""
+    base = tmp_path_factory.mktemp("registry")
+    htpasswd = base / "htpasswd"
+    # Written before start: a missing file makes the registry invent a password and log it. Cost 5: it is checked per request.
+    import bcrypt
+
+    hashed = bcrypt.hashpw(REGISTRY_PASSWORD.encode(), bcrypt.gensalt(rounds=5)).decode()
+    htpasswd.write_text(f"{REGISTRY_USER}:{hashed}\n")
+    auth = ["  htpasswd:", "    realm: trtpipe-test", f"    path: {htpasswd}"]
+    with _serve_registry(base, auth, REGISTRY_USER, REGISTRY_PASSWORD) as handle:
+        yield handle

@@ -1,109 +1,18 @@
-"""Fixtures for the release tests: a real OCI registry (Debian's docker-registry) with htpasswd auth."""
+"""Fixtures for the release tests: an isolated home, store entries, the CLI, and a token-auth registry.
+
+The htpasswd registry (`registry`, `RegistryHandle`) lives in tests/conftest.py: the store tests use it too.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
-
-REGISTRY_USER = "trtpipe-ci"
-REGISTRY_PASSWORD = "s3cret-Registry-Pw-7f3a"
-
-
-@dataclass(frozen=True)
-class RegistryHandle:
-    host: str  # 127.0.0.1:PORT
-    root: Path  # the registry's storage root (blobs live under docker/registry/v2/blobs)
-    username: str
-    password: str
-
-    def url(self, repository: str) -> str:
-        return f"oci://{self.host}/{repository}"
-
-    def blob_data_path(self, digest: str) -> Path:
-        hexd = digest.split(":", 1)[1]
-        return self.root / "docker" / "registry" / "v2" / "blobs" / "sha256" / hexd[:2] / hexd / "data"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def registry(tmp_path_factory: pytest.TempPathFactory):
-    """Start docker-registry on 127.0.0.1 with htpasswd auth for the session; stop it afterwards."""
-    binary = shutil.which("docker-registry")
-    if binary is None:
-        pytest.skip("docker-registry is not installed (apt-get install -y docker-registry; scripts/install.sh --test does it)")
-    import bcrypt
-
-    base = tmp_path_factory.mktemp("registry")
-    root = base / "storage"
-    root.mkdir()
-    htpasswd = base / "htpasswd"
-    # Written before start: a missing file makes the registry invent a password and log it. Cost 5: it is checked per request.
-    hashed = bcrypt.hashpw(REGISTRY_PASSWORD.encode(), bcrypt.gensalt(rounds=5)).decode()
-    htpasswd.write_text(f"{REGISTRY_USER}:{hashed}\n")
-    port = _free_port()
-    config = base / "config.yml"
-    config.write_text(
-        "\n".join(
-            [
-                "version: 0.1",
-                "log:",
-                "  level: warn",
-                "storage:",
-                "  filesystem:",
-                f"    rootdirectory: {root}",
-                "  delete:",
-                "    enabled: true",
-                "http:",
-                f"  addr: 127.0.0.1:{port}",
-                "  secret: trtpipe-test-secret",
-                "  draintimeout: 5s",
-                "auth:",
-                "  htpasswd:",
-                "    realm: trtpipe-test",
-                f"    path: {htpasswd}",
-                "",
-            ]
-        )
-    )
-    log = open(base / "registry.log", "wb")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}
-    proc = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT, env=env)
-    host = f"127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if requests.get(f"http://{host}/v2/", timeout=1).status_code == 401:
-                    break
-            except requests.RequestException:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"docker-registry did not start: {(base / 'registry.log').read_text()[-2000:]}")
-            time.sleep(0.05)
-        yield RegistryHandle(host=host, root=root, username=REGISTRY_USER, password=REGISTRY_PASSWORD)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 @pytest.fixture
@@ -123,7 +32,7 @@ def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def registry_env(registry: RegistryHandle, isolated_home: Path, monkeypatch: pytest.MonkeyPatch) -> RegistryHandle:
+def registry_env(registry: Any, isolated_home: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """Credentials for the test registry through the environment."""
     monkeypatch.setenv("TRTPIPE_REGISTRY_USERNAME", registry.username)
     monkeypatch.setenv("TRTPIPE_REGISTRY_PASSWORD", registry.password)
@@ -188,6 +97,10 @@ def cli():
 # token service. The distribution registry does the same with `auth.token`; the token service below
 # follows the Docker token spec (RS256 JWT with an x5c chain the registry checks against its root
 # bundle), signing with the openssl CLI.
+
+
+TOKEN_USER = "trtpipe-ci"
+TOKEN_PASSWORD = "s3cret-Token-Pw-2c9d"
 
 
 def _b64url(data: bytes) -> str:
@@ -263,50 +176,17 @@ class _TokenService:
 
 
 @pytest.fixture(scope="session")
-def token_registry(tmp_path_factory: pytest.TempPathFactory):
+def token_registry(tmp_path_factory: pytest.TempPathFactory, serve_registry):
     """docker-registry with Bearer-token auth (like GHCR/ECR/Docker Hub) and its token service."""
-    binary = shutil.which("docker-registry")
-    if binary is None:
-        pytest.skip("docker-registry is not installed (apt-get install -y docker-registry; scripts/install.sh --test does it)")
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed (the test token service signs with it)")
     base = tmp_path_factory.mktemp("token-registry")
-    root = base / "storage"
-    root.mkdir()
-    tokens = _TokenService(base, REGISTRY_USER, REGISTRY_PASSWORD, "trtpipe-test-registry", "trtpipe-test-issuer")
+    tokens = _TokenService(base, TOKEN_USER, TOKEN_PASSWORD, "trtpipe-test-registry", "trtpipe-test-issuer")
     server = tokens.serve()
-    port = _free_port()
-    config = base / "config.yml"
-    config.write_text(
-        "\n".join([
-            "version: 0.1", "log:", "  level: warn", "storage:", "  filesystem:", f"    rootdirectory: {root}",
-            "http:", f"  addr: 127.0.0.1:{port}", "  secret: trtpipe-test-secret", "  draintimeout: 5s",
-            "auth:", "  token:", f"    realm: http://127.0.0.1:{server.server_address[1]}/token",
-            f"    service: {tokens.service}", f"    issuer: {tokens.issuer}", f"    rootcertbundle: {tokens.cert}", "",
-        ])
-    )
-    log = open(base / "registry.log", "wb")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}
-    proc = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT, env=env)
-    host = f"127.0.0.1:{port}"
+    auth = ["  token:", f"    realm: http://127.0.0.1:{server.server_address[1]}/token",
+            f"    service: {tokens.service}", f"    issuer: {tokens.issuer}", f"    rootcertbundle: {tokens.cert}"]
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if requests.get(f"http://{host}/v2/", timeout=1).status_code == 401:
-                    break
-            except requests.RequestException:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"docker-registry did not start: {(base / 'registry.log').read_text()[-2000:]}")
-            time.sleep(0.05)
-        yield RegistryHandle(host=host, root=root, username=REGISTRY_USER, password=REGISTRY_PASSWORD)
+        with serve_registry(base, auth, TOKEN_USER, TOKEN_PASSWORD) as handle:
+            yield handle
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
         server.shutdown()

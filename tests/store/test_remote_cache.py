@@ -10,8 +10,8 @@ import pytest
 pytestmark = pytest.mark.timeout(600)
 
 
-def test_shared_cache_through_a_registry(oci_registry, tiny_spec: Path, tmp_path: Path, tools, monkeypatch) -> None:
-    host, user, password = oci_registry
+def test_shared_cache_through_a_registry(registry, tiny_spec: Path, tmp_path: Path, tools, monkeypatch) -> None:
+    host, user, password = registry.host, registry.username, registry.password
     monkeypatch.setenv("HOME", str(tmp_path))  # no user Docker config may leak credentials in
     monkeypatch.delenv("DOCKER_CONFIG", raising=False)
     monkeypatch.setenv("TRTPIPE_REGISTRY_USERNAME", user)
