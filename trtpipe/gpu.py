@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 from typing import Any, Protocol
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from trtpipe.datafiles import load_table
 from trtpipe.errors import TrtpipeError
 from trtpipe.toolchain import build_configs_dir
 
@@ -56,28 +56,7 @@ class UnknownGpu(TrtpipeError):
 def load_catalog(path: Path | None = None) -> dict[str, GpuInfo]:
     """Every GPU of the catalog by canonical name."""
     path = path or build_configs_dir() / "gpus.yaml"
-    try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except FileNotFoundError:
-        raise TrtpipeError(
-            f"GPU catalog {path} is missing",
-            fix="install trtpipe from a checkout with `pip install -e .`, or set TRTPIPE_BUILD_CONFIGS to its build_configs/",
-        ) from None
-    except yaml.YAMLError as exc:
-        raise TrtpipeError(f"GPU catalog {path} is not valid YAML: {exc}", fix="restore the file from git") from None
-    entries = data.get("gpus") if isinstance(data, dict) else None
-    if not isinstance(entries, list):
-        raise TrtpipeError(f"{path}: top-level `gpus:` list is missing", fix="restore the file from git")
-    catalog: dict[str, GpuInfo] = {}
-    for index, entry in enumerate(entries):
-        try:
-            gpu = GpuInfo.model_validate(entry)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            loc = ".".join(str(p) for p in first["loc"])
-            raise TrtpipeError(f"{path}: gpus[{index}].{loc}: {first['msg']}", fix="fix the entry") from None
-        catalog[gpu.name] = gpu
-    return catalog
+    return {gpu.name: gpu for gpu in load_table(path, "GPU catalog", "gpus", GpuInfo)}
 
 
 def _normalise(name: str) -> str:

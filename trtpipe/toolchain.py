@@ -11,9 +11,9 @@ import difflib
 import re
 from pathlib import Path
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from trtpipe.datafiles import load_table
 from trtpipe.errors import TrtpipeError
 
 # trtllm-build (the engine path this tool drives) and the C++ Triton backend were removed after the 1.2 line.
@@ -90,29 +90,7 @@ def version_tuple(version: str) -> tuple[int, ...]:
 def load_toolchains(path: Path | None = None) -> dict[str, Toolchain]:
     """All pinned toolchains by name, oldest first."""
     path = path or build_configs_dir() / "toolchains.yaml"
-    try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except FileNotFoundError:
-        raise TrtpipeError(
-            f"toolchain table {path} is missing",
-            fix="install trtpipe from a checkout with `pip install -e .`, or set TRTPIPE_BUILD_CONFIGS to its build_configs/",
-        ) from None
-    except yaml.YAMLError as exc:
-        raise TrtpipeError(f"toolchain table {path} is not valid YAML: {exc}", fix="restore the file from git") from None
-    entries = (data or {}).get("toolchains") if isinstance(data, dict) else None
-    if not isinstance(entries, list):
-        raise TrtpipeError(f"{path}: top-level `toolchains:` list is missing", fix="restore the file from git")
-    toolchains: dict[str, Toolchain] = {}
-    for index, entry in enumerate(entries):
-        try:
-            toolchain = Toolchain.model_validate(entry)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            loc = ".".join(str(p) for p in first["loc"])
-            raise TrtpipeError(
-                f"{path}: toolchains[{index}].{loc}: {first['msg']}", fix="fix the entry or restore the file from git"
-            ) from None
-        toolchains[toolchain.name] = toolchain
+    toolchains = {t.name: t for t in load_table(path, "toolchain table", "toolchains", Toolchain)}
     return dict(sorted(toolchains.items(), key=lambda item: item[1].version_tuple))
 
 

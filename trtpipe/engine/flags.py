@@ -12,9 +12,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from trtpipe.datafiles import read_yaml
 from trtpipe.errors import TrtpipeError
 
 FLAGS_DIR = Path(__file__).resolve().parents[2] / "build_configs" / "trtllm_build_flags"
@@ -122,8 +122,7 @@ def contract_path(toolchain_name: str) -> Path:
 
 @lru_cache(maxsize=16)
 def _load_contract_cached(path: Path, mtime_ns: int) -> FlagContract:
-    data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    return FlagContract.model_validate(data)
+    return FlagContract.model_validate(read_yaml(path))
 
 
 def load_contract(toolchain_name: str) -> FlagContract:
