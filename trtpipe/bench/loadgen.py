@@ -94,6 +94,23 @@ class _InFlight:
     t_sent: float
     chunks: list[tuple[float, int]] = field(default_factory=list)
 
+    def record(
+        self, t_end: float, *, final_seen: bool, error_kind: str | None, error_message: str | None
+    ) -> RequestRecord:
+        """This request's record as of `t_end` (seconds since the run started)."""
+        return record_from_chunks(
+            index=self.spec.index,
+            t_scheduled=self.t_scheduled,
+            t_sent=self.t_sent,
+            t_end=t_end,
+            input_tokens=self.spec.input_tokens,
+            requested_output_tokens=self.spec.max_tokens,
+            chunks=list(self.chunks),
+            final_seen=final_seen,
+            error_kind=error_kind,
+            error_message=error_message,
+        )
+
 
 @dataclass
 class LoadSettings:
@@ -138,14 +155,8 @@ def run_load(
         with lock:
             if state.spec.index in done:  # already abandoned by the main thread
                 return
-            record = record_from_chunks(
-                index=state.spec.index,
-                t_scheduled=state.t_scheduled,
-                t_sent=state.t_sent,
-                t_end=time.monotonic() - t0,
-                input_tokens=state.spec.input_tokens,
-                requested_output_tokens=state.spec.max_tokens,
-                chunks=list(state.chunks),
+            record = state.record(
+                time.monotonic() - t0,
                 final_seen=final_seen,
                 error_kind=None if error is None else classify_error(error),
                 error_message=None if error is None else " ".join(str(error).split())[:500],
@@ -211,14 +222,8 @@ def run_load(
             lock.wait(timeout=remaining)
         abandoned = [state for index, state in in_flight.items() if index not in done]
         for state in abandoned:
-            done[state.spec.index] = record_from_chunks(
-                index=state.spec.index,
-                t_scheduled=state.t_scheduled,
-                t_sent=state.t_sent,
-                t_end=time.monotonic() - t0,
-                input_tokens=state.spec.input_tokens,
-                requested_output_tokens=state.spec.max_tokens,
-                chunks=list(state.chunks),
+            done[state.spec.index] = state.record(
+                time.monotonic() - t0,
                 final_seen=False,
                 error_kind="timeout",
                 error_message="no final response within the run's time bound; abandoned",
