@@ -16,6 +16,7 @@ cache_app = typer.Typer(name="cache", help="Inspect, verify and clean the local 
 
 StoreOption = Annotated[Optional[Path], typer.Option("--store", help="Artifact store root (default $TRTPIPE_HOME).")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+EntryArgument = Annotated[str, typer.Argument(help="kind/key, a key prefix or an artifact digest.")]
 
 
 def _open(store: Path | None):
@@ -85,7 +86,7 @@ def cache_ls(store: StoreOption = None, json_out: JsonOption = False) -> None:
 
 @cache_app.command("show")
 def cache_show(
-    key: Annotated[str, typer.Argument(help="kind/key, a key prefix or an artifact digest.")],
+    key: EntryArgument,
     store: StoreOption = None,
     json_out: JsonOption = False,
 ) -> None:
@@ -155,7 +156,7 @@ def cache_gc(
 
 @cache_app.command("rm")
 def cache_rm(
-    key: Annotated[str, typer.Argument(help="kind/key, a key prefix or an artifact digest.")],
+    key: EntryArgument,
     store: StoreOption = None,
     json_out: JsonOption = False,
 ) -> None:
