@@ -39,17 +39,6 @@ Outcome = Literal["ran", "hit", "built", "pulled", "would-build", "would-pull", 
 _WEIGHT_SUFFIXES = (".safetensors",)
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
 _INDEX_SUFFIXES = (".safetensors.index.json", ".bin.index.json")
-# Tokenizer files a repository carries; the Serving area's list wins when it is importable.
-_TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "generation_config.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "added_tokens.json",
-)
 
 
 class StageReport(BaseModel):
@@ -598,10 +587,11 @@ def weight_files(model_dir: Path, *, allow_pickle: bool = False) -> list[Path]:
 def tokenizer_digest(store: Store, tokenizer_dir: Path | None) -> str | None:
     if tokenizer_dir is None:
         return None
-    names: tuple[str, ...] = _TOKENIZER_FILES
-    if _module_exists("trtpipe.serving.publish"):
-        names = tuple(getattr(importlib.import_module("trtpipe.serving.publish"), "TOKENIZER_FILES", names))
-    found = {n: store.digests.digest(Path(tokenizer_dir) / n) for n in names if (Path(tokenizer_dir) / n).is_file()}
+    # Exactly the tokenizer files a published repository carries (no torch behind this import).
+    from trtpipe.serving.publish import TOKENIZER_FILES
+
+    found = {n: store.digests.digest(Path(tokenizer_dir) / n) for n in TOKENIZER_FILES
+             if (Path(tokenizer_dir) / n).is_file()}
     return keymod.tree_digest(found) if found else None
 
 
