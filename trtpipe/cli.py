@@ -52,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     except TrtpipeError as err:
         print(f"error: {err.one_line()}", file=sys.stderr)
         return err.exit_code
+    except OSError as err:
+        # The filesystem said no (permission, read-only, no space, not a directory): name the path.
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"error: {where}{err.strerror or err}; check the path and its permissions", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
