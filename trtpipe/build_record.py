@@ -7,11 +7,9 @@ a temporary file and renamed into place. `read_records` lists them newest first.
 from __future__ import annotations
 
 import json
-import os
 import platform
 import socket
 import sys
-import tempfile
 import uuid
 from datetime import datetime, timezone
 from importlib import metadata
@@ -19,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
+
+from trtpipe.atomic import write_text_atomically
 
 RECORD_VERSION = 1
 # Installed distributions whose versions a record notes (looked up in metadata: nothing imported).
@@ -124,19 +124,8 @@ def records_dir(store_root: Path) -> Path:
 
 def write_record(store_root: Path, record: BuildRecord) -> Path:
     """Write atomically: a reader sees the whole record or none."""
-    folder = records_dir(store_root)
-    folder.mkdir(parents=True, exist_ok=True)
-    final = folder / f"{record.id}.json"
-    fd, tmp = tempfile.mkstemp(prefix=".record-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(record.model_dump_json(indent=1))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    final = records_dir(store_root) / f"{record.id}.json"
+    write_text_atomically(final, record.model_dump_json(indent=1))
     return final
 
 

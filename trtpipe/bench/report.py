@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
@@ -13,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 from rich.table import Table
 
+from trtpipe.atomic import write_text_atomically
 from trtpipe.bench.metrics import Aggregates, RequestRecord, Slo, Stats
 from trtpipe.bench.prometheus import ServerSide
 from trtpipe.bench.workload import Workload
@@ -93,17 +92,8 @@ def write_json(result: BenchResult, destination: str) -> None:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
         return
-    path = Path(destination)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text + "\n")
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a report is meant to be read by others
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    # 0644: a report is meant to be read by others.
+    write_text_atomically(Path(destination), text + "\n", mode=0o644)
 
 
 def load_json(path: Path) -> BenchResult:

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from trtpipe.atomic import write_text_atomically
 from trtpipe.errors import UsageError
 
 CHECK_HELP = (
@@ -28,17 +29,6 @@ PLAN_HELP = (
     "\n\n"
     "Exit codes: 0 = fits; 1 = does not fit (suggestions printed); 2 = invalid spec."
 )
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    import os
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
 
 
 def _fmt_count(n: int) -> str:
@@ -69,7 +59,7 @@ def check_command(
     if record_probe is not None:
         if recorded_probe is not None:
             raise UsageError("--record-probe records this host; it cannot be combined with --recorded-probe")
-        _write_atomically(record_probe, json.dumps(NvmlProbe().record(), indent=2) + "\n")
+        write_text_atomically(record_probe, json.dumps(NvmlProbe().record(), indent=2) + "\n")
     report = run_checks(probe_host(probe), installed_versions(), docker_status(), resolved)
     if as_json:
         print(json.dumps(report.model_dump(mode="json"), indent=2))

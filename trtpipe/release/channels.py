@@ -9,9 +9,7 @@ compare-and-swap and the audit append.
 
 from __future__ import annotations
 
-import os
 import re
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -20,6 +18,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from trtpipe.atomic import write_text_atomically
 from trtpipe.errors import TrtpipeError, UsageError
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
@@ -126,17 +125,7 @@ class ChannelStore:
     def write(self, pointer: ChannelPointer) -> Path:
         """Atomically replace the pointer file (the caller holds `lock()`)."""
         path = self.path(pointer.scope, pointer.channel)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.write(pointer.model_dump_json(indent=2) + "\n")
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_text_atomically(path, pointer.model_dump_json(indent=2) + "\n")
         return path
 
     def all(self) -> list[ChannelPointer]:
