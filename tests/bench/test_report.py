@@ -40,6 +40,8 @@ def test_sweep_json_table_and_plot(tmp_path: Path) -> None:
     write_json(result, str(out))
     again = load_json(out)
     assert again == result
+    assert out.stat().st_mode & 0o777 == 0o644  # readable by others, unlike mkstemp's 0600
+    assert [p.name for p in tmp_path.iterdir()] == ["result.json"]  # no temp file left
     assert isinstance(BenchResult.model_json_schema(), dict)
 
     console = Console(record=True, width=200)
