@@ -1,7 +1,8 @@
 """The GPU catalog (`build_configs/gpus.yaml`) and the probe of this host's GPUs (NVML).
 
 The probe sits behind `HostProbe` so `trtpipe check` can be fed a recorded answer of another host
-(`RecordedProbe`), which is how the tests compare real A100 and H100 hosts with specs.
+(`RecordedProbe`), which is how the tests compare A100 and H100 host answers with specs (the shipped ones are
+reconstructed, not captured: see their `_note`).
 """
 
 from __future__ import annotations
