@@ -383,6 +383,11 @@ class _Runner:
         key = self.checkpoint_key()
 
         def build(out_dir: Path) -> dict[str, Any]:
+            if not self.resolved.spec.target.is_cpu_reference:
+                # A host that cannot build the engine fails here in under a second, not after the
+                # (possibly hours-long) conversion whose only use is that engine.
+                make_build_plan = _need("trtpipe.engine.plan", "make_build_plan")
+                _need("trtpipe.engine.stage", "preflight")(self.resolved, make_build_plan(self.resolved))
             convert = _need("trtpipe.checkpoint.convert", "convert_checkpoint")
             summary = convert(self.resolved, out_dir, show_progress=self.progress)
             if hasattr(summary, "model_dump"):
@@ -392,8 +397,6 @@ class _Runner:
         self._stored_stage("checkpoint", key, build, leases)
 
     def engine_key(self, checkpoint_key: str) -> keymod.StageKey:
-        make_build_plan = _need("trtpipe.engine.plan", "make_build_plan")
-        self.build_plan = make_build_plan(self.resolved)
         resolved = self.resolved
         return keymod.engine_key(
             checkpoint=checkpoint_key,
@@ -407,9 +410,8 @@ class _Runner:
     def engine_stage(self, leases: contextlib.ExitStack) -> None:
         checkpoint_key = self.report.keys.get("checkpoint")
         _check_available("trtpipe.engine.stage", "build_engine")
+        self.build_plan = _need("trtpipe.engine.plan", "make_build_plan")(self.resolved)
         if checkpoint_key is None:  # dry run of a planning-only spec: no keys, but the exact command
-            make_build_plan = _need("trtpipe.engine.plan", "make_build_plan")
-            self.build_plan = make_build_plan(self.resolved)
             self._add(StageReport(name="engine", outcome="would-build",
                                   detail="key needs the checkpoint's weights"))
             checkpoint_dir = self.store.root / "checkpoint" / "CHECKPOINT-KEY"
