@@ -12,7 +12,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trtpipe.cli import main
 from trtpipe.pipeline import run_build, stage_keys
 from trtpipe.store.local import Store
 

@@ -100,7 +100,7 @@ def test_flipped_byte_needs_verify_and_object_is_discarded(store: Store) -> None
 
 
 def test_verify_store_reports_and_quarantines(store: Store) -> None:
-    good = _commit(store, "checkpoint", "good", {"a.bin": b"a" * 64})
+    _commit(store, "checkpoint", "good", {"a.bin": b"a" * 64})
     bad = _commit(store, "engine", "bad", {"b.bin": b"b" * 64})
     assert verify_store(store).ok
     path = bad.path / "b.bin"

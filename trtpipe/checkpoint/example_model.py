@@ -99,7 +99,6 @@ def train_tokenizer(paragraphs: list[str], vocab_size: int = VOCAB_SIZE) -> Any:
 
 
 def _model_config(arch: str, rope_scaling: dict[str, Any] | None) -> Any:
-    import torch
     from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
     common: dict[str, Any] = dict(

@@ -771,7 +771,6 @@ def install_pulled(client: OciClient, remote: RemoteArtifact, store: Any, *, pro
     The entry keeps its original manifest.json bytes, so its digest (the artifact digest that
     results and channels name) is the same on every machine. Returns the store's `Entry`.
     """
-    from trtpipe.store.local import Entry
 
     kind, key = remote.kind, remote.key
     if kind not in KINDS:
