@@ -13,6 +13,7 @@ SPEC=build_configs/examples/tiny-cpu.yaml
 trtpipe check --spec "$SPEC"
 trtpipe plan "$SPEC"
 trtpipe build "$SPEC"
+# Built again on purpose: every stage is a cache hit (no work), and --json names the repository.
 REPO=$(trtpipe build "$SPEC" --json | python -c 'import json,sys; print(json.load(sys.stdin)["repository_path"])')
 trtpipe validate "$REPO"
 
