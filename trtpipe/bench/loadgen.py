@@ -247,11 +247,6 @@ def tokens_in_response(result: Any) -> int:
     return int(ids.size) if ids is not None else 0
 
 
-def is_final_response(result: Any) -> bool:
-    params = result.get_response().parameters
-    return "triton_final_response" in params and params["triton_final_response"].bool_param
-
-
 class _Stream:
     """One tritonclient gRPC client with one open stream, carrying one request at a time."""
 
@@ -324,7 +319,8 @@ class TritonSender:
     def __call__(self, request: RequestSpec, deadline: float) -> Iterator[TokenChunk]:
         import tritonclient.grpc as grpcclient
 
-        from trtpipe.serving.client import build_inputs  # the serving area's request contract
+        # the serving area's request contract and its reading of the final flag
+        from trtpipe.serving.client import build_inputs, is_final_response
 
         stream = self._take()
         clean = False

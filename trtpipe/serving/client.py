@@ -119,7 +119,8 @@ def _decode(result: Any) -> tuple[str, list[int], float | None, list[float]]:
     )
 
 
-def _is_final(result: Any) -> bool:
+def is_final_response(result: Any) -> bool:
+    """Whether a streamed response carries Triton's final flag (it may also carry data)."""
     params = result.get_response().parameters
     return "triton_final_response" in params and params["triton_final_response"].bool_param
 
@@ -224,7 +225,7 @@ class TritonLLMClient:
                     ) from None
                 if error is not None:
                     raise self._connection_error(error, "streaming") from None
-                final = _is_final(result)
+                final = is_final_response(result)
                 text, ids, cum, logprobs = _decode(result)
                 if ids or text or final:
                     yield t_received, text, ids, cum, logprobs, final
