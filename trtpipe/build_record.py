@@ -12,20 +12,22 @@ import socket
 import sys
 import uuid
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from trtpipe.atomic import write_text_atomically
+from trtpipe.versions import TENSORRT_DISTRIBUTIONS, TRTLLM_DISTRIBUTIONS, installed_versions
 
 RECORD_VERSION = 1
 # Installed distributions whose versions a record notes (looked up in metadata: nothing imported).
-_DISTRIBUTIONS = (
-    "trtpipe", "torch", "transformers", "nvidia-modelopt", "tensorrt-llm", "tensorrt", "safetensors",
-    "tokenizers", "pydantic", "numpy",
-)  # fmt: skip
+_RECORDED_PACKAGES: dict[str, tuple[str, ...]] = {
+    **{name: (name,) for name in ("trtpipe", "torch", "transformers", "nvidia-modelopt", "safetensors",
+                                  "tokenizers", "pydantic", "numpy")},
+    "tensorrt-llm": TRTLLM_DISTRIBUTIONS,
+    "tensorrt": TENSORRT_DISTRIBUTIONS,
+}
 
 
 class StageOutcome(BaseModel):
@@ -64,14 +66,6 @@ class BuildRecord(BaseModel):
     seconds: float = 0.0
 
 
-def installed_versions() -> dict[str, str | None]:
-    found: dict[str, str | None] = {}
-    for name in _DISTRIBUTIONS:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = None
-    return found
 
 
 def _host_gpus() -> tuple[list[dict[str, Any]], str | None]:
@@ -99,7 +93,7 @@ def make_record(*, report: Any, resolved: Any, memory_plan: dict[str, Any] | Non
         driver=driver,
         platform=platform.platform(),
         python=sys.version.split()[0],
-        versions=installed_versions(),
+        versions=installed_versions(_RECORDED_PACKAGES),
         toolchain=resolved.toolchain.model_dump(mode="json") if resolved is not None else None,
         spec_path=report.spec_path,
         spec=spec.model_dump(mode="json") if spec is not None else None,

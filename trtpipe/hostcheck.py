@@ -8,11 +8,11 @@ target, as OK / WARN / FAIL rows each carrying its fix. Exit codes (see EXIT_COD
 
 from __future__ import annotations
 
-import importlib.metadata
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from trtpipe import versions
 from trtpipe.gpu import HostInfo, catalog_entry_for, load_catalog
 from trtpipe.resolve import ResolvedSpec
 from trtpipe.spec import Executor
@@ -32,8 +32,8 @@ EXIT_CODES = {
 
 # Distribution names to look up, per package we report.
 PACKAGES: dict[str, tuple[str, ...]] = {
-    "tensorrt_llm": ("tensorrt_llm", "tensorrt-llm"),
-    "tensorrt": ("tensorrt", "tensorrt-cu13", "tensorrt-cu12", "tensorrt_cu12"),
+    "tensorrt_llm": versions.TRTLLM_DISTRIBUTIONS,
+    "tensorrt": versions.TENSORRT_DISTRIBUTIONS,
     "torch": ("torch",),
     "nvidia-modelopt": ("nvidia-modelopt",),
     "transformers": ("transformers",),
@@ -81,16 +81,7 @@ class CheckReport(BaseModel):
 
 def installed_versions() -> dict[str, str | None]:
     """Installed versions by package (None when absent), from metadata only: nothing heavy is imported."""
-    found: dict[str, str | None] = {}
-    for package, dists in PACKAGES.items():
-        found[package] = None
-        for dist in dists:
-            try:
-                found[package] = importlib.metadata.version(dist)
-                break
-            except importlib.metadata.PackageNotFoundError:
-                continue
-    return found
+    return versions.installed_versions(PACKAGES)
 
 
 def docker_status(timeout: float = 2.0) -> DockerStatus:

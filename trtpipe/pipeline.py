@@ -572,12 +572,9 @@ def _container_spec(resolved: Any, plan: Any, checkpoint_dir: Path, out_dir: Pat
 
 
 def _installed(distribution: str) -> str:
-    from importlib import metadata
+    from trtpipe.versions import installed_version
 
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return "not-installed"
+    return installed_version(distribution) or "not-installed"
 
 
 def weight_files(model_dir: Path, *, allow_pickle: bool = False) -> list[Path]:

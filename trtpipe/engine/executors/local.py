@@ -10,26 +10,14 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from trtpipe.engine.executors.base import ExecutorResult, failure_from_log, run_logged_process
 from trtpipe.errors import MissingCapability
+from trtpipe.versions import TENSORRT_DISTRIBUTIONS, TRTLLM_DISTRIBUTIONS, installed_version
 
 DEFAULT_TIMEOUT_S = 4 * 3600.0
-# Distribution names TensorRT ships under (the meta package and the CUDA-specific wheels).
-TENSORRT_DISTRIBUTIONS = ("tensorrt", "tensorrt-cu12", "tensorrt_cu12", "tensorrt-cu13", "tensorrt_cu13", "tensorrt-libs")
-
-
-def installed_version(*distributions: str) -> str | None:
-    """The installed version of the first of these distributions that is present (metadata only)."""
-    for name in distributions:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
 
 
 def _same_release(installed: str, pinned: str) -> bool:
@@ -81,7 +69,7 @@ class LocalExecutor:
         """What this host lacks for the toolchain's build, one short phrase each (empty: ready)."""
         missing: list[str] = []
         want_llm = self.toolchain.trtllm_version
-        have_llm = installed_version("tensorrt_llm", "tensorrt-llm")
+        have_llm = installed_version(*TRTLLM_DISTRIBUTIONS)
         if have_llm is None:
             missing.append(f"TensorRT-LLM {want_llm} (not installed)")
         elif not _same_release(have_llm, want_llm):
