@@ -33,7 +33,7 @@ def normalize_digest(digest: str) -> str:
     if not _DIGEST_RE.match(text):
         raise UsageError(
             f"{digest!r} is not an artifact digest",
-            fix="give sha256:<64 hex digits> (see `trtpipe store ls` or the build report)",
+            fix="give sha256:<64 hex digits> (see `trtpipe cache ls` or the build report)",
         )
     return text
 

@@ -333,6 +333,6 @@ def read_manifest(repo: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise TrtpipeError(f"{path} not found", fix="publish the repository with trtpipe build / publish") from None
+        raise TrtpipeError(f"{path} not found", fix="pass a repository that `trtpipe build` published (its path ends the build output)") from None
     except json.JSONDecodeError as err:
         raise TrtpipeError(f"{path}: not valid JSON ({err})", fix="publish the repository again") from None
