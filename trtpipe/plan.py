@@ -323,7 +323,7 @@ def _suggestions(inputs: PlanInputs, figures: Figures, sm: int | None) -> list[S
             "quantize weights to INT4-AWQ (W4A16, runs on SM80+)",
             {"quantization.algo": "int4_awq", "quantization.group_size": 128},
             dataclasses.replace(inputs, algo=QuantAlgo.int4_awq, group_size=128),
-            note="needs calibration; check accuracy with `trtpipe parity`",
+            note="needs calibration; check accuracy with `trtpipe smoke --parity` or the parity tests",
         )
     if inputs.algo in (QuantAlgo.none, QuantAlgo.int8_wo, QuantAlgo.int8_sq) and sm is not None and sm >= FP8_MIN_SM:
         add("quantize weights to FP8", {"quantization.algo": "fp8"}, dataclasses.replace(inputs, algo=QuantAlgo.fp8))

@@ -46,14 +46,14 @@ def _repository_facts(repo: Path) -> tuple[str, str | None]:
     if not manifest_path.is_file():
         raise UsageError(
             f"--record: {manifest_path} does not exist",
-            fix="pass a model repository written by `trtpipe publish` (it has trtpipe.json)",
+            fix="pass a model repository published by `trtpipe build` (it has trtpipe.json)",
         )
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise UsageError(f"{manifest_path}:{err.lineno}:{err.colno}: not valid JSON ({err.msg})") from None
     if not isinstance(manifest, dict):
-        raise UsageError(f"{manifest_path}: not a trtpipe manifest", fix="republish the repository with `trtpipe publish`")
+        raise UsageError(f"{manifest_path}: not a trtpipe manifest", fix="republish the repository with `trtpipe build --force publish`")
     target = manifest.get("target") if isinstance(manifest.get("target"), str) else None
     engine = manifest.get("engine")
     if isinstance(engine, dict) and isinstance(engine.get("digest"), str) and engine["digest"]:
@@ -62,7 +62,7 @@ def _repository_facts(repo: Path) -> tuple[str, str | None]:
         value = manifest.get(key)
         if isinstance(value, str) and value:
             return value, target
-    raise UsageError(f"{manifest_path}: engine_digest: missing", fix="republish the repository with `trtpipe publish`")
+    raise UsageError(f"{manifest_path}: engine_digest: missing", fix="republish the repository with `trtpipe build --force publish`")
 
 
 def bench(
