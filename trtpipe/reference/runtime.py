@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -469,6 +470,12 @@ class ReferenceModel:
         seed: int | None = None,
         stop_words_ids: Sequence[Sequence[int]] = (),
         bad_words_ids: Sequence[Sequence[int]] = (),
+        repetition_penalty: float = 1.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        min_tokens: int = 0,
+        beam_width: int = 1,
+        length_penalty: float = 1.0,
     ) -> Iterator[GeneratedToken]:
         """Yield new tokens one at a time.
 
@@ -476,23 +483,43 @@ class ReferenceModel:
         (0 when None, so runs are reproducible). Stops after max_new_tokens, when end_id is produced (the end
         token is not yielded), or when the sequence ends with a stop sequence (its tokens ARE yielded, as in
         TensorRT-LLM). Bad-word sequences are never completed.
+
+        Repetition, presence and frequency penalties and min_tokens follow TensorRT-LLM (see
+        `trtpipe.reference.sampling`). Only beam_width 1 is run; anything else is refused. length_penalty is
+        accepted and has no effect at beam width 1: TensorRT-LLM uses it only to score finished beams in beam
+        search (score = cum log prob / length ** length_penalty, `applyLengthPenalty` in
+        cpp/tensorrt_llm/kernels/beamSearchKernels.h), and the tokens of a beam-width-1 request do not depend on it.
         """
         if max_new_tokens < 0:
             raise UsageError(f"max_new_tokens {max_new_tokens} is negative", fix="use 0 or more")
+        if beam_width != 1:
+            raise UsageError(
+                f"beam_width {beam_width} is not supported by the CPU reference runtime (it runs beam width 1 only)",
+                fix="send beam_width 1, or serve a TensorRT engine built with --max_beam_width for beam search",
+            )
+        if not math.isfinite(length_penalty):
+            raise UsageError(f"length_penalty {length_penalty} is not a finite number", fix="send a finite value")
         sampling.check_sampling_args(temperature, top_k, top_p)
+        penalties = sampling.Penalties(repetition_penalty, presence_penalty, frequency_penalty)
+        sampling.check_penalty_args(penalties, min_tokens)
         generator = torch.Generator().manual_seed(0 if seed is None else int(seed))
         context = list(input_ids)
+        counts = Counter(context) if penalties.active else Counter()
         cache = self.new_cache()
         step_input = context
-        for _ in range(max_new_tokens):
+        for generated in range(max_new_tokens):
             next_logits = self.forward(step_input, cache)[-1].clone()
             sampling.ban_bad_words(next_logits, context, bad_words_ids)
+            sampling.ban_end_before_min_tokens(next_logits, end_id, generated, min_tokens)
             token, logprob = sampling.choose_token(
-                next_logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+                next_logits, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
+                counts=counts, penalties=penalties,
             )
             if end_id is not None and token == end_id:
                 return
             context.append(token)
+            if penalties.active:
+                counts[token] += 1
             yield GeneratedToken(token_id=token, logprob=logprob)
             if sampling.ends_with_stop(context, stop_words_ids):
                 return

@@ -1,13 +1,28 @@
-"""Token selection for the reference runtime: greedy, temperature / top-k / top-p sampling, bad and stop words.
+"""Token selection for the reference runtime: greedy, temperature / top-k / top-p sampling, bad and stop words,
+repetition / presence / frequency penalties and min_tokens.
 
 Conventions follow TensorRT-LLM's sampling config: top_k == 1 (or temperature == 0) is greedy, top_k == 0
 means "no top-k limit", top_p == 1.0 means "no nucleus limit". A seed drives a private `torch.Generator`, so
 one seed always gives the same tokens and no global random state is touched.
+
+Penalties are TensorRT-LLM's, as its engine path applies them (cpp/tensorrt_llm/kernels/penaltyKernels.cu,
+`batchApplyPenalty`, line 40 on, read at NVIDIA/TensorRT-LLM 249d93d551e8):
+- occurrences are counted over the prompt AND the generated tokens (the context phase counts the input ids, each
+  generation step adds the last token);
+- per token, in this order: temperature (logit * 1/(T + 1e-6), only when T != 1), then for a token seen at least
+  once: repetition (logit * p if logit < 0 else logit / p), presence (logit - p), frequency (logit - p * count);
+- min_tokens: while fewer than min_tokens tokens were generated, end_id's logit is the lowest value (never chosen).
+Limits, as SamplingConfig checks them (cpp/tensorrt_llm/executor/samplingConfig.cpp, checkRepetitionPenalty,
+checkMinTokens, checkBeamWidth): repetition_penalty > 0, min_tokens >= 0, beam_width >= 1; presence and frequency
+penalties take any value.
 """
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -26,6 +41,60 @@ def check_sampling_args(temperature: float, top_k: int, top_p: float) -> None:
         raise UsageError(f"top_k {top_k} is negative", fix="use 0 (no limit), 1 (greedy) or a positive count")
     if not 0.0 < top_p <= 1.0:
         raise UsageError(f"top_p {top_p} is outside (0, 1]", fix="use a value in (0, 1]; 1.0 disables nucleus sampling")
+
+
+@dataclass(frozen=True)
+class Penalties:
+    """TensorRT-LLM's repetition, presence and frequency penalties (1.0, 0.0, 0.0: off)."""
+
+    repetition: float = 1.0
+    presence: float = 0.0
+    frequency: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        return self.repetition != 1.0 or self.presence != 0.0 or self.frequency != 0.0
+
+
+def check_penalty_args(penalties: Penalties, min_tokens: int) -> None:
+    """Refuse what TensorRT-LLM's SamplingConfig refuses, with the field named."""
+    for name, value in (("repetition_penalty", penalties.repetition), ("presence_penalty", penalties.presence),
+                        ("frequency_penalty", penalties.frequency)):
+        if not math.isfinite(value):
+            raise UsageError(f"{name} {value} is not a finite number", fix="send a finite value")
+    if penalties.repetition <= 0.0:
+        raise UsageError(f"repetition_penalty {penalties.repetition} must be greater than 0",
+                         fix="use 1.0 (off) or a positive value; above 1 discourages repeats")
+    if min_tokens < 0:
+        raise UsageError(f"min_tokens {min_tokens} is negative", fix="use 0 (off) or a positive count")
+
+
+def apply_temperature_and_penalties(
+    logits: torch.Tensor, counts: Counter[int], temperature: float, penalties: Penalties
+) -> torch.Tensor:
+    """A new float32 [vocab] tensor: `logits` scaled by temperature, then penalised as TensorRT-LLM does.
+
+    `counts` maps a token id to how often it occurs in the prompt plus the generated tokens.
+    """
+    out = logits.clone()
+    if temperature != 1.0:
+        out = out * (1.0 / (temperature + 1e-6))
+    if penalties.active and counts:
+        ids = torch.tensor([t for t in counts if 0 <= t < out.shape[-1]], dtype=torch.long)
+        if ids.numel():
+            seen = out[ids]
+            if penalties.repetition != 1.0:
+                seen = torch.where(seen < 0, seen * penalties.repetition, seen / penalties.repetition)
+            seen = seen - penalties.presence
+            seen = seen - penalties.frequency * torch.tensor([counts[int(t)] for t in ids], dtype=out.dtype)
+            out[ids] = seen
+    return out
+
+
+def ban_end_before_min_tokens(logits: torch.Tensor, end_id: int | None, generated: int, min_tokens: int) -> None:
+    """In place: the end token cannot be chosen while fewer than `min_tokens` tokens were generated."""
+    if end_id is not None and generated < min_tokens and 0 <= end_id < logits.shape[-1]:
+        logits[end_id] = float("-inf")
 
 
 def ban_bad_words(logits: torch.Tensor, context: Sequence[int], bad_words_ids: Sequence[Sequence[int]]) -> None:
@@ -73,16 +142,27 @@ def choose_token(
     top_k: int,
     top_p: float,
     generator: torch.Generator,
+    counts: Counter[int] | None = None,
+    penalties: Penalties = Penalties(),
 ) -> tuple[int, float]:
     """Pick the next token from float32 [vocab] logits; returns (token id, its log-probability).
 
-    The log-probability is taken under the model's full distribution (log-softmax of the raw logits,
-    after bad-word masking), not the truncated sampling distribution.
+    `logits` already carry the bad-word and min_tokens masks. The choice is made on the logits scaled by
+    temperature and then penalised (TensorRT-LLM's order); greedy takes their argmax. The log-probability is
+    taken under the penalised distribution at temperature 1 (log-softmax over the whole vocabulary), not the
+    truncated top-k / top-p sampling distribution. With temperature 0 (greedy) the penalties act on the
+    unscaled logits (TensorRT-LLM would scale by 1/1e-6 first, which makes additive penalties negligible).
     """
-    log_probs = torch.log_softmax(logits, dim=-1)
-    if is_greedy(temperature, top_k):
-        token = int(torch.argmax(logits))
+    counts = counts if counts is not None else Counter()
+    scored = apply_temperature_and_penalties(logits, counts, 1.0, penalties)
+    log_probs = torch.log_softmax(scored, dim=-1)
+    if temperature in (0.0, 1.0):
+        decision = scored
     else:
-        probs = torch.softmax(filter_logits(logits, temperature, top_k, top_p), dim=-1)
+        decision = apply_temperature_and_penalties(logits, counts, temperature, penalties)
+    if is_greedy(temperature, top_k):
+        token = int(torch.argmax(decision))
+    else:
+        probs = torch.softmax(filter_logits(decision, 1.0, top_k, top_p), dim=-1)
         token = int(torch.multinomial(probs, 1, generator=generator))
     return token, float(log_probs[token])

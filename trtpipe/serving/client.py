@@ -70,8 +70,17 @@ def build_inputs(
     pad_id: int | None = None,
     exclude_input_in_output: bool | None = None,
     return_log_probs: bool | None = None,
+    length_penalty: float | None = None,
+    repetition_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    frequency_penalty: float | None = None,
+    min_tokens: int | None = None,
+    beam_width: int | None = None,
+    num_return_sequences: int | None = None,
+    return_num_input_tokens: bool | None = None,
+    return_num_output_tokens: bool | None = None,
 ) -> list[grpcclient.InferInput]:
-    """The ensemble/BLS request tensors (batch of one)."""
+    """The ensemble/BLS request tensors (batch of one); names and dtypes of the upstream contract."""
     inputs = [
         _tensor("text_input", np.array([[prompt.encode("utf-8")]], dtype=object)),
         _tensor("max_tokens", np.array([[max_tokens]], dtype=np.int32)),
@@ -86,6 +95,15 @@ def build_inputs(
         ("pad_id", pad_id, np.int32),
         ("exclude_input_in_output", exclude_input_in_output, bool),
         ("return_log_probs", return_log_probs, bool),
+        ("length_penalty", length_penalty, np.float32),
+        ("repetition_penalty", repetition_penalty, np.float32),
+        ("presence_penalty", presence_penalty, np.float32),
+        ("frequency_penalty", frequency_penalty, np.float32),
+        ("min_tokens", min_tokens, np.int32),
+        ("beam_width", beam_width, np.int32),
+        ("num_return_sequences", num_return_sequences, np.int32),
+        ("return_num_input_tokens", return_num_input_tokens, bool),
+        ("return_num_output_tokens", return_num_output_tokens, bool),
     ]
     for name, value, dtype in scalars:
         if value is not None:

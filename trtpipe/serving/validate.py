@@ -283,6 +283,37 @@ class _Checker:
                 self.add(name, f"{tok}/tokenizer.json", "tokenizer file missing",
                          "publish again (the tokenizer files are copied from the spec's tokenizer directory)")
 
+    def check_contract(self) -> None:
+        """Every tensor of the upstream inflight_batcher_llm contract of the manifest's toolchain is declared here."""
+        if self.manifest is None or not self.manifest.get("toolchain"):
+            return
+        from trtpipe.errors import TrtpipeError
+        from trtpipe.serving.contract import Declared, check_model, contract_for
+
+        try:
+            contract = contract_for(str(self.manifest["toolchain"]))
+        except TrtpipeError as err:
+            self.add(MANIFEST_NAME, "toolchain", f"cannot check the upstream Triton contract: {err.message}",
+                     err.fix or "publish with a toolchain from build_configs/toolchains.yaml", severity="warning")
+            return
+        for name, config in self.configs.items():
+            if name not in contract.models:
+                continue
+            declared = {
+                direction: {
+                    t.name: Declared(dtype=mc.DataType.Name(t.data_type), dims=list(t.dims),
+                                     optional=bool(getattr(t, "optional", False)),
+                                     reshape=list(t.reshape.shape) if t.HasField("reshape") else None)
+                    for t in tensors
+                }
+                for direction, tensors in (("input", config.input), ("output", config.output))
+            }
+            for gap in check_model(contract, name, declared):  # type: ignore[arg-type]
+                self.add(name, f"{gap.direction}[{gap.tensor}]",
+                         f"breaks the upstream inflight_batcher_llm contract: {gap.problem} (upstream: {gap.source})",
+                         "declare it as upstream does (build_configs/triton_contracts/inflight_batcher_llm.yaml); "
+                         "publish again from trtpipe's templates")
+
     def check_toolchain(self, limits: dict[str, Any]) -> None:
         if self.manifest is None:
             return
@@ -332,6 +363,7 @@ def validate_repository(repo: Path) -> list[ValidationIssue]:
     checker.check_target(limits)
     checker.check_tokenizers()
     checker.check_toolchain(limits)
+    checker.check_contract()
     return checker.issues
 
 

@@ -1,7 +1,9 @@
 """trtpipe preprocessing model (Triton Python backend): text -> token ids.
 
 Uses the `tokenizers` library directly (no torch, no transformers) so the stub starts in about
-a second. Inputs and outputs follow the inflight_batcher_llm preprocessing contract.
+a second. Inputs and outputs follow the inflight_batcher_llm preprocessing contract. It is a text
+preprocessor: the declared multimodal, encoder-decoder, embedding-bias and prompt-table inputs are refused
+with a one-line error naming the input when a request carries them (their outputs are never produced).
 """
 
 from __future__ import annotations
@@ -77,6 +79,20 @@ def words_to_list(tokenizer: Tokenizer, words_batch: list[list[str]]) -> np.ndar
     return out
 
 
+# Inputs of the upstream contract this text preprocessor does not handle -> what they are for.
+UNSUPPORTED_INPUTS = {
+    "DECODER_QUERY": "encoder-decoder models",
+    "IMAGE_BYTES": "multimodal models",
+    "IMAGE_URL": "multimodal models",
+    "IMAGES": "multimodal models",
+    "IMAGE_SIZES": "multimodal models",
+    "VIDEO_BYTES": "multimodal models",
+    "EMBEDDING_BIAS_WORDS": "an embedding bias",
+    "EMBEDDING_BIAS_WEIGHTS": "an embedding bias",
+    "PROMPT_TABLE_EXTRA_ID": "prompt tuning tables",
+}
+
+
 def _strings(tensor) -> list[list[str]]:
     array = tensor.as_numpy()
     array = array.reshape(array.shape[0], -1)
@@ -96,6 +112,11 @@ class TritonPythonModel:
 
     def _one(self, request):
         try:
+            for name, feature in UNSUPPORTED_INPUTS.items():
+                tensor = pb_utils.get_input_tensor_by_name(request, name)
+                if tensor is not None and tensor.as_numpy().size:
+                    raise ValueError(f"input {name} ({feature}) is not supported: trtpipe's preprocessing is text-only; "
+                                     "omit it")
             queries = [row[0] for row in _strings(pb_utils.get_input_tensor_by_name(request, "QUERY"))]
             batch = len(queries)
             out_len = pb_utils.get_input_tensor_by_name(request, "REQUEST_OUTPUT_LEN").as_numpy()

@@ -18,11 +18,25 @@ from tokenizers import Tokenizer
 # BLS input name -> preprocessing input name
 PRE_INPUTS = {
     "text_input": "QUERY",
+    "decoder_text_input": "DECODER_QUERY",
+    "image_bytes_input": "IMAGE_BYTES",
+    "image_url_input": "IMAGE_URL",
+    "image_sizes_input": "IMAGE_SIZES",
+    "video_bytes_input": "VIDEO_BYTES",
     "max_tokens": "REQUEST_OUTPUT_LEN",
     "bad_words": "BAD_WORDS_DICT",
     "stop_words": "STOP_WORDS_DICT",
+    "embedding_bias_words": "EMBEDDING_BIAS_WORDS",
+    "embedding_bias_weights": "EMBEDDING_BIAS_WEIGHTS",
     "end_id": "END_ID",
     "pad_id": "PAD_ID",
+    "prompt_table_extra_id": "PROMPT_TABLE_EXTRA_ID",
+}
+# BLS inputs with no destination here (a preprocessed image, a draft model): refused when a request carries them.
+UNSUPPORTED_INPUTS = {
+    "image_input": "preprocessed images (multimodal models)",
+    "num_draft_tokens": "a draft model (speculative decoding)",
+    "use_draft_logits": "a draft model (speculative decoding)",
 }
 # preprocessing output -> tensorrt_llm input
 PRE_TO_LLM = {
@@ -39,12 +53,36 @@ PASS_THROUGH = {
     "top_k": "runtime_top_k",
     "top_p": "runtime_top_p",
     "temperature": "temperature",
+    "length_penalty": "len_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "min_tokens": "min_tokens",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
     "seed": "seed",
+    "beam_width": "beam_width",
+    "num_return_sequences": "num_return_sequences",
     "return_log_probs": "return_log_probs",
+    "return_context_logits": "return_context_logits",
+    "return_generation_logits": "return_generation_logits",
+    "return_perf_metrics": "return_perf_metrics",
+    "return_num_input_tokens": "return_num_input_tokens",
+    "return_num_output_tokens": "return_num_output_tokens",
     "exclude_input_in_output": "exclude_input_in_output",
     "stream": "streaming",
+    "prompt_embedding_table": "prompt_embedding_table",
+    "prompt_vocab_size": "prompt_vocab_size",
+    "lora_task_id": "lora_task_id",
+    "lora_weights": "lora_weights",
+    "lora_config": "lora_config",
+    "guided_decoding_guide_type": "guided_decoding_guide_type",
+    "guided_decoding_guide": "guided_decoding_guide",
 }
 LLM_OUTPUTS = ["output_ids", "sequence_length", "cum_log_probs", "output_log_probs"]
+# tensorrt_llm outputs passed on to the client as they are, when tensorrt_llm returns them.
+LLM_EXTRA_OUTPUTS = ["batch_index", "sequence_index", "num_input_tokens", "num_output_tokens", "context_logits",
+                     "generation_logits", "kv_cache_alloc_new_blocks", "kv_cache_reused_blocks",
+                     "kv_cache_alloc_total_blocks", "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns",
+                     "last_token_time_ns", "acceptance_rate", "total_accepted_draft_tokens", "total_draft_tokens"]
 
 
 def _param(model_config: dict, key: str, default: str = "") -> str:
@@ -95,6 +133,10 @@ class TritonPythonModel:
         self.lock = threading.Lock()
 
     def _preprocess(self, request) -> dict[str, pb_utils.Tensor]:
+        for name, feature in UNSUPPORTED_INPUTS.items():
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None and tensor.as_numpy().size:
+                raise ValueError(f"input {name} ({feature}) is not supported by trtpipe's BLS model; omit it")
         tensors = []
         for name, pre_name in PRE_INPUTS.items():
             tensor = pb_utils.get_input_tensor_by_name(request, name)
@@ -116,7 +158,8 @@ class TritonPythonModel:
             if tensor is not None:
                 llm_inputs[llm_name] = pb_utils.Tensor(llm_name, tensor.as_numpy())
         llm_request = pb_utils.InferenceRequest(
-            model_name=self.llm_name, requested_output_names=LLM_OUTPUTS, inputs=list(llm_inputs.values())
+            model_name=self.llm_name, requested_output_names=LLM_OUTPUTS + LLM_EXTRA_OUTPUTS,
+            inputs=list(llm_inputs.values()),
         )
         if self.llm_decoupled:
             yield from llm_request.exec(decoupled=True)
@@ -131,6 +174,7 @@ class TritonPythonModel:
             detok = IncrementalDetokenizer(self.tokenizer, self.anchor, skip_special_tokens=True)
             all_ids: list[int] = []
             all_logprobs: list[float] = []
+            extras: dict[str, np.ndarray] = {}
             for response in self._llm_responses(request, self._preprocess(request)):
                 if response.has_error():
                     raise RuntimeError(response.error().message())
@@ -142,14 +186,18 @@ class TritonPythonModel:
                 logprobs = pb_utils.get_output_tensor_by_name(response, "output_log_probs").as_numpy().reshape(-1)[:length]
                 all_ids.extend(ids)
                 all_logprobs.extend(float(x) for x in logprobs)
+                for name in LLM_EXTRA_OUTPUTS:
+                    tensor = pb_utils.get_output_tensor_by_name(response, name)
+                    if tensor is not None:
+                        extras[name] = tensor.as_numpy()
                 if streaming:
                     if getattr(sender, "is_cancelled", lambda: False)():
                         break
-                    sender.send(self._response(detok.add(ids), ids, [float(x) for x in logprobs]))
+                    sender.send(self._response(detok.add(ids), ids, [float(x) for x in logprobs], extras))
             if streaming:
                 sender.send(flags=final)
-            else:
-                sender.send(self._response(detok.add(all_ids), all_ids, all_logprobs), flags=final)
+            else:  # tensorrt_llm answered in one response (stream=false is passed on), so extras are its totals
+                sender.send(self._response(detok.add(all_ids), all_ids, all_logprobs, extras), flags=final)
         except Exception as err:
             sender.send(
                 pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"tensorrt_llm_bls: {err}")),
@@ -157,17 +205,17 @@ class TritonPythonModel:
             )
 
     @staticmethod
-    def _response(text: str, ids: list[int], logprobs: list[float]):
+    def _response(text: str, ids: list[int], logprobs: list[float], extras: dict[str, np.ndarray]):
         n = len(ids)
-        return pb_utils.InferenceResponse(
-            output_tensors=[
-                pb_utils.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=object)),
-                pb_utils.Tensor("output_ids", np.array(ids, dtype=np.int32).reshape(1, 1, n)),
-                pb_utils.Tensor("sequence_length", np.array([[n]], dtype=np.int32)),
-                pb_utils.Tensor("cum_log_probs", np.array([[sum(logprobs)]], dtype=np.float32)),
-                pb_utils.Tensor("output_log_probs", np.array(logprobs, dtype=np.float32).reshape(1, 1, -1)),
-            ]
-        )
+        tensors = [
+            pb_utils.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=object)),
+            pb_utils.Tensor("output_ids", np.array(ids, dtype=np.int32).reshape(1, 1, n)),
+            pb_utils.Tensor("sequence_length", np.array([[n]], dtype=np.int32)),
+            pb_utils.Tensor("cum_log_probs", np.array([[sum(logprobs)]], dtype=np.float32)),
+            pb_utils.Tensor("output_log_probs", np.array(logprobs, dtype=np.float32).reshape(1, 1, -1)),
+        ]
+        tensors += [pb_utils.Tensor(name, value) for name, value in extras.items()]
+        return pb_utils.InferenceResponse(output_tensors=tensors)
 
     def execute(self, requests):
         for request in requests:

@@ -6,6 +6,16 @@ C++ backend, so the ensemble, BLS, streaming and clients are exercised for real 
 Semantics follow the C++ backend: streaming responses carry only the new token; a non-streaming
 response carries the prompt too unless exclude_input_in_output; runtime_top_k = runtime_top_p = 0
 means greedy; stop sequences are included in the output.
+
+Every input of the upstream contract is declared (config.pbtxt). Honoured: the sampling inputs (temperature,
+top-k/p, seed, repetition / presence / frequency penalties, min_tokens), stop and bad words, end and pad ids,
+beam_width 1 (other widths are refused), len_penalty / early_stopping / beam_search_diversity_rate (beam-search
+settings: accepted, no effect at beam width 1), num_return_sequences 1, return_log_probs,
+return_num_input_tokens / return_num_output_tokens, streaming, `stop` (cancels the in-flight request with the
+same request id, as the C++ backend does) and the KV-cache retention hints (cache eviction priorities: no effect
+on results, ignored). Everything else (LoRA, prompt tables, encoder-decoder, draft tokens, guided decoding,
+lookahead, multimodal, embedding bias, top-p decay, logits and perf-metric outputs) is refused with a one-line
+error naming the input when a request carries it.
 """
 
 from __future__ import annotations
@@ -47,6 +57,56 @@ class RequestError(ValueError):
     """A request the engine refuses (too long, malformed): reported to the client."""
 
 
+# Inputs the reference runtime cannot honour: a request that carries one (non-empty) is refused, naming it.
+UNSUPPORTED_INPUTS = {
+    "encoder_input_features": "encoder-decoder models",
+    "encoder_output_lengths": "encoder-decoder models",
+    "decoder_input_ids": "encoder-decoder models",
+    "decoder_input_lengths": "encoder-decoder models",
+    "draft_input_ids": "speculative decoding with draft tokens",
+    "draft_logits": "speculative decoding with draft tokens",
+    "draft_acceptance_threshold": "speculative decoding with draft tokens",
+    "embedding_bias": "an embedding bias",
+    "runtime_top_p_min": "top-p decay",
+    "runtime_top_p_decay": "top-p decay",
+    "runtime_top_p_reset_ids": "top-p decay",
+    "prompt_embedding_table": "prompt tuning tables",
+    "prompt_table_extra_ids": "prompt tuning tables",
+    "prompt_vocab_size": "prompt tuning tables",
+    "cross_attention_mask": "cross attention (multimodal)",
+    "skip_cross_attn_blocks": "cross attention (multimodal)",
+    "mrope_rotary_cos_sin": "mrope (multimodal)",
+    "mrope_position_deltas": "mrope (multimodal)",
+    "lora_task_id": "LoRA adapters",
+    "lora_weights": "LoRA adapters",
+    "lora_config": "LoRA adapters",
+    "context_phase_params": "disaggregated serving",
+    "guided_decoding_guide_type": "guided decoding",
+    "guided_decoding_guide": "guided decoding",
+    "lookahead_window_size": "lookahead decoding",
+    "lookahead_ngram_size": "lookahead decoding",
+    "lookahead_verification_set_size": "lookahead decoding",
+}
+# Output switches the reference runtime cannot serve: refused when true.
+UNSUPPORTED_SWITCHES = {
+    "return_context_logits": "context logits",
+    "return_generation_logits": "generation logits",
+    "return_perf_metrics": "perf metrics (KV-cache block counts and scheduler timings)",
+}
+
+
+def _carries(tensor) -> bool:
+    """A tensor that is present and holds something (preprocessing may send empty placeholders)."""
+    if tensor is None:
+        return False
+    array = tensor.as_numpy()
+    if array.size == 0:
+        return False
+    if array.dtype == np.float32 and not np.any(array):
+        return False  # an all-zero embedding bias changes nothing
+    return True
+
+
 class TritonPythonModel:
     def initialize(self, args):
         from trtpipe.reference.runtime import ReferenceModel  # the venv's trtpipe (editable install)
@@ -68,10 +128,25 @@ class TritonPythonModel:
         self.slots = threading.BoundedSemaphore(max(1, int(self.model_config.get("max_batch_size", 1))))
         self.threads: set[threading.Thread] = set()
         self.lock = threading.Lock()
+        self.cancelled: set[str] = set()  # request ids a `stop` request has cancelled
 
     # --- request parsing -------------------------------------------------------------------
+    def _refuse_unsupported(self, request) -> None:
+        for name, feature in UNSUPPORTED_INPUTS.items():
+            if _carries(pb_utils.get_input_tensor_by_name(request, name)):
+                raise RequestError(f"input {name} ({feature}) is not supported by the cpu-reference runtime; "
+                                   "omit it, or serve a TensorRT engine on a GPU target")
+        for name, output in UNSUPPORTED_SWITCHES.items():
+            if bool(_scalar(request, name, False)):
+                raise RequestError(f"{name}: the cpu-reference runtime does not return {output}; send {name}=false")
+
     def _parse(self, request) -> dict:
-        input_ids = pb_utils.get_input_tensor_by_name(request, "input_ids").as_numpy()
+        self._refuse_unsupported(request)
+        ids_tensor = pb_utils.get_input_tensor_by_name(request, "input_ids")
+        if ids_tensor is None:
+            raise RequestError("input_ids is missing: the cpu-reference runtime needs the prompt's token ids "
+                               "(upstream leaves it optional only for encoder-decoder and prompt-table requests)")
+        input_ids = ids_tensor.as_numpy()
         input_ids = input_ids.reshape(-1, input_ids.shape[-1])
         if input_ids.shape[0] != 1:
             raise RequestError(f"batch of {input_ids.shape[0]} in one request; send one prompt per request")
@@ -99,7 +174,23 @@ class TritonPythonModel:
         if top_p <= 0.0:
             top_p = 1.0
         seed = _scalar(request, "seed", None)
+        beam_width = int(_scalar(request, "beam_width", 1))
+        if beam_width != 1:
+            raise RequestError(f"beam_width {beam_width} is not supported by the cpu-reference runtime (beam width 1 "
+                               "only); send beam_width 1, or serve an engine built with --max_beam_width on a GPU target")
+        num_return = int(_scalar(request, "num_return_sequences", 1))
+        if num_return != 1:
+            raise RequestError(f"num_return_sequences {num_return} is not supported by the cpu-reference runtime; "
+                               "send 1 (or several requests with different seeds)")
         return {
+            "request_id": request.request_id(),
+            "repetition_penalty": float(_scalar(request, "repetition_penalty", 1.0)),
+            "presence_penalty": float(_scalar(request, "presence_penalty", 0.0)),
+            "frequency_penalty": float(_scalar(request, "frequency_penalty", 0.0)),
+            "min_tokens": int(_scalar(request, "min_tokens", 0)),
+            "length_penalty": float(_scalar(request, "len_penalty", 1.0)),
+            "return_num_input_tokens": bool(_scalar(request, "return_num_input_tokens", False)),
+            "return_num_output_tokens": bool(_scalar(request, "return_num_output_tokens", False)),
             "prompt": prompt,
             "max_new": max_new,
             "end_id": _scalar(request, "end_id", None),
@@ -125,19 +216,30 @@ class TritonPythonModel:
             seed=p["seed"],
             stop_words_ids=p["stop"],
             bad_words_ids=p["bad"],
+            repetition_penalty=p["repetition_penalty"],
+            presence_penalty=p["presence_penalty"],
+            frequency_penalty=p["frequency_penalty"],
+            min_tokens=p["min_tokens"],
+            length_penalty=p["length_penalty"],
         )
 
     @staticmethod
-    def _response(ids: list[int], logprobs: list[float]):
+    def _response(ids: list[int], logprobs: list[float], p: dict, new_tokens: int):
+        """One response; `new_tokens` is how many generated tokens it reports (num_output_tokens)."""
         n = len(ids)
-        return pb_utils.InferenceResponse(
-            output_tensors=[
-                pb_utils.Tensor("output_ids", np.array(ids, dtype=np.int32).reshape(1, 1, n)),
-                pb_utils.Tensor("sequence_length", np.array([[n]], dtype=np.int32)),
-                pb_utils.Tensor("cum_log_probs", np.array([[sum(logprobs)]], dtype=np.float32)),
-                pb_utils.Tensor("output_log_probs", np.array(logprobs, dtype=np.float32).reshape(1, 1, -1)),
-            ]
-        )
+        tensors = [
+            pb_utils.Tensor("output_ids", np.array(ids, dtype=np.int32).reshape(1, 1, n)),
+            pb_utils.Tensor("sequence_length", np.array([[n]], dtype=np.int32)),
+            pb_utils.Tensor("cum_log_probs", np.array([[sum(logprobs)]], dtype=np.float32)),
+            pb_utils.Tensor("output_log_probs", np.array(logprobs, dtype=np.float32).reshape(1, 1, -1)),
+            pb_utils.Tensor("batch_index", np.array([[0]], dtype=np.int32)),
+            pb_utils.Tensor("sequence_index", np.array([[0]], dtype=np.int32)),
+        ]
+        if p["return_num_input_tokens"]:
+            tensors.append(pb_utils.Tensor("num_input_tokens", np.array([[len(p["prompt"])]], dtype=np.int32)))
+        if p["return_num_output_tokens"]:
+            tensors.append(pb_utils.Tensor("num_output_tokens", np.array([[new_tokens]], dtype=np.int32)))
+        return pb_utils.InferenceResponse(output_tensors=tensors)
 
     @staticmethod
     def _error(err: Exception):
@@ -147,6 +249,14 @@ class TritonPythonModel:
     def _run(self, request, sender=None):
         """Generate for one request; with `sender` (decoupled) stream and close it, else return a response."""
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if bool(_scalar(request, "stop", False)):
+            # The C++ backend treats stop=true as "cancel the request with this id": so do we.
+            with self.lock:
+                self.cancelled.add(request.request_id())
+            if sender is None:
+                return pb_utils.InferenceResponse(output_tensors=[])
+            sender.send(flags=final)
+            return None
         try:
             p = self._parse(request)
             if sender is None and p["streaming"]:
@@ -157,19 +267,25 @@ class TritonPythonModel:
             ids: list[int] = []
             logprobs: list[float] = []
             with self.slots:
-                for token in self._tokens(p):
-                    if sender is not None and getattr(sender, "is_cancelled", lambda: False)():
-                        break
-                    ids.append(int(token.token_id))
-                    logprobs.append(float(token.logprob))
-                    if sender is not None and p["streaming"]:
-                        sender.send(self._response([ids[-1]], [logprobs[-1]]))
+                try:
+                    for token in self._tokens(p):
+                        if sender is not None and getattr(sender, "is_cancelled", lambda: False)():
+                            break
+                        if p["request_id"] and p["request_id"] in self.cancelled:
+                            break
+                        ids.append(int(token.token_id))
+                        logprobs.append(float(token.logprob))
+                        if sender is not None and p["streaming"]:
+                            sender.send(self._response([ids[-1]], [logprobs[-1]], p, 1))
+                finally:
+                    with self.lock:
+                        self.cancelled.discard(p["request_id"])  # the stop is spent; a later request may reuse the id
             if sender is not None and p["streaming"]:
                 sender.send(flags=final)
                 return None
             out = ids if p["exclude_input"] else [*p["prompt"], *ids]
             out_logprobs = logprobs if p["exclude_input"] else [0.0] * len(p["prompt"]) + logprobs
-            response = self._response(out, out_logprobs)
+            response = self._response(out, out_logprobs, p, len(ids))
         except Exception as err:
             response = self._error(err)
         if sender is None:
