@@ -574,13 +574,16 @@ def simulate(
         flags, changes = outcome
         if rule.effect == "override":
             changes = {k: v for k, v in changes.items() if settings.get(k) != v}
+            settings.update(changes)
+            # A finding only where the command named the setting: a default trtllm-build changes
+            # (e.g. use_fp8_context_fmha on by default, off without FP8) is not a claim of the command.
+            changes = {k: v for k, v in changes.items() if k in given}
             if not changes:
                 continue
         findings.append(Finding(
             rule=rule.id, effect=rule.effect, message=_message(table, rule, toolchain, changes, flags),
             flags=flags, changes=changes,
         ))
-        settings.update(changes)
     settings.pop("_given_use_fused_mlp", None)
     return Simulation(settings=settings, findings=findings)
 
