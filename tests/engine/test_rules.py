@@ -290,6 +290,14 @@ def test_resolve_refuses_fp8_context_fmha_it_would_switch_off(tmp_path, llama8b_
     assert "fp8-context-fmha-follows-fp8-kv-cache" in err.one_line()
 
 
+@pytest.mark.parametrize("plugins, rule", [("use_fused_mlp: true", "fused-mlp-needs-fp8-or-no-quant"),
+                                           ("reduce_fusion: true", "reduce-fusion-needs-tp-and-architecture")])
+def test_spec_check_refuses_an_override_trtllm_build_would_undo(tmp_path, llama8b_config, plugins, rule):
+    err = _spec_error(tmp_path, f"model:\n  config: {llama8b_config}\ntarget:\n  gpu: a100-80gb\n"
+                                f"quantization:\n  algo: int4_awq\nengine:\n  plugins:\n    {plugins}\n")
+    assert err.field == f"engine.plugins.{plugins.split(':')[0]}" and err.line == 9 and f"rule {rule}" in err.one_line()
+
+
 def test_quant_names_agree_with_the_converter():
     for algo, name in SPEC_QUANT_ALGO.items():
         assert TRTLLM_QUANT_ALGO[algo.value] == name
