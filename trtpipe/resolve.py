@@ -21,13 +21,6 @@ from trtpipe.toolchain import Toolchain, UnknownToolchain, get_toolchain
 REQUIRED_CONFIG_KEYS = ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 
-# Plugins in-flight batching cannot run without (Triton's tensorrt_llm model always batches in flight):
-# "TrtGptModelInflightBatching requires GPT attention plugin with packed input and paged KV cache."
-IFB_REQUIRED_PLUGINS = {
-    "gpt_attention_plugin": "the GPT attention plugin",
-    "remove_input_padding": "packed input (remove_input_padding)",
-    "paged_kv_cache": "a paged KV cache",
-}
 FALSY_PLUGIN_VALUES = (False, None, "disable", "disabled", "false", "off", "no", "none")
 
 
@@ -293,7 +286,7 @@ def _check_quantization(loaded: LoadedSpec, gpu: GpuInfo | None) -> None:
         )
 
 
-def _check_engine(loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | None) -> None:
+def _check_engine(loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | None, toolchain: Toolchain) -> None:
     spec = loaded.spec
     engine, triton, target = spec.engine, spec.triton, spec.target
     if engine.max_num_tokens is not None and engine.max_num_tokens < engine.max_input_len:
@@ -319,24 +312,7 @@ def _check_engine(loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | Non
         )
 
     plugins = engine.plugins
-    for name, what in IFB_REQUIRED_PLUGINS.items():
-        if name in plugins and plugin_disabled(plugins[name]):
-            raise loaded.error(
-                ("engine", "plugins", name),
-                f"disabling {name} breaks in-flight batching, which Triton's tensorrt_llm model always uses: "
-                f"it needs {what} (TrtGptModelInflightBatching requires the GPT attention plugin, "
-                "packed input and a paged KV cache)",
-                f"remove the {name} override",
-            )
-    if plugin_enabled(plugins.get("use_fp8_context_fmha", False)):
-        quant = spec.quantization
-        if quant.algo != QuantAlgo.fp8 or quant.kv_cache != KvCacheDtype.fp8:
-            raise loaded.error(
-                ("engine", "plugins", "use_fp8_context_fmha"),
-                "use_fp8_context_fmha needs FP8 weights with an FP8 KV cache "
-                f"(this spec has algo {quant.algo.value}, kv_cache {quant.kv_cache.value})",
-                "set quantization.algo: fp8 and quantization.kv_cache: fp8, or remove the override",
-            )
+    _check_trtllm_build_rules(loaded, config, gpu, toolchain)
     if "use_paged_context_fmha" in plugins and plugin_disabled(plugins["use_paged_context_fmha"]):
         for flag in ("enable_chunked_context", "enable_kv_cache_reuse"):
             if getattr(triton, flag):
@@ -381,6 +357,37 @@ def _check_engine(loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | Non
                 )
 
 
+def _check_trtllm_build_rules(
+    loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | None, toolchain: Toolchain
+) -> None:
+    """The pinned trtllm-build's rules a spec alone decides (stage `spec` in rules.yaml, read, not restated)."""
+    from trtpipe.engine.rules import TRTLLM_KV_CACHE_QUANT_ALGO, TRTLLM_QUANT_ALGO, BuildFacts, check_spec_settings
+
+    spec = loaded.spec
+    archs = config.get("architectures") or []
+    facts = BuildFacts(
+        quant_algo=TRTLLM_QUANT_ALGO.get(spec.quantization.algo.value),
+        kv_cache_quant_algo=TRTLLM_KV_CACHE_QUANT_ALGO.get(spec.quantization.kv_cache.value),
+        architecture=archs[0] if archs else None,
+        tp_size=spec.target.tp,
+        sm=gpu.sm if gpu is not None else None,
+    )
+    plugins = spec.engine.plugins
+    for finding in check_spec_settings(toolchain.name, plugins, facts):
+        keys = [key for key in plugins if key in finding.flags or key in finding.changes
+                or (key == "paged_kv_cache" and "kv_cache_type" in finding.flags)]
+        if keys:
+            where: tuple[str, ...] = ("engine", "plugins", keys[0])
+            fix = f"remove engine.plugins.{keys[0]}"
+        elif facts.quant_algo is not None and "quant_algo" in finding.flags:
+            where, fix = ("quantization", "algo"), "pick a quantization this GPU's TensorRT-LLM build supports"
+        elif "quant_algo" in finding.flags:
+            where, fix = ("quantization", "kv_cache"), "use kv_cache: auto or fp8 on this GPU"
+        else:
+            where, fix = ("engine", "plugins"), "change engine.plugins"
+        raise loaded.error(where, finding.message, fix)
+
+
 def resolve(loaded: LoadedSpec, *, need_weights: bool = True) -> ResolvedSpec:
     """Look up the toolchain, target GPU and model config; apply every cross-field rule.
 
@@ -394,7 +401,7 @@ def resolve(loaded: LoadedSpec, *, need_weights: bool = True) -> ResolvedSpec:
     gpu = _check_target(loaded, toolchain)
     _check_quantization(loaded, gpu)
     model_dir, tokenizer_dir, config_path, config = _resolve_model(loaded, need_weights)
-    _check_engine(loaded, config, gpu)
+    _check_engine(loaded, config, gpu, toolchain)
     return ResolvedSpec(
         spec=spec,
         spec_path=loaded.path,

@@ -51,9 +51,23 @@ def test_contract_refuses_bad_commands(toolchain, argv, problem):
     assert any(problem in p for p in problems), problems
 
 
-def test_streamingllm_refused_where_the_build_asserts():
-    assert load_contract("trtllm-1.2.1").check_value("streamingllm", "enable")
-    assert load_contract("trtllm-1.0.0").check_value("streamingllm", "enable") is None
+@pytest.mark.parametrize("toolchain", ["trtllm-0.21.0", "trtllm-1.0.0", "trtllm-1.1.0"])
+def test_auto_parallel_flags_exist_until_the_1_2_line(toolchain):
+    # build.py@008b2b8 parse_arguments() lines 304-324; removed by TRT-LLM PR #8329
+    contract = load_contract(toolchain)
+    assert contract.check_command(["trtllm-build", "--auto_parallel", "2", "--gpus_per_node", "8",
+                                   "--cluster_key", "H100-SXM"]) == []
+
+
+def test_auto_parallel_flags_removed_in_1_2_with_the_pr_named():
+    problems = load_contract("trtllm-1.2.1").check_command(["trtllm-build", "--auto_parallel", "2"])
+    assert problems and "PR #8329" in problems[0]
+
+
+@pytest.mark.parametrize("toolchain", TOOLCHAINS)
+def test_streamingllm_is_a_parser_flag_in_every_era(toolchain):
+    # what build_model() does with it is a rule (streamingllm-llama-only / streamingllm-removed), not a flag fact
+    assert load_contract(toolchain).check_value("streamingllm", "enable") is None
 
 
 def _independent_check(contract, argv: list[str]) -> None:

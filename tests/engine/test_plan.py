@@ -11,9 +11,11 @@ from trtpipe.errors import SpecError, TrtpipeError
 from .conftest import GPU_EXAMPLES, resolve_example, resolve_text
 
 # The exact commands, pinned: any change to what these engines are built with shows up here.
+# No --opt_num_tokens: with --multiple_profiles enable trtllm-build's main() raises RuntimeError when it is
+# set (rule opt-num-tokens-with-multiple-profiles); these pins held it until issue 12.
 H100_FP8_COMMAND = (
     "trtllm-build --checkpoint_dir /ckpt --output_dir /engine "
-    "--max_batch_size 64 --max_input_len 4096 --max_seq_len 8192 --max_num_tokens 8192 --opt_num_tokens 64 "
+    "--max_batch_size 64 --max_input_len 4096 --max_seq_len 8192 --max_num_tokens 8192 "
     "--max_beam_width 1 --kv_cache_type paged "
     "--gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable "
     "--use_paged_context_fmha enable --tokens_per_block 32 --use_fused_mlp enable --multiple_profiles enable "
@@ -21,12 +23,13 @@ H100_FP8_COMMAND = (
     "--low_latency_gemm_swiglu_plugin disable --reduce_fusion disable --user_buffer disable "
     "--workers 1 --log_level info"
 )
+# INT4-AWQ: --use_fused_mlp disable, as trtllm-build ends up (rule fused-mlp-needs-fp8-or-no-quant).
 A100_INT4_AWQ_COMMAND = (
     "trtllm-build --checkpoint_dir /ckpt --output_dir /engine "
-    "--max_batch_size 32 --max_input_len 4096 --max_seq_len 8192 --max_num_tokens 8192 --opt_num_tokens 32 "
+    "--max_batch_size 32 --max_input_len 4096 --max_seq_len 8192 --max_num_tokens 8192 "
     "--max_beam_width 1 --kv_cache_type paged "
     "--gpt_attention_plugin auto --remove_input_padding enable --context_fmha enable "
-    "--use_paged_context_fmha enable --tokens_per_block 32 --use_fused_mlp enable --multiple_profiles enable "
+    "--use_paged_context_fmha enable --tokens_per_block 32 --use_fused_mlp disable --multiple_profiles enable "
     "--gemm_plugin auto --use_fp8_context_fmha disable --gemm_swiglu_plugin disable --low_latency_gemm_plugin disable "
     "--low_latency_gemm_swiglu_plugin disable --reduce_fusion disable --user_buffer disable "
     "--workers 1 --log_level info"
@@ -102,7 +105,8 @@ def test_profile_default_max_num_tokens(tmp_path, llama8b_config):
     latency = make_build_plan(resolve_text(tmp_path, base + "  profile: latency\n"))
     assert throughput.limits["max_num_tokens"] == 8192
     assert latency.limits["max_num_tokens"] == 2048
-    assert latency.limits["opt_num_tokens"] == 64
+    assert latency.limits["opt_num_tokens"] is None  # multiple profiles: trtllm-build refuses an explicit one
+    assert "opt-num-tokens-with-multiple-profiles" in latency.why["opt_num_tokens"]
 
 
 def test_max_num_tokens_covers_a_whole_prompt_without_chunked_context(tmp_path, llama8b_config):
@@ -119,7 +123,10 @@ def test_override_applies_on_top_of_profile(tmp_path, llama8b_config):
     assert plan.plugin_config["gemm_plugin"] == "float16"
     assert plan.plugin_config["multiple_profiles"] is False
     assert plan.overrides == ["gemm_plugin", "multiple_profiles"]
-    assert "--multiple_profiles" in plan.render_command("/c", "/e")
+    argv = plan.render_command("/c", "/e")
+    assert argv[argv.index("--multiple_profiles") + 1] == "disable"
+    # a single profile: opt_num_tokens is TRT-LLM's default min(max_batch_size*max_beam_width, max_num_tokens)
+    assert argv[argv.index("--opt_num_tokens") + 1] == str(plan.limits["opt_num_tokens"]) == "8"
 
 
 def _positioned(err: SpecError, text: str, key: str) -> None:
@@ -170,11 +177,11 @@ def test_removed_flag_as_override_is_refused_with_hint(tmp_path, llama8b_config)
     "gpu, algo, plugins, message",
     [
         ("a100-80gb", "none", "low_latency_gemm_plugin: fp8", "Hopper only"),
-        ("a100-80gb", "none", "use_fp8_context_fmha: true", "use_fp8_context_fmha needs FP8"),
+        ("a100-80gb", "none", "use_fp8_context_fmha: true", "rule fp8-context-fmha-needs-fp8-quant"),
         ("a100-80gb", "none", "gemm_plugin: nvfp4", "Blackwell"),
         ("a100-80gb", "none", "gemm_plugin: fp16", "choose one of"),
-        ("a100-80gb", "none", "user_buffer: true", "reduce_fusion"),
-        ("a100-80gb", "none", "context_fmha: false", "needs context_fmha"),
+        ("a100-80gb", "none", "user_buffer: true", "rule user-buffer-needs-reduce-fusion"),
+        ("a100-80gb", "none", "reduce_fusion: true", "rule reduce-fusion-needs-tp-and-architecture"),
     ],
 )
 def test_invalid_overrides(tmp_path, llama8b_config, gpu, algo, plugins, message):

@@ -70,7 +70,7 @@ def engine_plan(
     table.add_column("value")
     table.add_column("why")
     for key, value in plan.limits.items():
-        table.add_row(key, str(value), plan.why.get(key, ""))
+        table.add_row(key, "(not passed)" if value is None else str(value), plan.why.get(key, ""))
     for key, value in plan.plugin_config.items():
         table.add_row(key, str(value), plan.why.get(key, ""))
     console.print(table)

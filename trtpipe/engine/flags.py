@@ -129,7 +129,7 @@ def load_contract(toolchain_name: str) -> FlagContract:
     """The flag contract of a toolchain (e.g. "trtllm-1.2.1"); TrtpipeError if none is pinned."""
     path = contract_path(toolchain_name)
     if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in FLAGS_DIR.glob("*.yaml"))) or "none"
+        known = ", ".join(known_contracts()) or "none"
         raise TrtpipeError(
             f"no trtllm-build flag contract for toolchain {toolchain_name!r} (known: {known})",
             fix=f"add {path.relative_to(FLAGS_DIR.parents[1])} taken from that version's tensorrt_llm/commands/build.py",
@@ -138,7 +138,7 @@ def load_contract(toolchain_name: str) -> FlagContract:
 
 
 def known_contracts() -> list[str]:
-    return sorted(p.stem for p in FLAGS_DIR.glob("*.yaml"))
+    return sorted(p.stem for p in FLAGS_DIR.glob("trtllm-*.yaml"))  # rules.yaml beside them is not a contract
 
 
 def render_value(value: object) -> str | None:

@@ -2,8 +2,12 @@
 
 `make_build_plan(resolved)` fixes every limit and every plugin/feature setting explicitly (never a
 version's default), records why each is set, applies the spec's `engine.plugins` overrides on top of
-the profile after checking them against the toolchain's flag contract, and refuses any override
-that would produce an engine Triton's in-flight batcher cannot load.
+the profile after checking them against the toolchain's flag contract, and then replays the pinned
+trtllm-build's own rules (`rules.py`) on the result:
+- a setting the pinned trtllm-build would silently change is planned as trtllm-build ends with it, and
+  its reason says so (e.g. INT4-AWQ: the gated MLP is not fused, so `--use_fused_mlp disable`);
+- a spec override that trtllm-build would change or refuse is a positioned SpecError naming the rule;
+- `render_command` refuses any command the flag table or the rules would refuse or change.
 """
 
 from __future__ import annotations
@@ -14,6 +18,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, computed_field
 
 from trtpipe.engine.flags import FlagContract, load_contract, render_value
+from trtpipe.engine.rules import (
+    TRTLLM_KV_CACHE_QUANT_ALGO,
+    TRTLLM_QUANT_ALGO,
+    BuildFacts,
+    Finding,
+    parse_command,
+    simulate,
+    spec_value,
+)
 from trtpipe.engine.profiles import (
     Setting,
     default_max_num_tokens,
@@ -44,12 +57,13 @@ class BuildPlan(BaseModel):
     dtype: str
     quant_algo: str
     kv_cache_dtype: str
-    limits: dict[str, int | str]
+    limits: dict[str, int | str | None]
     plugin_config: dict[str, str | bool | int | None]
     why: dict[str, str]
     overrides: list[str]
     workers: int = 1
     log_level: str = "info"
+    architecture: str | None = None  # the model's architecture (config.json), which some trtllm-build rules test
 
     @property
     def world_size(self) -> int:
@@ -68,6 +82,16 @@ class BuildPlan(BaseModel):
     def contract(self) -> FlagContract:
         return load_contract(self.toolchain)
 
+    def facts(self) -> BuildFacts:
+        """What the pinned trtllm-build will know beyond the command: checkpoint quantization, architecture, tp, SM."""
+        return BuildFacts(
+            quant_algo=TRTLLM_QUANT_ALGO.get(self.quant_algo),
+            kv_cache_quant_algo=TRTLLM_KV_CACHE_QUANT_ALGO.get(self.kv_cache_dtype),
+            architecture=self.architecture,
+            tp_size=self.tp,
+            sm=self.gpu_sm,
+        )
+
     def render_command(
         self, checkpoint_dir: Path | str, output_dir: Path | str, *, executable: str = "trtllm-build"
     ) -> list[str]:
@@ -78,7 +102,8 @@ class BuildPlan(BaseModel):
             "--output_dir", str(output_dir),
         ]
         for key in LIMIT_KEYS:
-            argv += [f"--{key}", str(self.limits[key])]
+            if self.limits[key] is not None:  # opt_num_tokens is left out with multiple profiles
+                argv += [f"--{key}", str(self.limits[key])]
         argv += ["--kv_cache_type", str(self.limits["kv_cache_type"])]
         for key, value in self.plugin_config.items():
             argv += [f"--{key}", render_value(value)]
@@ -88,6 +113,15 @@ class BuildPlan(BaseModel):
             raise TrtpipeError(
                 f"the build plan does not fit trtllm-build {self.trtllm_version}: {'; '.join(problems)}",
                 fix="fix engine.plugins in the spec or the flag contract table",
+            )
+        # The pinned trtllm-build's own rules: a command it would refuse, or build with other settings
+        # than it names, never leaves trtpipe.
+        findings = simulate(self.toolchain, parse_command(argv), self.facts()).findings
+        if findings:
+            raise TrtpipeError(
+                "; ".join(f.message for f in findings),
+                fix="the plan must follow trtllm-build's rules (build_configs/trtllm_build_flags/rules.yaml); "
+                "change engine.plugins or report the plan that produced this command",
             )
         return argv
 
@@ -187,17 +221,12 @@ def make_build_plan(resolved: Any) -> BuildPlan:
     if max_num_tokens > max_tokens_cap:
         max_num_tokens = max_tokens_cap
         why["max_num_tokens"] += f"; capped at max_batch_size*max_seq_len = {max_tokens_cap} (TRT-LLM caps it too)"
-    opt_num_tokens = min(engine.max_batch_size * engine.max_beam_width, max_num_tokens)
-    why["opt_num_tokens"] = (
-        "min(max_batch_size*max_beam_width, max_num_tokens): TRT-LLM's own rule, set explicitly so the engine "
-        "config equals the plan"
-    )
-    limits: dict[str, int | str] = {
+    limits: dict[str, int | str | None] = {
         "max_batch_size": engine.max_batch_size,
         "max_input_len": engine.max_input_len,
         "max_seq_len": engine.max_seq_len,
         "max_num_tokens": max_num_tokens,
-        "opt_num_tokens": opt_num_tokens,
+        "opt_num_tokens": None,  # set below, once multiple_profiles is final
         "max_beam_width": engine.max_beam_width,
         "kv_cache_type": "paged",
     }
@@ -207,18 +236,19 @@ def make_build_plan(resolved: Any) -> BuildPlan:
 
     # --- overrides from engine.plugins, validated against the flag contract
     overrides: list[str] = []
+    spec_keys: dict[str, str] = {}  # a trtllm-build flag -> the engine.plugins key that set it
     for key, raw in engine.plugins.items():
         where = ("engine", "plugins", key)
         if key == "tokens_per_block":
             raise _spec_error(resolved, where, "tokens_per_block is not a plugin override", fix="set engine.tokens_per_block")
         if key in ("paged_kv_cache", "kv_cache_type"):
-            if raw in (False, None, "disable", "continuous", "disabled", "false", "off"):
-                raise _spec_error(
-                    resolved, where,
-                    "in-flight batching requires a paged KV cache (TrtGptModelInflightBatching requires GPT attention "
-                    "plugin with packed input and paged KV cache)",
-                    fix=f"remove engine.plugins.{key}",
-                )
+            # Planned like any setting; the rules below refuse what in-flight batching cannot serve.
+            value = spec_value(key, raw)
+            if key == "paged_kv_cache":
+                value = "paged" if value is True else "continuous"
+            limits["kv_cache_type"] = value
+            why["kv_cache_type"] = f"set by engine.plugins.{key} in the spec"
+            spec_keys["kv_cache_type"] = key
             continue
         flag = contract.lookup(key)
         if flag is None or not flag.plugin:
@@ -234,27 +264,25 @@ def make_build_plan(resolved: Any) -> BuildPlan:
         problem = contract.check_value(key, render_value(value))
         if problem:
             raise _spec_error(resolved, where, problem, fix="pick an allowed value")
-        if key == "gpt_attention_plugin" and value is None:
-            raise _spec_error(
-                resolved, where,
-                "in-flight batching requires the GPT attention plugin (TrtGptModelInflightBatching requires GPT "
-                "attention plugin with packed input and paged KV cache)",
-                fix="remove engine.plugins.gpt_attention_plugin or set it to auto",
-            )
-        if key == "remove_input_padding" and value is False:
-            raise _spec_error(
-                resolved, where,
-                "in-flight batching requires packed input (remove_input_padding) (TrtGptModelInflightBatching "
-                "requires GPT attention plugin with packed input and paged KV cache)",
-                fix="remove engine.plugins.remove_input_padding",
-            )
         plugin_config[key] = value
         why[key] = "set by engine.plugins in the spec"
         overrides.append(key)
+        spec_keys[key] = key
 
-    _check_combination(resolved, plugin_config, family=family, quant_algo=quant_algo, overrides=overrides)
+    if plugin_config.get("multiple_profiles"):
+        limits["opt_num_tokens"] = None
+        why["opt_num_tokens"] = (
+            "not passed: trtllm-build refuses --opt_num_tokens together with --multiple_profiles enable "
+            "(rule opt-num-tokens-with-multiple-profiles); each optimization profile then has its own optimum"
+        )
+    else:
+        limits["opt_num_tokens"] = min(engine.max_batch_size * engine.max_beam_width, int(limits["max_num_tokens"]))
+        why["opt_num_tokens"] = (
+            "min(max_batch_size*max_beam_width, max_num_tokens): TRT-LLM's own default with a single profile, "
+            "set explicitly so the engine config equals the plan"
+        )
 
-    return BuildPlan(
+    plan = BuildPlan(
         toolchain=toolchain.name,
         trtllm_version=toolchain.trtllm_version,
         tensorrt_version=toolchain.tensorrt_version,
@@ -274,13 +302,75 @@ def make_build_plan(resolved: Any) -> BuildPlan:
         overrides=overrides,
         # One build worker per rank: each rank's engine is built on its own GPU, in parallel.
         workers=spec.target.world_size if gpu is not None else 1,
+        architecture=_architecture(resolved),
+    )
+    _follow_trtllm_build(resolved, plan, spec_keys)
+    _check_combination(resolved, plan.plugin_config, family=family, quant_algo=quant_algo, overrides=overrides,
+                       why=plan.why)
+    return plan
+
+
+def _command_settings(plan: BuildPlan) -> dict[str, object]:
+    """The plan as trtllm-build's parsed command would hold it (rules.parse_command's form)."""
+    given: dict[str, object] = {k: v for k, v in plan.limits.items() if v is not None}
+    given.update(plan.plugin_config)
+    return given
+
+
+def _follow_trtllm_build(resolved: Any, plan: BuildPlan, spec_keys: dict[str, str]) -> None:
+    """Plan every setting as the pinned trtllm-build ends with it; refuse what it refuses.
+
+    A profile setting that trtllm-build would change is replaced by trtllm-build's value, with its rule
+    as the reason. A spec override it would change or refuse is the spec's error, positioned at it.
+    """
+    facts = plan.facts()
+    for _ in range(8):  # each round adopts at least one change; the rules settle in a few
+        sim = simulate(plan.toolchain, _command_settings(plan), facts)
+        for finding in sim.refusals:
+            raise _rule_error(resolved, finding, spec_keys)
+        if not sim.overrides:
+            return
+        for finding in sim.overrides:
+            for key, value in finding.changes.items():
+                if key in spec_keys:
+                    raise _spec_error(
+                        resolved, ("engine", "plugins", spec_keys[key]),
+                        f"{spec_keys[key]}: {render_value(plan.plugin_config.get(key))} would not take effect: "
+                        f"{finding.message}",
+                        fix=f"remove engine.plugins.{spec_keys[key]}",
+                    )
+                target = plan.limits if key in plan.limits else plan.plugin_config
+                target[key] = value
+                plan.why[key] = f"as the pinned trtllm-build ends up with it: {finding.message}"
+    raise TrtpipeError(
+        f"the trtllm-build {plan.trtllm_version} rules did not settle on one build configuration",
+        fix="report this spec: build_configs/trtllm_build_flags/rules.yaml has rules that undo each other",
+    )
+
+
+def _rule_error(resolved: Any, finding: Finding, spec_keys: dict[str, str]) -> TrtpipeError:
+    blamed = [spec_keys[flag] for flag in finding.flags if flag in spec_keys]
+    if blamed:
+        return _spec_error(
+            resolved, ("engine", "plugins", blamed[0]), finding.message, fix=f"remove engine.plugins.{blamed[0]}",
+        )
+    if "quant_algo" in finding.flags:
+        return _spec_error(resolved, ("quantization", "algo"), finding.message,
+                           fix="pick a quantization this GPU's TensorRT-LLM build supports")
+    return TrtpipeError(
+        f"the build profile breaks a trtllm-build rule: {finding.message}",
+        fix="report this spec: the profile in trtpipe/engine/profiles.py must follow the rule",
     )
 
 
 def _check_combination(
-    resolved: Any, pc: dict[str, Any], *, family: str, quant_algo: str, overrides: list[str]
+    resolved: Any, pc: dict[str, Any], *, family: str, quant_algo: str, overrides: list[str],
+    why: dict[str, str] | None = None,
 ) -> None:
-    """Cross-setting rules; blame the override that broke them."""
+    """trtpipe's own cross-setting rules (serving needs, kernel availability); blame the override that broke them.
+
+    trtllm-build's rules are not here: `_follow_trtllm_build` applies rules.yaml before this runs.
+    """
 
     def blame(*keys: str) -> tuple[str | int, ...]:
         for key in keys:
@@ -290,25 +380,21 @@ def _check_combination(
 
     triton = resolved.spec.triton
     if not pc.get("use_paged_context_fmha"):
-        if triton.enable_chunked_context or triton.enable_kv_cache_reuse:
+        for option in ("enable_chunked_context", "enable_kv_cache_reuse"):
+            if not getattr(triton, option):
+                continue
+            if "use_paged_context_fmha" in overrides:
+                raise _spec_error(
+                    resolved, blame("use_paged_context_fmha"),
+                    f"use_paged_context_fmha is off but triton.{option} needs it",
+                    fix=f"remove the override or set triton.{option}: false",
+                )
             raise _spec_error(
-                resolved, blame("use_paged_context_fmha"),
-                "use_paged_context_fmha is off but triton.enable_chunked_context / enable_kv_cache_reuse need it",
-                fix="remove the override or turn those serving options off",
+                resolved, ("triton", option),
+                f"triton.{option} needs an engine built with use_paged_context_fmha, which this build turns off "
+                f"({(why or {}).get('use_paged_context_fmha', 'see the plan')})",
+                fix=f"set triton.{option}: false, or change the quantization/KV cache that turns it off",
             )
-    if pc.get("use_paged_context_fmha") and not pc.get("context_fmha"):
-        raise _spec_error(
-            resolved, blame("context_fmha", "use_paged_context_fmha"),
-            "use_paged_context_fmha needs context_fmha",
-            fix="keep context_fmha enabled or also disable use_paged_context_fmha",
-        )
-    fp8_capable = family in ("ada", "hopper", "blackwell")
-    if pc.get("use_fp8_context_fmha") and not (quant_algo == "fp8" and fp8_capable):
-        raise _spec_error(
-            resolved, blame("use_fp8_context_fmha"),
-            f"use_fp8_context_fmha needs FP8 quantization on SM89+ (quantization {quant_algo}, family {family})",
-            fix="remove the override",
-        )
     for key in ("low_latency_gemm_plugin", "low_latency_gemm_swiglu_plugin", "gemm_swiglu_plugin"):
         if pc.get(key) is not None and not (quant_algo == "fp8" and family == "hopper"):
             raise _spec_error(
@@ -316,12 +402,7 @@ def _check_combination(
                 f"{key} runs FP8 kernels that exist for Hopper only (quantization {quant_algo}, family {family})",
                 fix=f"remove engine.plugins.{key}",
             )
-    if pc.get("user_buffer") and not pc.get("reduce_fusion"):
-        raise _spec_error(
-            resolved, blame("user_buffer", "reduce_fusion"),
-            "user_buffer must be enabled together with reduce_fusion",
-            fix="enable reduce_fusion or drop user_buffer",
-        )
+    fp8_capable = family in ("ada", "hopper", "blackwell")
     if pc.get("gemm_plugin") == "nvfp4" and family != "blackwell":
         raise _spec_error(
             resolved, blame("gemm_plugin"), "gemm_plugin nvfp4 needs a Blackwell GPU (SM100+)", fix="use auto",
