@@ -1,7 +1,17 @@
 """Errors a user can act on.
 
 Every error raised for a user's mistake or for a missing capability is a `TrtpipeError`:
-the CLI prints it as one line (no traceback) and exits with its `exit_code`.
+the CLI prints it as one line (no traceback) and exits with its `exit_code`. Raise the subclass
+named for what the user can do about it; it carries the fields a caller or the CLI needs.
+
+Exit codes (one table for the whole CLI):
+    0   success
+    1   a check, gate, plan, build or test did not pass (TrtpipeError, GateRefused, IntegrityError, ...)
+    2   invalid input: spec, option, file or reference (InvalidInput and its subclasses)
+    3   this host lacks a capability the operation needs (MissingCapability)
+    4   a concurrent change won (Conflict)
+    5   an operation ran past its deadline (TimedOut)
+    130 interrupted (Ctrl-C)
 """
 
 from __future__ import annotations
@@ -24,7 +34,13 @@ class TrtpipeError(Exception):
         return " ".join(text.split())
 
 
-class SpecError(TrtpipeError):
+class InvalidInput(TrtpipeError):
+    """Input the user gave is wrong: a spec, an option, a file or a reference."""
+
+    exit_code = 2
+
+
+class SpecError(InvalidInput):
     """An invalid build spec: `file:line:col: field.path: what is wrong; how to fix it`."""
 
     exit_code = 2
@@ -57,13 +73,59 @@ class SpecError(TrtpipeError):
         return f"{where}: {body}"
 
 
-class UsageError(TrtpipeError):
+class UsageError(InvalidInput):
     """Bad command-line input (a missing file, a bad option value)."""
 
-    exit_code = 2
+
+class NotFound(InvalidInput):
+    """A named thing (artifact, channel, file, model) does not exist."""
+
+    def __init__(self, message: str, *, what: str, ref: str, fix: str | None = None) -> None:
+        self.what = what
+        self.ref = ref
+        super().__init__(message, fix=fix)
 
 
 class MissingCapability(TrtpipeError):
     """This host lacks what the operation needs (a GPU, TensorRT-LLM, a Docker daemon ...)."""
 
     exit_code = 3
+
+
+class GateRefused(TrtpipeError):
+    """A promotion gate did not pass for the artifact being promoted."""
+
+    def __init__(self, message: str, *, channel: str, digest: str, failed: list[str], fix: str | None = None) -> None:
+        self.channel = channel
+        self.digest = digest
+        self.failed = list(failed)
+        super().__init__(message, fix=fix)
+
+
+class IntegrityError(TrtpipeError):
+    """Stored data is not what its name or record says (a corrupt entry, object, trail or result log)."""
+
+    def __init__(self, message: str, *, path: str | None = None, fix: str | None = None) -> None:
+        self.path = path
+        super().__init__(message, fix=fix)
+
+
+class Conflict(TrtpipeError):
+    """Someone else changed the same thing first (a channel pointer, a lock holder)."""
+
+    exit_code = 4
+
+    def __init__(self, message: str, *, resource: str, fix: str | None = None) -> None:
+        self.resource = resource
+        super().__init__(message, fix=fix)
+
+
+class TimedOut(TrtpipeError):
+    """An operation ran past its deadline."""
+
+    exit_code = 5
+
+    def __init__(self, message: str, *, operation: str, seconds: float, fix: str | None = None) -> None:
+        self.operation = operation
+        self.seconds = seconds
+        super().__init__(message, fix=fix)
