@@ -383,3 +383,28 @@ def test_the_sandbox_hides_what_is_not_mounted(layout, tmp_path):
     text = info.value.one_line()
     assert f"quantization.calibration.dataset: {dataset} does not exist" in text and "\n" not in text
     assert not any(out.iterdir())
+
+
+@pytest.mark.timeout(300)
+def test_build_of_a_gpu_target_converts_in_the_executors_container(layout, trtpipe_home, monkeypatch, capsys):
+    """`trtpipe build` of a GPU target hands the conversion to the docker executor's container (here the
+    sandbox standing in for the daemon) and asks it for the target's GPU: with no GPU there, the
+    converter inside refuses in one line, exit 3, after the host's checks passed; nothing is stored."""
+    if reason := sandbox_unavailable():
+        pytest.skip(reason)
+    client = SandboxClient(only_distributions=requirement_closure(CONTAINER_PACKAGES))
+    monkeypatch.setattr("trtpipe.engine.executors.docker.connect", lambda timeout_s=0.8: client)
+    code = main(["build", str(layout["spec"])])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 3 and len(errors) == 1, err
+    assert errors[0].startswith(f"error: checkpoint conversion (docker, {IMAGE}) failed: checkpoint conversion on "
+                                "the GPU: torch ") and "sees no CUDA device" in errors[0]
+    kwargs = client.run_kwargs
+    assert kwargs["command"][-2:] == ["--device", "cuda"] and kwargs["user"] == f"{os.getuid()}:{os.getgid()}"
+    assert kwargs["device_requests"][0]["Count"] == 1 and kwargs["device_requests"][0]["Driver"] == "nvidia"
+    logs = list((trtpipe_home / "logs").glob("checkpoint-*.log"))
+    assert len(logs) == 1 and "converting on cuda with trtpipe" in logs[0].read_text()
+    assert "from /opt/trtpipe-src/trtpipe," in logs[0].read_text()
+    assert not any((trtpipe_home / "checkpoint").glob("*"))
+    assert not [p for p in (trtpipe_home / "tmp").iterdir() if "checkpoint-" in p.name]
