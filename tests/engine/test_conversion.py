@@ -408,3 +408,21 @@ def test_build_of_a_gpu_target_converts_in_the_executors_container(layout, trtpi
     assert "from /opt/trtpipe-src/trtpipe," in logs[0].read_text()
     assert not any((trtpipe_home / "checkpoint").glob("*"))
     assert not [p for p in (trtpipe_home / "tmp").iterdir() if "checkpoint-" in p.name]
+
+
+def test_dry_run_shows_the_local_command_and_a_refusal(layout, trtpipe_home, capsys):
+    import json
+
+    root, snapshot, dataset = layout["root"], layout["snapshot"], layout["dataset"]
+    assert main(["build", str(_spec(root, snapshot, executor="local", dataset=dataset)), "--dry-run", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    checkpoint = next(s for s in report["stages"] if s["name"] == "checkpoint")
+    assert checkpoint["outcome"] == "would-build" and checkpoint["executor"] == "local"
+    assert checkpoint["command"][:3] == [sys.executable, "-m", "trtpipe.engine.convert_entry"]
+    assert checkpoint["command"][-2:] == ["--device", "cuda"] and checkpoint["container"] is None
+    # A toolchain the converter is not written for: the dry run says the build would be refused.
+    assert main(["build", str(_spec(root, snapshot, toolchain="trtllm-1.0.0", dataset=dataset)), "--dry-run"]) == 0
+    err = capsys.readouterr().err
+    assert "converts in the docker executor: the container nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3 " \
+           "on 1 GPU(s), not on this host (refused: " in err
+    assert "toolchain trtllm-1.0.0 converts with nvidia-modelopt 0.33" in err

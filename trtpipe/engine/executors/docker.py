@@ -218,7 +218,7 @@ def conversion_container_spec(
     build_configs: Path | None = None,
 ) -> ContainerSpec:
     """The container that runs a checkpoint conversion (HF -> TRT-LLM checkpoint, ModelOpt calibration on
-    the GPU). Pure: no daemon, no filesystem access.
+    the GPU). Pure: no daemon; of the filesystem it reads only where trtpipe itself lies.
 
     The toolchain's container carries TensorRT-LLM with its Python dependencies (ModelOpt, transformers,
     torch with CUDA, accelerate, pydantic, rich: trtpipe.engine.conversion.CONTAINER_PACKAGES); trtpipe
@@ -252,7 +252,8 @@ def conversion_container_spec(
         ipc_mode="host",
         environment={
             "HOME": "/tmp",
-            # torch and triton caches ask getpass for a name; a uid without a passwd entry has none.
+            # torch names its inductor cache after getpass.getuser(), which fails for a uid without a
+            # passwd entry (we run as the caller's uid) unless USER is set.
             "USER": "trtpipe",
             "PYTHONPATH": TRTPIPE_SOURCE_MOUNT,
             "PYTHONDONTWRITEBYTECODE": "1",  # the source is read-only

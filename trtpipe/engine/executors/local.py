@@ -27,7 +27,7 @@ from trtpipe.versions import TENSORRT_DISTRIBUTIONS, TRTLLM_DISTRIBUTIONS, insta
 DEFAULT_TIMEOUT_S = 4 * 3600.0
 # What a conversion process gets in its environment on every executor: Hugging Face offline (the
 # model is local: a conversion never downloads), and the fixed cuBLAS workspace that PyTorch's
-# reproducibility notes ask for (same GPU, same inputs -> same GEMM results run to run).
+# reproducibility notes require for repeatable cuBLAS results (the same GPU model, the same inputs).
 CONVERSION_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 
 
