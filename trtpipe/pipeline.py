@@ -50,8 +50,10 @@ class StageReport(BaseModel):
     path: str | None = None
     detail: str | None = None
     waited: bool = Field(default=False, description="Waited for a concurrent build of the same key.")
-    command: list[str] | None = Field(default=None, description="Engine stage: the trtllm-build argv (dry run).")
-    container: dict[str, Any] | None = Field(default=None, description="Engine stage: docker container spec (dry run).")
+    command: list[str] | None = Field(
+        default=None, description="Dry run: the trtllm-build argv (engine), the conversion argv (checkpoint of a GPU target).")
+    container: dict[str, Any] | None = Field(default=None, description="Dry run: the docker container spec that runs it.")
+    executor: str | None = Field(default=None, description="Dry run, checkpoint of a GPU target: local or docker.")
 
 
 class BuildReport(BaseModel):
@@ -375,19 +377,25 @@ class _Runner:
 
     def checkpoint_stage(self, leases: contextlib.ExitStack) -> None:
         _check_available("trtpipe.checkpoint.convert", "convert_checkpoint")
+        # GPU targets convert where the engine is built (its executor, on the GPU builder); the key
+        # is the same wherever the conversion runs. cpu-reference converts here, in-process.
+        in_executor = not self.resolved.spec.target.is_cpu_reference
         if self.dry_run and self._planning_only():
-            self._add(StageReport(name="checkpoint", outcome="skipped",
-                                  detail="planning-only spec (model.config): no weights, so no key; "
-                                         "set model.path or model.repo_id + revision to build"))
+            stage = self._add(StageReport(name="checkpoint", outcome="would-build" if in_executor else "skipped",
+                                          detail="planning-only spec (model.config): no weights, so no key; "
+                                                 "set model.path or model.repo_id + revision to build"))
+            if in_executor:
+                self._show_conversion(stage, None)
             return
         key = self.checkpoint_key()
 
         def build(out_dir: Path) -> dict[str, Any]:
-            if not self.resolved.spec.target.is_cpu_reference:
-                # A host that cannot build the engine fails here in under a second, not after the
-                # (possibly hours-long) conversion whose only use is that engine.
-                make_build_plan = _need("trtpipe.engine.plan", "make_build_plan")
-                _need("trtpipe.engine.stage", "preflight")(self.resolved, make_build_plan(self.resolved))
+            if in_executor:
+                # Checks first, in under a second: a host that cannot convert or build there fails
+                # before any (possibly hours-long) work.
+                convert_in_executor = _need("trtpipe.engine.conversion", "convert_in_executor")
+                return convert_in_executor(self.resolved, out_dir, self._log_path("checkpoint", key.key),
+                                           progress=self.progress)
             convert = _need("trtpipe.checkpoint.convert", "convert_checkpoint")
             summary = convert(self.resolved, out_dir, show_progress=self.progress)
             if hasattr(summary, "model_dump"):
@@ -395,6 +403,26 @@ class _Runner:
             return {}
 
         self._stored_stage("checkpoint", key, build, leases)
+        if self.dry_run and in_executor and self.report.stages[-1].outcome == "would-build":
+            self._show_conversion(self.report.stages[-1], key.key)
+
+    def _log_path(self, stage: str, key: str) -> Path:
+        logs = self.store.root / "logs"
+        logs.mkdir(exist_ok=True)
+        return logs / f"{stage}-{key[:16]}-{int(time.time())}-{os.getpid()}.log"
+
+    def _show_conversion(self, stage: StageReport, key: str | None) -> None:
+        """Dry run: where the conversion would run and the exact command / container (not this host)."""
+        preview = _need("trtpipe.engine.conversion", "preview_conversion")
+        out_dir = self.store.root / "tmp" / f"checkpoint-{key or 'CHECKPOINT-KEY'}-XXXXXXXX"
+        conversion = preview(self.resolved, out_dir)
+        stage.executor, stage.command, stage.container = conversion.executor, conversion.command, conversion.container
+        self.printer.note(f"    converts in the {conversion.where}")
+        docker_run = (conversion.container or {}).get("docker_run")
+        if docker_run:
+            self.printer.note("    container: " + " ".join(str(a) for a in docker_run))
+        elif conversion.command:
+            self.printer.note("    command: " + " ".join(conversion.command))
 
     def engine_key(self, checkpoint_key: str) -> keymod.StageKey:
         resolved = self.resolved
@@ -439,9 +467,7 @@ class _Runner:
 
         def build(out_dir: Path) -> dict[str, Any]:
             build_engine = _need("trtpipe.engine.stage", "build_engine")
-            logs = self.store.root / "logs"
-            logs.mkdir(exist_ok=True)
-            log_path = logs / f"engine-{key.key[:16]}-{int(time.time())}-{os.getpid()}.log"
+            log_path = self._log_path("engine", key.key)
             result = build_engine(self.resolved, self.build_plan, self.entries["checkpoint"].path, out_dir, log_path)
             meta: dict[str, Any] = {"build_log": str(log_path)}
             if hasattr(result, "model_dump"):

@@ -33,7 +33,10 @@ def test_dry_run_prints_the_pinned_command_and_container(example, pinned, gpus, 
     report = _dry_run(example, capsys)
     assert report["status"] == "dry-run"
     outcomes = {s["name"]: s["outcome"] for s in report["stages"]}
-    assert outcomes == {"resolve": "ran", "plan": "ran", "checkpoint": "skipped", "engine": "would-build",
+    # The checkpoint of a GPU target would be converted by the engine's executor (shown below the
+    # engine's checks in test_dry_run_shows_the_conversion_in_the_executor); it was "skipped" before
+    # conversion moved into the executor, when a dry run showed no conversion at all.
+    assert outcomes == {"resolve": "ran", "plan": "ran", "checkpoint": "would-build", "engine": "would-build",
                         "publish": "would-build"}
     engine = next(s for s in report["stages"] if s["name"] == "engine")
     checkpoint_dir = str(trtpipe_home / "checkpoint" / "CHECKPOINT-KEY")
@@ -66,3 +69,44 @@ def test_real_build_of_a_planning_only_spec_is_refused_in_one_line(trtpipe_home,
     code = main(["build", str(EXAMPLES / "llama3-8b-fp8-h100.yaml")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "model.config" in err
+
+
+@pytest.mark.parametrize("example, gpus", [("llama3-8b-fp8-h100", 1), ("llama3-70b-fp8-4xh100", 4)])
+def test_dry_run_shows_the_conversion_in_the_executor(example, gpus, trtpipe_home, capsys):
+    """--json: the checkpoint stage names its executor and the exact container that converts (on the
+    target's GPUs, the model read-only, only the job and output folders writable), not this host."""
+    import trtpipe
+
+    report = _dry_run(example, capsys)
+    checkpoint = next(s for s in report["stages"] if s["name"] == "checkpoint")
+    assert checkpoint["executor"] == "docker"  # auto, and this host has no TensorRT-LLM
+    container = checkpoint["container"]
+    assert container["image"] == "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
+    assert container["device_requests"] == [{"Driver": "nvidia", "Capabilities": [["gpu"]], "Count": gpus}]
+    out_dir = str(trtpipe_home / "tmp" / "checkpoint-CHECKPOINT-KEY-XXXXXXXX")
+    job_dir = str(trtpipe_home / "tmp" / ".checkpoint-CHECKPOINT-KEY-XXXXXXXX-job")
+    assert container["command"] == checkpoint["command"] == [
+        "python3", "-m", "trtpipe.engine.convert_entry", "--spec", f"{job_dir}/spec.json", "--out", out_dir,
+        "--summary", f"{job_dir}/summary.json", "--device", "cuda"]
+    package = Path(trtpipe.__file__).resolve().parent
+    assert [(m["source"], m["target"], m["read_only"]) for m in container["mounts"]] == [
+        ("<model.path>", "<model.path>", True),  # a planning-only spec: its weights are not at hand
+        (job_dir, job_dir, False),
+        (out_dir, out_dir, False),
+        (str(package), "/opt/trtpipe-src/trtpipe", True),
+        (str(package.parent / "build_configs"), "/opt/trtpipe-src/build_configs", True),
+    ]
+    assert container["environment"]["PYTHONPATH"] == "/opt/trtpipe-src"
+    assert container["labels"]["org.trtpipe.stage"] == "checkpoint"
+
+
+def test_dry_run_human_output_shows_where_the_conversion_runs(trtpipe_home, capsys):
+    code = main(["build", str(EXAMPLES / "llama3-8b-int4awq-a100.yaml"), "--dry-run"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    lines = err.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.lstrip().startswith("checkpoint"))
+    assert "converts in the docker executor: the container nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3 " \
+           "on 1 GPU(s), not on this host" in lines[at + 1]
+    assert lines[at + 2].lstrip().startswith("container: docker run --rm --gpus 1 ")
+    assert "python3 -m trtpipe.engine.convert_entry --spec " in lines[at + 2] and "--device cuda" in lines[at + 2]

@@ -18,7 +18,6 @@ from trtpipe.engine.executors.docker import (
     ENGINE_MOUNT,
     DockerExecutor,
     container_spec,
-    conversion_container_spec,
 )
 from trtpipe.engine.executors.local import LocalExecutor
 from trtpipe.engine.plan import make_build_plan
@@ -254,29 +253,6 @@ def test_container_spec_needs_enough_gpus_for_the_world_size():
     assert container_spec(plan, toolchain, Path("/c"), Path("/e")).device_requests[0]["Count"] == 4
     with pytest.raises(Exception, match="world size is 4"):
         container_spec(plan, toolchain, Path("/c"), Path("/e"), gpus=2)
-
-
-def test_conversion_container_spec_mounts_paths_unchanged(tmp_path):
-    resolved = resolve_example("llama3-70b-fp8-4xh100")
-    toolchain = _toolchain_with_image(resolved, IMAGE)
-    spec = conversion_container_spec(
-        toolchain, spec_path=Path("/specs/llama70b.yaml"), model_dir=Path("/models/llama-3-70b"),
-        out_dir=Path("/store/tmp/ckpt"), trtpipe_source=Path("/src/trtpipe-repo"), gpus=4, world_size=4,
-    )
-    assert spec.command == ["python3", "-m", "trtpipe.engine.convert_entry", "--spec", "/specs/llama70b.yaml",
-                            "--out", "/store/tmp/ckpt"]
-    targets = {(m.source, m.target, m.read_only) for m in spec.mounts}
-    assert ("/models/llama-3-70b", "/models/llama-3-70b", True) in targets
-    assert ("/store/tmp/ckpt", "/store/tmp/ckpt", False) in targets
-    assert ("/src/trtpipe-repo", "/opt/trtpipe-src", True) in targets
-    assert spec.environment["PYTHONPATH"] == "/opt/trtpipe-src"
-    assert spec.device_requests[0]["Count"] == 4
-
-
-def test_local_conversion_command():
-    executor = LocalExecutor(plan_toolchain(), target_sm=90, check_host=False)
-    argv = executor.conversion_command(Path("/s.yaml"), Path("/out"))
-    assert argv[1:] == ["-m", "trtpipe.engine.convert_entry", "--spec", "/s.yaml", "--out", "/out"]
 
 
 def test_docker_run_without_daemon_fails_before_touching_anything(tmp_path, monkeypatch):

@@ -65,7 +65,7 @@ from trtpipe.checkpoint.hf_source import (
     inspect_source,
     load_model,
 )
-from trtpipe.errors import TrtpipeError
+from trtpipe.errors import MissingCapability, TrtpipeError
 from trtpipe.spec import BuildSpec, KvCacheDtype, QuantAlgo
 
 GROUPED_ALGOS = (QuantAlgo.int4_awq, QuantAlgo.w4a8_awq)
@@ -108,7 +108,7 @@ class ConvertSummary(BaseModel):
 # ------------------------------------------------------------------------------------------------ checks
 
 
-def _versions_match(installed: str, pinned: str) -> bool:
+def versions_match(installed: str, pinned: str) -> bool:
     """`0.37.0` matches pins `0.37.0`, `0.37`, `0.37.x`, `0.37.*` and `~=0.37.0`; nothing else."""
     pin = pinned.strip().removeprefix("~=").removeprefix("==").rstrip("*").rstrip("x").rstrip(".")
     pin_parts, have_parts = pin.split("."), installed.split("+")[0].split(".")
@@ -135,7 +135,7 @@ def check_versions(toolchain: Any, *, warn: Callable[[str], None]) -> tuple[str,
         if not pinned or str(pinned).lower() == "unknown":
             warn(f"toolchain {name} does not pin {package}; using the installed {installed[package]}")
             continue
-        if not _versions_match(installed[package], str(pinned)):
+        if not versions_match(installed[package], str(pinned)):
             raise TrtpipeError(
                 f"{package} {installed[package]} is installed but toolchain {name} pins {pinned}",
                 fix=f"pip install {package}=={pinned} (or choose the toolchain that matches)",
@@ -195,11 +195,19 @@ def quant_config(algo: QuantAlgo, kv_cache: KvCacheDtype, group_size: int) -> di
 
 
 class _Progress:
-    """A rich progress display when asked for, else nothing (library callers and tests stay quiet)."""
+    """A rich progress display when asked for, else nothing (library callers and tests stay quiet).
 
-    def __init__(self, enabled: bool) -> None:
+    `lines=True` prints plain progress lines on stderr instead (a few per task): a conversion run by an
+    executor writes into a log file, where a live display would show nothing until the end, and the
+    executor's status line shows the last line it read.
+    """
+
+    LINE_EVERY_S = 10.0
+
+    def __init__(self, enabled: bool, *, lines: bool = False) -> None:
         self._progress = None
-        if enabled:
+        self._lines = enabled and lines
+        if enabled and not lines:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -221,11 +229,34 @@ class _Progress:
             self._progress.__exit__(*exc)
 
     def task(self, description: str, total: int | None) -> Callable[[int], None]:
+        if self._lines:
+            return self._line_task(description, total)
         if self._progress is None:
             return lambda advance=1: None
         task_id = self._progress.add_task(description, total=total)
         progress = self._progress
         return lambda advance=1: progress.advance(task_id, advance)
+
+    def _line_task(self, description: str, total: int | None) -> Callable[[int], None]:
+        """Print `[trtpipe] description done/total` at the start, every tenth or LINE_EVERY_S, and at the end."""
+        state = {"done": 0, "printed_at": time.monotonic(), "printed_done": 0}
+        step = max(1, (total or 0) // 10)
+
+        def emit() -> None:
+            count = f"{state['done']}/{total}" if total else str(state["done"])
+            print(f"[trtpipe] {description}: {count}", file=sys.stderr, flush=True)
+            state["printed_at"], state["printed_done"] = time.monotonic(), state["done"]
+
+        emit()
+
+        def advance(amount: int = 1) -> None:
+            state["done"] += amount
+            finished = total is not None and state["done"] >= total
+            if (finished or state["done"] - state["printed_done"] >= step
+                    or time.monotonic() - state["printed_at"] >= self.LINE_EVERY_S):
+                emit()
+
+        return advance
 
 
 @contextlib.contextmanager
@@ -294,13 +325,15 @@ def _calibrate_and_quantize(
     import torch
 
     passes = {"n": 0}
+    # The token ids go where the embedding is (the CPU, or the first GPU of a model spread over several).
+    input_device = model.get_input_embeddings().weight.device
 
     def forward_loop(m: Any) -> None:
         passes["n"] += 1
         advance = progress.task(f"calibrating (pass {passes['n']})", len(windows))
         with torch.no_grad():
             for window in windows:
-                m(input_ids=torch.tensor([window], dtype=torch.long))
+                m(input_ids=torch.tensor([window], dtype=torch.long, device=input_device))
                 advance(1)
 
     mtq.quantize(model, config, forward_loop)
@@ -372,12 +405,59 @@ def _file_digests(out_dir: Path) -> list[FileDigest]:
     return digests
 
 
-def convert_checkpoint(resolved: Any, out_dir: Path, *, show_progress: bool = False) -> ConvertSummary:
+DEVICES = ("cpu", "cuda")
+
+
+def _check_cuda() -> None:
+    """GPU calibration needs torch to see a CUDA device; say so in one line before loading anything."""
+    import torch
+
+    if not torch.cuda.is_available():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        where = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
+        raise MissingCapability(
+            f"checkpoint conversion on the GPU: torch {torch.__version__} sees no CUDA device{where}",
+            fix="run it where the target's GPUs are visible (docker: the NVIDIA container toolkit; "
+            "local: the NVIDIA driver), or build for target.gpu: cpu-reference",
+        )
+    # PyTorch's reproducibility notes: cuBLAS repeats its results run to run only with a fixed
+    # workspace configuration, read when its first handle is made (an executor sets it already).
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def _check_on_gpus(model: Any) -> None:
+    """Calibration on the GPU holds the whole model in GPU memory: refuse a model accelerate spilled."""
+    import torch
+
+    placed = {str(device) for device in (getattr(model, "hf_device_map", None) or {}).values()}
+    spilled = sorted(placed & {"cpu", "disk"})
+    if spilled:
+        raise TrtpipeError(
+            f"the model does not fit in the memory of the {torch.cuda.device_count()} visible GPU(s): "
+            f"part of it was placed on {' and '.join(spilled)}",
+            fix="convert on GPUs with more memory in total (target.gpu_count), or quantize a smaller model",
+        )
+
+
+def convert_checkpoint(
+    resolved: Any,
+    out_dir: Path,
+    *,
+    show_progress: bool = False,
+    progress_lines: bool = False,
+    device: str = "cpu",
+) -> ConvertSummary:
     """Convert the resolved spec's HF model into a validated TRT-LLM checkpoint written into `out_dir`.
 
     `out_dir` must exist (the caller created it, typically a temp dir it renames into place afterwards).
+    `device` "cuda" calibrates on the visible GPUs (the model spread over them by accelerate) with the
+    same recipe as on the CPU (bfloat16 calibration, untouched tensors restored, same export); an
+    executor on the GPU builder uses it. `progress_lines` prints progress as plain lines (for a log).
     """
     import torch
+
+    if device not in DEVICES:
+        raise ValueError(f"device {device!r} is not one of {DEVICES}")
 
     from trtpipe.checkpoint.schema import validate_checkpoint
 
@@ -409,11 +489,17 @@ def convert_checkpoint(resolved: Any, out_dir: Path, *, show_progress: bool = Fa
     if recipe is not None:  # a missing or malformed dataset fails now, not after loading the model
         read_texts(calibration_source(spec), quant.calibration.text_field)
 
-    with _quiet_stdout(), _threads_for(source.config), _Progress(show_progress) as progress:
+    if device == "cuda":
+        _check_cuda()
+
+    with _quiet_stdout(), _threads_for(source.config), _Progress(show_progress, lines=progress_lines) as progress:
         torch.manual_seed(quant.calibration.seed)
         advance = progress.task("loading model", 1)
-        model = load_model(source, _torch_dtype(export_dtype), trust_remote_code=spec.model.trust_remote_code)
+        model = load_model(source, _torch_dtype(export_dtype), trust_remote_code=spec.model.trust_remote_code,
+                           device_map="auto" if device == "cuda" else None)
         advance(1)
+        if device == "cuda":
+            _check_on_gpus(model)
         if recipe is not None:
             from transformers import AutoTokenizer
 

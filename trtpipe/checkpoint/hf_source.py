@@ -197,10 +197,12 @@ def check_group_size(config: dict[str, Any], group_size: int, tp: int) -> None:
             )
 
 
-def load_model(source: HfSource, dtype: Any, *, trust_remote_code: bool = False) -> Any:
-    """Load the HF model on CPU in `dtype` (torch dtype). Safetensors only unless the source is pickle (allowed)."""
+def load_model(source: HfSource, dtype: Any, *, trust_remote_code: bool = False, device_map: str | None = None) -> Any:
+    """Load the HF model in `dtype` (torch dtype): on the CPU, or placed by accelerate when `device_map` is
+    given ("auto": spread over the visible GPUs). Safetensors only unless the source is pickle (allowed)."""
     from transformers import AutoModelForCausalLM
 
+    placement = {"device_map": device_map} if device_map is not None else {}
     try:
         model = AutoModelForCausalLM.from_pretrained(
             source.model_dir,
@@ -209,6 +211,7 @@ def load_model(source: HfSource, dtype: Any, *, trust_remote_code: bool = False)
             trust_remote_code=trust_remote_code,
             low_cpu_mem_usage=True,
             attn_implementation="eager",
+            **placement,
         )
     except (OSError, ValueError, RuntimeError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

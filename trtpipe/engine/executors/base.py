@@ -14,9 +14,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from trtpipe.errors import TrtpipeError
 
@@ -44,10 +44,60 @@ class BuildFailed(TrtpipeError):
         super().__init__(message, fix=fix)
 
 
+class ConversionJob(BaseModel):
+    """One checkpoint conversion for an executor to run (trtpipe.engine.convert_entry).
+
+    Every path is a host path; the docker executor mounts each at the same path in the container, so
+    the job's spec (written with absolute paths) reads the same inside and out.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_dir: Path = Field(description="Private, writable: holds spec.json (what to convert) and summary.json.")
+    out_dir: Path = Field(description="Where the checkpoint is written (the store's temporary directory).")
+    read_only: list[Path] = Field(
+        default_factory=list,
+        description="Host paths the conversion reads: model dir, its symlinks' targets, tokenizer, calibration file.",
+    )
+    device: Literal["cuda", "cpu"] = "cuda"
+    world_size: int = Field(default=1, ge=1, description="GPUs the conversion gets: the engine's tp * pp.")
+
+    @property
+    def spec_path(self) -> Path:
+        return self.job_dir / "spec.json"
+
+    @property
+    def summary_path(self) -> Path:
+        return self.job_dir / "summary.json"
+
+    def entry_arguments(self) -> list[str]:
+        """The arguments of `python -m trtpipe.engine.convert_entry` for this job."""
+        return ["--spec", str(self.spec_path), "--out", str(self.out_dir), "--summary", str(self.summary_path),
+                "--device", self.device]
+
+
 class Executor(Protocol):
     name: str
 
     def run(self, plan, checkpoint_dir: Path, out_dir: Path, log: Path) -> ExecutorResult: ...
+
+    def run_conversion(self, job: ConversionJob, log: Path) -> ExecutorResult: ...
+
+
+def conversion_failure(log_path: Path, returncode: int | None, *, where: str, reason: str | None = None) -> BuildFailed:
+    """A failed conversion: the entry point's own one-line error when it wrote one (with its exit
+    status: 2 bad input, 3 missing capability), else the doctor's diagnosis of the log."""
+    from trtpipe.engine.convert_entry import ERROR_PREFIX
+
+    text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
+    own = [line[len(ERROR_PREFIX):].strip() for line in text.splitlines() if line.startswith(ERROR_PREFIX)]
+    if own and reason is None:
+        failure = BuildFailed(f"checkpoint conversion ({where}) failed: {own[-1]} [log: {log_path}]",
+                              log_path=log_path)
+        if returncode in (2, 3):
+            failure.exit_code = returncode
+        return failure
+    return failure_from_log(f"checkpoint conversion ({where})", log_path, returncode, reason=reason)
 
 
 def failure_from_log(what: str, log_path: Path, returncode: int | None, *, reason: str | None = None) -> BuildFailed:

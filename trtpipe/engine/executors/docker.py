@@ -11,13 +11,15 @@ there is none, streams the container log to the build log, and detects the exit 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from trtpipe.engine.executors.base import ExecutorResult, failure_from_log
+from trtpipe.engine.executors.base import ConversionJob, ExecutorResult, conversion_failure, failure_from_log
+from trtpipe.engine.executors.local import CONVERSION_ENV
 from trtpipe.errors import MissingCapability, TrtpipeError
 
 CHECKPOINT_MOUNT = "/trtpipe/checkpoint"
@@ -197,52 +199,67 @@ def container_spec(
     )
 
 
+def trtpipe_source_dirs() -> tuple[Path, Path]:
+    """(this trtpipe package, its build_configs folder): what a conversion container mounts of trtpipe."""
+    import trtpipe
+    from trtpipe.toolchain import build_configs_dir
+
+    return Path(trtpipe.__file__).resolve().parent, build_configs_dir()
+
+
 def conversion_container_spec(
     toolchain: Any,
+    job: ConversionJob,
     *,
-    spec_path: Path,
-    model_dir: Path,
-    out_dir: Path,
-    trtpipe_source: Path,
-    extra_read_only: list[Path] = (),  # type: ignore[assignment]
     gpus: int | list[str] | None = None,
-    world_size: int = 1,
     shm_size: str = DEFAULT_SHM_SIZE,
     user: str | None = None,
+    trtpipe_package: Path | None = None,
+    build_configs: Path | None = None,
 ) -> ContainerSpec:
-    """The container that runs the checkpoint stage (HF -> TRT-LLM checkpoint, ModelOpt calibration on the GPU).
+    """The container that runs a checkpoint conversion (HF -> TRT-LLM checkpoint, ModelOpt calibration on
+    the GPU). Pure: no daemon; of the filesystem it reads only where trtpipe itself lies.
 
-    The toolchain's container carries TensorRT-LLM, ModelOpt and torch with CUDA; trtpipe itself is
-    mounted read-only and put on PYTHONPATH. Host paths are mounted at the SAME paths inside, so the
-    spec's relative paths (model, calibration data) resolve unchanged in the container.
+    The toolchain's container carries TensorRT-LLM with its Python dependencies (ModelOpt, transformers,
+    torch with CUDA, accelerate, pydantic, rich: trtpipe.engine.conversion.CONTAINER_PACKAGES); trtpipe
+    itself is not installed there, so its package and build_configs are mounted read-only and put on
+    PYTHONPATH. The job's inputs are mounted read-only at their host paths (the job's spec names them
+    so), its private job folder and the output folder read-write; nothing else of the host.
     """
     image, tag_ref, digest = image_reference(toolchain)
-    count, ids = _gpu_selection(gpus, world_size)
-    ro = [Path(spec_path).absolute().parent, Path(model_dir).absolute(), *[Path(p).absolute() for p in extra_read_only]]
+    count, ids = _gpu_selection(gpus, job.world_size)
+    if trtpipe_package is None or build_configs is None:
+        package, configs = trtpipe_source_dirs()
+        trtpipe_package, build_configs = trtpipe_package or package, build_configs or configs
     mounts: list[Mount] = []
-    seen: set[str] = set()
-    for path in ro:
-        if str(path) not in seen:
-            seen.add(str(path))
+    for path in job.read_only:
+        if all(str(path) != m.source for m in mounts):
             mounts.append(Mount(source=str(path), target=str(path), read_only=True))
-    mounts.append(Mount(source=str(Path(out_dir).absolute()), target=str(Path(out_dir).absolute()), read_only=False))
-    mounts.append(Mount(source=str(Path(trtpipe_source).absolute()), target=TRTPIPE_SOURCE_MOUNT, read_only=True))
-    command = [
-        "python3", "-m", "trtpipe.engine.convert_entry",
-        "--spec", str(Path(spec_path).absolute()),
-        "--out", str(Path(out_dir).absolute()),
-    ]
+    for path in (job.job_dir, job.out_dir):
+        mounts.append(Mount(source=str(path), target=str(path), read_only=False))
+    mounts.append(Mount(source=str(trtpipe_package), target=f"{TRTPIPE_SOURCE_MOUNT}/trtpipe", read_only=True))
+    mounts.append(Mount(source=str(build_configs), target=f"{TRTPIPE_SOURCE_MOUNT}/build_configs", read_only=True))
     return ContainerSpec(
         image=image,
         image_tag=tag_ref,
         image_digest=digest,
-        command=command,
+        # `python3` is the interpreter that the container's TensorRT-LLM was pip-installed into.
+        command=["python3", "-m", "trtpipe.engine.convert_entry", *job.entry_arguments()],
         gpu_count=count,
         gpu_ids=ids,
         mounts=mounts,
         shm_size=shm_size,
         ipc_mode="host",
-        environment={"HOME": "/tmp", "PYTHONPATH": TRTPIPE_SOURCE_MOUNT, "HF_HUB_OFFLINE": "1"},
+        environment={
+            "HOME": "/tmp",
+            # torch names its inductor cache after getpass.getuser(), which fails for a uid without a
+            # passwd entry (we run as the caller's uid) unless USER is set.
+            "USER": "trtpipe",
+            "PYTHONPATH": TRTPIPE_SOURCE_MOUNT,
+            "PYTHONDONTWRITEBYTECODE": "1",  # the source is read-only
+            "TRTPIPE_BUILD_CONFIGS": f"{TRTPIPE_SOURCE_MOUNT}/build_configs",
+            **CONVERSION_ENV,
+        },
         user=user,
         labels={"org.trtpipe.stage": "checkpoint", "org.trtpipe.toolchain": toolchain.name},
     )
@@ -285,12 +302,14 @@ class DockerExecutor:
         timeout_s: float | None = 4 * 3600.0,
         client: Any = None,
         pull: bool = True,
+        show_progress: bool = True,
     ) -> None:
         self.toolchain = toolchain
         self.gpus = gpus
         self.timeout_s = timeout_s
         self.client = client
         self.pull = pull
+        self.show_progress = show_progress
 
     def _client(self) -> Any:
         if self.client is None:
@@ -308,7 +327,9 @@ class DockerExecutor:
         return result
 
     def run_container(self, client: Any, spec: ContainerSpec, log: Path, *, what: str) -> ExecutorResult:
-        """Start the container, stream its log into `log`, wait, and turn failure into a diagnosed error."""
+        """Start the container, stream its log into `log` (and its last line to a status line), wait,
+        and turn failure into a diagnosed error. The timeout holds even while the container prints
+        nothing; on timeout or Ctrl-C the container is killed, and it is always removed."""
         import docker.errors
 
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -320,40 +341,71 @@ class DockerExecutor:
                 raise MissingCapability(f"docker executor: image {spec.image} is not present", fix=f"docker pull {spec.image}")
             client.images.pull(spec.image)
         container = client.containers.run(**spec.run_kwargs())
-        timed_out = False
+        timed_out = oom = False
+        status: Any = {"StatusCode": 1}
+        status_line = None
         try:
             with open(log, "a", encoding="utf-8") as out:
                 out.write(f"$ {' '.join(spec.docker_cli())}\n")
-                for chunk in container.logs(stream=True, follow=True):
-                    out.write(chunk.decode("utf-8", errors="replace"))
-                    out.flush()
+                out.flush()
+                last_line = [""]
+
+                def pump() -> None:
+                    for chunk in container.logs(stream=True, follow=True):
+                        text = chunk.decode("utf-8", errors="replace")
+                        out.write(text)
+                        out.flush()
+                        if text.strip():
+                            last_line[0] = text.strip().splitlines()[-1][-160:]
+
+                reader = threading.Thread(target=pump, daemon=True)
+                reader.start()
+                if self.show_progress:
+                    from rich.console import Console
+
+                    status_line = Console(stderr=True).status(f"{what} starting")
+                    status_line.start()
+                while reader.is_alive():
+                    reader.join(timeout=0.2)
+                    if status_line is not None:
+                        status_line.update(f"{what} {time.monotonic() - started:5.0f}s | {last_line[0]}")
                     if self.timeout_s is not None and time.monotonic() - started > self.timeout_s:
                         timed_out = True
                         container.kill()
+                        reader.join(timeout=5.0)
                         out.write(f"\n[trtpipe] killed after timeout of {self.timeout_s}s\n")
                         break
                 status = container.wait()
                 container.reload()
-                state = container.attrs.get("State", {})
-                oom = bool(state.get("OOMKilled"))
+                oom = bool(container.attrs.get("State", {}).get("OOMKilled"))
                 if oom:
                     out.write("\n[trtpipe] container was OOM-killed\n")
         except KeyboardInterrupt:
             container.kill()
             raise
         finally:
+            if status_line is not None:
+                status_line.stop()
             try:
                 container.remove(force=True)
             except Exception:
                 pass
         code = int(status.get("StatusCode", 1)) if isinstance(status, dict) else int(status)
         if timed_out or oom or code != 0:
-            reason = "timed out" if timed_out else ("OOM-killed" if oom else None)
+            reason = f"timed out after {self.timeout_s}s" if timed_out else ("OOM-killed" if oom else None)
+            if what == "checkpoint conversion":
+                raise conversion_failure(log, code, where=f"docker, {spec.image_tag}", reason=reason)
             raise failure_from_log(what, log, code, reason=reason)
         return ExecutorResult(
             executor=self.name, returncode=code, log_path=log, duration_s=time.monotonic() - started,
             command=spec.command, image=spec.image,
         )
 
-    def run_conversion(self, spec: ContainerSpec, log: Path) -> ExecutorResult:
-        return self.run_container(self._client(), spec, log, what="checkpoint conversion")
+    def conversion_spec(self, job: ConversionJob) -> ContainerSpec:
+        # As the calling user, so the checkpoint files are ours (the store renames and removes them).
+        return conversion_container_spec(self.toolchain, job, gpus=self.gpus, user=f"{os.getuid()}:{os.getgid()}")
+
+    def run_conversion(self, job: ConversionJob, log: Path) -> ExecutorResult:
+        """Run the job's conversion in the toolchain's container on the GPUs (one line when no daemon)."""
+        client = self._client()
+        return self.run_container(client, self.conversion_spec(job), log, what="checkpoint conversion")

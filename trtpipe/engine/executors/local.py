@@ -13,11 +13,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trtpipe.engine.executors.base import ExecutorResult, failure_from_log, run_logged_process
+import trtpipe
+from trtpipe.engine.executors.base import (
+    ConversionJob,
+    ExecutorResult,
+    conversion_failure,
+    failure_from_log,
+    run_logged_process,
+)
 from trtpipe.errors import MissingCapability
 from trtpipe.versions import TENSORRT_DISTRIBUTIONS, TRTLLM_DISTRIBUTIONS, installed_version
 
 DEFAULT_TIMEOUT_S = 4 * 3600.0
+# What a conversion process gets in its environment on every executor: Hugging Face offline (the
+# model is local: a conversion never downloads), and the fixed cuBLAS workspace that PyTorch's
+# reproducibility notes require for repeatable cuBLAS results (the same GPU model, the same inputs).
+CONVERSION_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
 
 
 def _same_release(installed: str, pinned: str) -> bool:
@@ -65,9 +76,14 @@ class LocalExecutor:
         self.env = env
 
     # -- preflight -------------------------------------------------------------------------
-    def missing(self, *, need_build_binary: bool = True) -> list[str]:
-        """What this host lacks for the toolchain's build, one short phrase each (empty: ready)."""
+    def missing(self, *, need_build_binary: bool = True, conversion: bool = False) -> list[str]:
+        """What this host lacks for the toolchain's build, one short phrase each (empty: ready).
+
+        `conversion`: also the ModelOpt and transformers the toolchain pins (the checkpoint key records
+        those pins, so a conversion here must run with exactly them)."""
         missing: list[str] = []
+        if conversion:
+            missing += self.missing_converter_packages()
         want_llm = self.toolchain.trtllm_version
         have_llm = installed_version(*TRTLLM_DISTRIBUTIONS)
         if have_llm is None:
@@ -86,8 +102,25 @@ class LocalExecutor:
             missing.append(f"a GPU with SM {self.target_sm} (none found)")
         return missing
 
-    def preflight(self, *, need_build_binary: bool = True) -> None:
-        missing = self.missing(need_build_binary=need_build_binary)
+    def missing_converter_packages(self) -> list[str]:
+        """ModelOpt / transformers that are absent or differ from the toolchain's pins (metadata only)."""
+        from trtpipe.checkpoint.convert import versions_match
+
+        missing: list[str] = []
+        pins = {"nvidia-modelopt": self.toolchain.modelopt_version,
+                "transformers": self.toolchain.transformers_version}
+        for distribution, pinned in pins.items():
+            have = installed_version(distribution)
+            if pinned is None:
+                continue  # trtpipe.engine.conversion refuses unpinned toolchains before asking
+            if have is None:
+                missing.append(f"{distribution} {pinned} (not installed)")
+            elif not versions_match(have, str(pinned)):
+                missing.append(f"{distribution} {pinned} (found {have})")
+        return missing
+
+    def preflight(self, *, need_build_binary: bool = True, conversion: bool = False) -> None:
+        missing = self.missing(need_build_binary=need_build_binary, conversion=conversion)
         if missing:
             raise MissingCapability(
                 f"local executor ({self.toolchain.name}) cannot run on this host: missing {', '.join(missing)}",
@@ -120,23 +153,38 @@ class LocalExecutor:
         )
 
     # -- checkpoint conversion on the GPU host (checkpoints too big for a CPU runner) ------
-    def conversion_command(self, spec_path: Path, out_dir: Path) -> list[str]:
-        """The command that converts/quantizes the spec's checkpoint in this environment."""
-        return [sys.executable, "-m", "trtpipe.engine.convert_entry", "--spec", str(spec_path), "--out", str(out_dir)]
+    def conversion_command(self, job: ConversionJob) -> list[str]:
+        """The command that runs the job's conversion in this Python environment."""
+        return [sys.executable, "-m", "trtpipe.engine.convert_entry", *job.entry_arguments()]
 
-    def run_conversion(self, spec_path: Path, out_dir: Path, log: Path) -> ExecutorResult:
-        """Run the checkpoint stage as a logged child process on this GPU host (ModelOpt uses the GPU)."""
-        if self.check_host and self.target_sm is not None and not host_gpus_with_sm(self.target_sm, self.probe):
-            raise MissingCapability(
-                f"local checkpoint conversion needs a GPU with SM {self.target_sm}; none found on this host",
-                fix="run it on the GPU builder or in the toolchain container (target.executor: docker)",
-            )
-        argv = self.conversion_command(spec_path, out_dir)
+    def conversion_env(self) -> dict[str, str]:
+        """The child's environment: ours, with THIS trtpipe first on PYTHONPATH (the child converts with
+        the code that computed the key), offline Hugging Face, and cuBLAS's reproducible workspace."""
         env = dict(os.environ if self.env is None else self.env)
-        outcome = run_logged_process(argv, log, timeout_s=self.timeout_s, env=env,
+        source_root = str(Path(trtpipe.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join([source_root, *filter(None, [env.get("PYTHONPATH")])])
+        env.update(CONVERSION_ENV)
+        return env
+
+    def run_conversion(self, job: ConversionJob, log: Path) -> ExecutorResult:
+        """Run the conversion as a logged child process on this host (ModelOpt calibrates on its GPUs)."""
+        if self.check_host:
+            missing = self.missing_converter_packages()
+            if job.device == "cuda" and self.target_sm is not None and not host_gpus_with_sm(self.target_sm, self.probe):
+                missing.append(f"a GPU with SM {self.target_sm} (none found)")
+            if missing:
+                raise MissingCapability(
+                    f"local checkpoint conversion ({self.toolchain.name}) cannot run on this host: "
+                    f"missing {', '.join(missing)}",
+                    fix="convert on the GPU builder with the pinned toolchain installed, or set target.executor: docker",
+                )
+        argv = self.conversion_command(job)
+        outcome = run_logged_process(argv, log, timeout_s=self.timeout_s, env=self.conversion_env(),
                                      show_progress=self.show_progress, title="checkpoint conversion")
-        if outcome.timed_out or outcome.returncode != 0:
-            raise failure_from_log("checkpoint conversion", log, outcome.returncode,
-                                   reason="timed out" if outcome.timed_out else None)
+        if outcome.timed_out:
+            raise conversion_failure(log, outcome.returncode, where="local",
+                                     reason=f"timed out after {self.timeout_s}s")
+        if outcome.returncode != 0:
+            raise conversion_failure(log, outcome.returncode, where="local")
         return ExecutorResult(executor=self.name, returncode=0, log_path=log, duration_s=outcome.duration_s,
-                              command=argv)
+                              command=argv, gpu_sm=self.target_sm if job.device == "cuda" else None)
