@@ -114,6 +114,11 @@ def test_tokenizer_from_a_repository_is_its_preprocessing_models(tmp_path: Path,
         counter_for("tokenizer", None, repo, UNREACHABLE)
     with pytest.raises(UsageError, match="neither a model repository"):
         counter_for("tokenizer", tmp_path / "empty", None, UNREACHABLE)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "tokenizer.json").write_text("{not a tokenizer")
+    with pytest.raises(UsageError, match=r"--tokenizer: cannot load .*broken/tokenizer.json"):
+        counter_for("tokenizer", broken, None, UNREACHABLE)
 
 
 def test_dataset_plain_and_sharegpt(tmp_path: Path) -> None:

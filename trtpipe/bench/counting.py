@@ -71,7 +71,7 @@ def served_preprocessing(url: str) -> tuple[ServedPreprocessing | None, str | No
     ), None
 
 
-def _repository_tokenizer(repo: Path) -> tuple[Path, bool | None]:
+def _repository_tokenizer(repo: Path, option: str) -> tuple[Path, bool | None]:
     """The tokenizer.json and add_special_tokens of a published repository's preprocessing model."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as mc
@@ -82,7 +82,7 @@ def _repository_tokenizer(repo: Path) -> tuple[Path, bool | None]:
         text_format.Parse(config_path.read_text(encoding="utf-8"), config)
     except (OSError, text_format.ParseError) as err:
         raise UsageError(
-            f"--tokenizer: cannot read {config_path}: {' '.join(str(err).split())[:160]}",
+            f"{option}: cannot read {config_path}: {' '.join(str(err).split())[:160]}",
             fix="pass a model repository published by trtpipe, or the tokenizer directory itself",
         ) from None
     params = {key: value.string_value for key, value in config.parameters.items()}
@@ -95,7 +95,7 @@ def _repository_tokenizer(repo: Path) -> tuple[Path, bool | None]:
     tokenizer_json = tokenizer_dir / TOKENIZER_FILE
     if not tokenizer_json.is_file():
         raise UsageError(
-            f"--tokenizer: {tokenizer_json} does not exist (the preprocessing model's tokenizer)",
+            f"{option}: {tokenizer_json} does not exist (the preprocessing model's tokenizer)",
             fix="republish the repository with `trtpipe build --force publish`",
         )
     return tokenizer_json, _bool_parameter(params.get("add_special_tokens"))
@@ -119,7 +119,7 @@ def counter_for(
             "or --record REPO; or --token-counting words to count words instead of tokens",
         )
     if (source / PREPROCESSING / "config.pbtxt").is_file():
-        tokenizer_json, add_special = _repository_tokenizer(source)
+        tokenizer_json, add_special = _repository_tokenizer(source, option)
     elif (source / TOKENIZER_FILE).is_file() or (source.is_file() and source.name == TOKENIZER_FILE):
         tokenizer_json, add_special = (source if source.is_file() else source / TOKENIZER_FILE), None
     else:
@@ -131,7 +131,14 @@ def counter_for(
     served, reason = served_preprocessing(url)
     if add_special is None:  # a bare tokenizer: add special tokens as the server does (model.py's default: true)
         add_special = served.add_special_tokens if served is not None else True
-    return HfTokenizerCounter(tokenizer_json, add_special_tokens=add_special), served, reason
+    try:
+        counter = HfTokenizerCounter(tokenizer_json, add_special_tokens=add_special)
+    except Exception as err:  # noqa: BLE001 - the tokenizers library raises plain Exceptions for a bad file
+        raise UsageError(
+            f"{option}: cannot load {tokenizer_json}: {' '.join(str(err).split())[:160]}",
+            fix="pass the model repository the server serves (its tokenizer.json is what the server loads)",
+        ) from None
+    return counter, served, reason
 
 
 def server_counts(url: str, prompts: list[str], max_batch_size: int) -> list[int]:
