@@ -61,11 +61,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from trtpipe.bench import run_bench
     from trtpipe.bench.loadgen import ServingClientSender
-    from trtpipe.bench.workload import LengthDist, synthetic_workload
+    from trtpipe.bench.workload import LengthDist, WordCounter, synthetic_workload
     from trtpipe.serving.server import start_server
 
     levels = [int(c) for c in args.concurrency.split(",")]
-    workload = synthetic_workload(args.requests, LengthDist.parse("16"), LengthDist.parse(str(args.tokens)), seed=0)
+    workload = synthetic_workload(args.requests, LengthDist.parse("16"), LengthDist.parse(str(args.tokens)), seed=0,
+                                  counter=WordCounter())  # the no-work model never reads the prompt
     rows = []
     with start_server(MODELS, validate=False, start_timeout=60) as server:
         # One warm-up run so the first level does not pay for connection and stub start-up.

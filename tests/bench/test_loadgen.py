@@ -9,7 +9,7 @@ from typing import Iterator
 import pytest
 
 from trtpipe.bench.loadgen import LoadSettings, TokenChunk, classify_error, poisson_arrivals, run_load
-from trtpipe.bench.workload import LengthDist, RequestSpec, synthetic_workload
+from trtpipe.bench.workload import LengthDist, RequestSpec, WordCounter, synthetic_workload
 
 
 class StreamingSender:
@@ -37,7 +37,7 @@ class StreamingSender:
 
 
 def _workload(n: int = 30):
-    return synthetic_workload(n, LengthDist.parse("8"), LengthDist.parse("uniform:2,6"), seed=5)
+    return synthetic_workload(n, LengthDist.parse("8"), LengthDist.parse("uniform:2,6"), seed=5, counter=WordCounter())
 
 
 def test_poisson_arrivals_are_seeded_and_have_the_rate() -> None:

@@ -12,7 +12,8 @@ import pytest
 from trtpipe.bench import run_bench
 from trtpipe.bench.metrics import Slo
 from trtpipe.bench.report import BenchResult
-from trtpipe.bench.workload import LengthDist, synthetic_workload
+from trtpipe.bench.counting import counter_for, server_counts
+from trtpipe.bench.workload import LengthDist, WordCounter, synthetic_workload
 from trtpipe.cli import main
 
 BENCH_MODELS = Path(__file__).resolve().parents[2] / "benchmarks" / "models"
@@ -47,7 +48,13 @@ def test_sweep_against_the_tiny_model(example_server, example_repo: Path, tmp_pa
     assert code == 0
     result = BenchResult.model_validate_json(json_path.read_text())  # the JSON validates
     assert [run.rate for run in result.runs] == [4.0, 16.0]
-    assert result.workload.token_counting == "tokenizer"  # the repository's tokenizer counted the prompts
+    workload = result.workload
+    assert workload.token_counting == "tokenizer"  # the repository's tokenizer counted the prompts ...
+    assert workload.tokenizer == str(example_repo / "preprocessing" / "tokenizer" / "tokenizer.json")
+    assert workload.add_special_tokens is True  # ... with the BOS the served preprocessing model adds
+    assert workload.server_check is not None and workload.server_check.prompts_checked == 10  # and the server agreed
+    assert workload.server_check.max_input_len == 64 and workload.server_check.prompts_over_max_input_len == 0
+    assert all(4 <= spec.input_tokens <= 24 for spec in workload.requests)
     for run in result.runs:
         agg = run.aggregates
         assert agg.requests_sent == 10 and agg.requests_ok == 10 and agg.errors_by_kind == {}
@@ -70,8 +77,9 @@ def test_sweep_against_the_tiny_model(example_server, example_repo: Path, tmp_pa
 
 
 @pytest.mark.timeout(200)
-def test_closed_loop_against_the_tiny_model(example_server) -> None:
-    workload = synthetic_workload(8, LengthDist.parse("6"), LengthDist.parse("5"), seed=1)
+def test_closed_loop_against_the_tiny_model(example_server, example_repo: Path) -> None:
+    counter, _, _ = counter_for("tokenizer", example_repo, None, example_server.grpc_url)
+    workload = synthetic_workload(8, LengthDist.parse("6"), LengthDist.parse("5"), seed=1, counter=counter)
     result = run_bench(
         example_server.grpc_url, workload, "closed", concurrency=3, duration_s=60, drain_s=30,
         metrics_url=example_server.metrics_url, sampling={"end_id": -1}, slo=Slo(),
@@ -81,13 +89,66 @@ def test_closed_loop_against_the_tiny_model(example_server) -> None:
     assert all(r.output_tokens == 5 for r in run.records)
 
 
+@pytest.mark.timeout(300)
+def test_input_len_is_exact_in_served_tokens_at_the_engine_limit(example_server, example_repo: Path, tmp_path: Path, capsys) -> None:
+    """Given only the URL and --tokenizer REPO: --input-len 64 (the engine's max_input_len) makes prompts that
+    the served preprocessing model counts as exactly 64 tokens, BOS included, and the engine accepts every one;
+    --input-len 65 is one token too long for every prompt, and the engine refuses every one."""
+    limit = 64  # trtpipe.serving.demo.EXAMPLE_LIMITS["max_input_len"]
+    common = ["bench", example_server.grpc_url, "--mode", "closed", "--concurrency", "2", "--requests", "6",
+              "--output-len", "2", "--ignore-eos", "--tokenizer", str(example_repo), "--seed", "11",
+              "--metrics-url", example_server.metrics_url]
+    json_path = tmp_path / "at-limit.json"
+    assert main([*common, "--input-len", str(limit), "--json", str(json_path)]) == 0
+    result = BenchResult.model_validate_json(json_path.read_text())
+    prompts = [spec.prompt for spec in result.workload.requests]
+    assert [spec.input_tokens for spec in result.workload.requests] == [limit] * 6
+    assert len(set(prompts)) == 6  # six different prompts, each exact
+    # The server's own count, asked here independently of bench's check: the length the engine sees.
+    assert server_counts(example_server.grpc_url, prompts, max_batch_size=4) == [limit] * 6
+    assert result.workload.server_check is not None and result.workload.server_check.prompts_checked == 6
+    (run,) = result.runs
+    assert run.aggregates.requests_ok == 6 and run.aggregates.input_tokens.mean == limit
+    assert "equal to the served preprocessing's count on 6 prompts" in " ".join(capsys.readouterr().out.split())
+
+    over_path = tmp_path / "over-limit.json"
+    assert main([*common, "--input-len", str(limit + 1), "--json", str(over_path)]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"6 of 6 prompts are longer than the served max_input_len {limit}" in out
+    over = BenchResult.model_validate_json(over_path.read_text())
+    assert [spec.input_tokens for spec in over.workload.requests] == [limit + 1] * 6
+    (run,) = over.runs
+    assert run.aggregates.requests_failed == 6
+    assert all(f"input length {limit + 1} exceeds the engine's max_input_len {limit}" in r.error_message for r in run.records)
+
+
+@pytest.mark.timeout(200)
+def test_a_tokenizer_other_than_the_served_one_is_refused(example_server, bpe_tokenizer_dir: Path, capsys) -> None:
+    code = main(["bench", example_server.grpc_url, "--rate", "5", "--requests", "4", "--input-len", "20",
+                 "--tokenizer", str(bpe_tokenizer_dir), "--metrics-url", example_server.metrics_url])
+    assert code == 2
+    out = capsys.readouterr()
+    message = " ".join((out.out + out.err).split())
+    assert "that is not the tokenizer the server serves" in message and "--tokenizer" in message
+
+
+@pytest.mark.timeout(60)
+def test_bench_without_a_tokenizer_says_how_to_give_one(capsys) -> None:
+    """No tokenizer and no --token-counting words: one line, exit 2, before any server is contacted."""
+    code = main(["bench", "127.0.0.1:1", "--rate", "5", "--requests", "4"])
+    assert code == 2
+    out = capsys.readouterr()
+    lines = [line for line in (out.out + out.err).splitlines() if line.strip()]
+    assert len(lines) == 1 and "--tokenizer" in lines[0] and "--token-counting words" in lines[0]
+
+
 @pytest.mark.timeout(120)
 def test_server_killed_during_a_run_ends_in_time_and_reports_failures() -> None:
     from trtpipe.serving.server import start_server
 
     handle = start_server(BENCH_MODELS, validate=False, start_timeout=60)
     try:
-        workload = synthetic_workload(10_000, LengthDist.parse("8"), LengthDist.parse("30"), seed=2)
+        workload = synthetic_workload(10_000, LengthDist.parse("8"), LengthDist.parse("30"), seed=2, counter=WordCounter())
         killer = threading.Timer(1.5, handle.kill)
         killer.start()
         started = time.monotonic()
@@ -127,10 +188,15 @@ def test_cli_closed_loop_on_a_sharegpt_dataset_json_to_stdout(stream_server, tmp
     code = main([
         "bench", stream_server.grpc_url, "--model", "stream_tokens", "--mode", "closed", "--concurrency", "4",
         "--requests", "24", "--dataset", str(dataset), "--output-len", "uniform:3,9", "--seed", "5",
-        "--metrics-url", stream_server.metrics_url, "--json", "-",
+        "--metrics-url", stream_server.metrics_url, "--json", "-", "--token-counting", "words",
     ])
     assert code == 0
-    result = BenchResult.model_validate_json(capsys.readouterr().out)  # stdout is JSON only
+    captured = capsys.readouterr()
+    result = BenchResult.model_validate_json(captured.out)  # stdout is JSON only
+    # Words were asked for (the no-work model has no tokenizer): the JSON and the table say so.
+    assert result.workload.token_counting == "words" and result.workload.tokenizer is None
+    assert "counted in WORDS, not tokens" in " ".join(captured.err.split())
+    assert [spec.input_tokens for spec in result.workload.requests if spec.prompt == "question 1 about kernels"][0] == 4
     (run,) = result.runs
     assert run.concurrency == 4 and run.aggregates.requests_ok == 24
     assert {spec.prompt for spec in result.workload.requests} == {f"question {i} about kernels" for i in range(5)}
@@ -146,7 +212,7 @@ def test_cli_against_no_server_fails_in_time_with_one_line(capsys) -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     code = main(["bench", f"127.0.0.1:{port}", "--rate", "20", "--requests", "5", "--duration", "5s",
-                 "--timeout", "2s", "--metrics-url", f"http://127.0.0.1:{port}/metrics"])
+                 "--timeout", "2s", "--metrics-url", f"http://127.0.0.1:{port}/metrics", "--token-counting", "words"])
     assert code == 1
     out = capsys.readouterr().out
     assert "5 of 5 requests failed; first: unavailable" in " ".join(out.split())

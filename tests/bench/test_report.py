@@ -14,7 +14,7 @@ from trtpipe.bench.loadgen import TokenChunk
 from trtpipe.bench.metrics import Slo
 from trtpipe.bench.plot import plot_result
 from trtpipe.bench.report import BenchResult, load_json, render_table, write_json
-from trtpipe.bench.workload import LengthDist, RequestSpec, synthetic_workload
+from trtpipe.bench.workload import LengthDist, RequestSpec, WordCounter, synthetic_workload
 
 
 def quick_sender(request: RequestSpec, deadline: float) -> Iterator[TokenChunk]:
@@ -26,7 +26,9 @@ def quick_sender(request: RequestSpec, deadline: float) -> Iterator[TokenChunk]:
 
 @pytest.mark.timeout(60)
 def test_sweep_json_table_and_plot(tmp_path: Path) -> None:
-    workload = synthetic_workload(25, LengthDist.parse("uniform:4,20"), LengthDist.parse("uniform:2,8"), seed=1)
+    workload = synthetic_workload(
+        25, LengthDist.parse("uniform:4,20"), LengthDist.parse("uniform:2,8"), seed=1, counter=WordCounter()
+    )
     result = run_bench(
         "in-process", workload, "open", model="fake", rates=[40.0, 160.0], duration_s=20, drain_s=5,
         slo=Slo.parse("ttft=1s"), sender=quick_sender,
@@ -48,6 +50,7 @@ def test_sweep_json_table_and_plot(tmp_path: Path) -> None:
     render_table(result, console)
     text = console.export_text()
     assert "40 req/s" in text and "160 req/s" in text and "25/25" in text
+    assert "in words" in text and "counted in WORDS, not tokens (--token-counting words)" in " ".join(text.split())
 
     png = plot_result(result, tmp_path / "plots" / "bench.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

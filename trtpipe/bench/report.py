@@ -111,15 +111,34 @@ def _stat_ms(stats: Stats) -> str:
     return f"{_ms(stats.mean)} / {_ms(stats.p50)} / {_ms(stats.p90)} / {_ms(stats.p99)}"
 
 
+def counting_note(workload: Workload) -> str:
+    """How the prompt lengths were counted, in words a reader of the table cannot miss."""
+    if workload.token_counting == "words":
+        return "prompt lengths counted in WORDS, not tokens (--token-counting words)"
+    parts = Path(workload.tokenizer or "?").parts
+    short = "/".join(parts[-3:]) if len(parts) <= 3 else ".../" + "/".join(parts[-3:])  # the JSON has the full path
+    special = ", special tokens included" if workload.add_special_tokens else ""
+    note = f"prompt lengths in tokens of {short}{special}"
+    check = workload.server_check
+    if check is not None and check.prompts_checked:
+        return f"{note}, equal to the served {check.model}'s count on {check.prompts_checked} prompts"
+    if check is not None:
+        return f"{note}, not checked by the server: every prompt is longer than its max_input_len {check.max_input_len}"
+    return f"{note}, not checked by the server ({workload.server_check_skipped or 'not asked'})"
+
+
 def render_table(result: BenchResult, console: Console) -> None:
     """One row per load level: throughput, latencies (mean / P50 / P90 / P99 in ms), errors, server time."""
+    input_column = "in words" if result.workload.token_counting == "words" else "in tok"
     table = Table(
         title=f"trtpipe bench  {result.model} @ {result.url}  ({result.mode} loop, {len(result.workload.requests)} requests max)",
-        caption="latencies in ms: mean / P50 / P90 / P99;  server = Triton's mean request duration for the model",
+        caption="latencies in ms: mean / P50 / P90 / P99;  server = Triton's mean request duration for the model;  "
+        f"{input_column} = mean prompt length: {counting_note(result.workload)};  output tokens as the server reports them",
     )
     table.add_column("load", justify="right")
     table.add_column("ok/sent", justify="right")
     table.add_column("req/s", justify="right")
+    table.add_column(input_column, justify="right")
     table.add_column("out tok/s", justify="right")
     if result.slo.is_set():
         table.add_column("goodput req/s", justify="right")
@@ -138,6 +157,7 @@ def render_table(result: BenchResult, console: Console) -> None:
             run.label,
             f"{agg.requests_ok}/{agg.requests_sent}",
             f"{agg.request_throughput:.2f}",
+            "-" if agg.input_tokens.mean is None else f"{agg.input_tokens.mean:.0f}",
             f"{agg.output_token_throughput:.1f}",
         ]
         if result.slo.is_set():

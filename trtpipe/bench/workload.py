@@ -3,12 +3,16 @@
 A workload is built up front from a seed, so two runs with the same arguments send identical
 requests in the same order (prompts, input lengths and `max_tokens`).
 
-Synthetic prompts of N tokens: when the served tokenizer is available (a `tokenizer.json`
-inside the model repository, or a tokenizer directory given explicitly) prompts are made of
-random words and trimmed until the tokenizer counts exactly N tokens (or the closest it can
-get: a few tokenizers merge across the cut). Without a tokenizer, one word stands for one
-token, an approximation that real BPE tokenizers exceed by 10-30% on English text; the
-recorded `input_tokens` then says "words", and the JSON marks `token_counting: "words"`.
+Prompt lengths are counted the way the served model counts them: with its tokenizer (the
+`tokenizer.json` its preprocessing model loads) and its `add_special_tokens` setting, so a
+BOS token the server prepends is counted too; that count is what the engine compares with
+`max_input_len`. Synthetic prompts of N tokens are built from whole words whose token costs
+are known, so they come out at exactly N for every tokenizer whose merges stop at spaces
+(byte-level BPE as in GPT-2, Llama 3 and Qwen; SentencePiece with Metaspace as in Llama 2 and
+Mistral); each prompt is recounted whole, and `input_tokens` is always that recount.
+Counting words instead (one word, one token: real BPE tokenizers count 10-30% more on English
+text, and far more on other text) happens only when asked for; `token_counting` then says
+"words".
 """
 
 from __future__ import annotations
@@ -98,6 +102,20 @@ class RequestSpec(BaseModel):
     max_tokens: int = Field(description="output length asked for through max_tokens")
 
 
+TokenCounting = Literal["tokenizer", "words"]
+
+
+class ServerCountCheck(BaseModel):
+    """The served preprocessing model's own count of some prompts, compared with the workload's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(default="preprocessing", description="the served model that tokenized the prompts")
+    prompts_checked: int = Field(description="prompts the server counted; each count equalled the workload's")
+    max_input_len: int | None = Field(default=None, description="the served preprocessing model's max_input_len")
+    prompts_over_max_input_len: int = Field(default=0, description="workload prompts longer than max_input_len")
+
+
 class Workload(BaseModel):
     """The requests of a benchmark, in sending order, and how they were made."""
 
@@ -107,97 +125,128 @@ class Workload(BaseModel):
     seed: int
     input_len: str | None = None
     output_len: str
-    token_counting: Literal["tokenizer", "words"]
+    token_counting: TokenCounting = Field(
+        description="'tokenizer': prompt lengths in tokens of the served model's tokenizer; 'words': in words"
+    )
+    tokenizer: str | None = Field(default=None, description="the tokenizer.json that counted the prompts")
+    add_special_tokens: bool | None = Field(
+        default=None, description="whether the count includes the special tokens (BOS) the server adds"
+    )
+    server_check: ServerCountCheck | None = Field(
+        default=None, description="the served model's own count of the first prompts (None: not checked)"
+    )
+    server_check_skipped: str | None = Field(default=None, description="why the counts were not checked by the server")
     requests: list[RequestSpec]
 
 
 class TokenCounter(Protocol):
-    """Counts and trims tokens of text; the `tokenizers.Tokenizer` adapter and the word counter follow it."""
+    """Counts tokens of text as the server will; the `tokenizers` adapter and the word counter follow it."""
 
-    kind: Literal["tokenizer", "words"]
+    kind: TokenCounting
 
-    def count(self, text: str) -> int: ...
+    def count(self, text: str) -> int:
+        """Tokens the server counts for `text` as a whole prompt (special tokens included)."""
+        ...
 
-    def truncate(self, text: str, n_tokens: int) -> str: ...
+    def special_tokens(self) -> int:
+        """Tokens the server adds to every prompt (a BOS token, say)."""
+        ...
+
+    def word_tokens(self, word: str, *, first: bool) -> int:
+        """Tokens `word` adds to a prompt: as its first word, or after a space."""
+        ...
 
 
 class WordCounter:
-    """One whitespace-separated word stands for one token (used when no tokenizer is available)."""
+    """One whitespace-separated word stands for one token (only when asked for: --token-counting words)."""
 
-    kind: Literal["tokenizer", "words"] = "words"
+    kind: TokenCounting = "words"
 
     def count(self, text: str) -> int:
         return len(text.split())
 
-    def truncate(self, text: str, n_tokens: int) -> str:
-        return " ".join(text.split()[:n_tokens])
+    def special_tokens(self) -> int:
+        return 0
+
+    def word_tokens(self, word: str, *, first: bool) -> int:
+        return 1
+
+
+# A word every word-pool tokenizer cost is measured after: the cost of " w" depends on what precedes
+# it for Metaspace (SentencePiece) tokenizers, which prefix only the first word.
+_ANCHOR = "the"
 
 
 class HfTokenizerCounter:
-    """Counts with a Hugging Face `tokenizer.json` (the `tokenizers` library; no torch import)."""
+    """Counts with a Hugging Face `tokenizer.json` (the `tokenizers` library; no torch import), adding
+    special tokens exactly when the served preprocessing model does (`add_special_tokens`)."""
 
-    kind: Literal["tokenizer", "words"] = "tokenizer"
+    kind: TokenCounting = "tokenizer"
 
-    def __init__(self, tokenizer_json: Path) -> None:
+    def __init__(self, tokenizer_json: Path, *, add_special_tokens: bool = True) -> None:
         from tokenizers import Tokenizer
 
         self.path = tokenizer_json
+        self.add_special_tokens = add_special_tokens
         self._tok = Tokenizer.from_file(str(tokenizer_json))
+        self._costs: dict[tuple[str, bool], int] = {}
+        self._anchor = self._bare(_ANCHOR)
 
-    def count(self, text: str) -> int:
+    def _bare(self, text: str) -> int:
         return len(self._tok.encode(text, add_special_tokens=False).ids)
 
-    def truncate(self, text: str, n_tokens: int) -> str:
-        ids = self._tok.encode(text, add_special_tokens=False).ids[:n_tokens]
-        return self._tok.decode(ids, skip_special_tokens=True)
+    def count(self, text: str) -> int:
+        return len(self._tok.encode(text, add_special_tokens=self.add_special_tokens).ids)
+
+    def special_tokens(self) -> int:
+        return self.count("") if self.add_special_tokens else 0
+
+    def word_tokens(self, word: str, *, first: bool) -> int:
+        key = (word, first)
+        if key not in self._costs:
+            self._costs[key] = self._bare(word) if first else self._bare(f"{_ANCHOR} {word}") - self._anchor
+        return self._costs[key]
 
 
-def find_tokenizer(path: Path) -> Path | None:
-    """The `tokenizer.json` inside a tokenizer dir or a published model repository, if any.
-
-    Searches at most four levels deep, in sorted order so the choice is stable.
-    """
-    if path.is_file() and path.name == "tokenizer.json":
-        return path
-    if not path.is_dir():
-        return None
-    for depth in range(0, 5):
-        pattern = "/".join(["*"] * depth + ["tokenizer.json"])
-        found = sorted(path.glob(pattern))
-        if found:
-            return found[0]
-    return None
-
-
-def make_counter(tokenizer: Path | None) -> TokenCounter:
-    """A tokenizer-based counter when a `tokenizer.json` is found under `tokenizer`, else words."""
-    if tokenizer is not None:
-        found = find_tokenizer(tokenizer)
-        if found is not None:
-            return HfTokenizerCounter(found)
-    return WordCounter()
+def _sums_reachable(costs: set[int], limit: int) -> list[bool]:
+    """reachable[r]: some sequence of words with these token costs adds up to exactly r tokens."""
+    reachable = [True] + [False] * limit
+    for total in range(1, limit + 1):
+        reachable[total] = any(cost <= total and reachable[total - cost] for cost in costs)
+    return reachable
 
 
 def synthetic_prompt(n_tokens: int, rng: random.Random, counter: TokenCounter) -> tuple[str, int]:
-    """A prompt of random words that `counter` counts as `n_tokens` (returns the prompt and its count)."""
-    words = [rng.choice(_WORDS) for _ in range(n_tokens)]
-    text = " ".join(words)
-    if counter.kind == "words":
-        return text, n_tokens
-    # Every word is at least one token, so n words give >= n tokens; trim to exactly n.
-    trimmed = counter.truncate(text, n_tokens)
-    count = counter.count(trimmed)
-    # Decoding then re-encoding can merge or split at the cut; nudge by words a few times.
-    for _ in range(8):
-        if count == n_tokens:
+    """A prompt of random pool words that `counter` counts as `n_tokens` (returns it and its recount).
+
+    Each word is drawn among those whose token cost still lets the rest add up exactly (a small
+    subset-sum table over the pool's costs), so the prompt meets the target whenever any sequence of
+    pool words can; otherwise it takes the longest length below the target that can be met. At least
+    one word is always sent, so a target below the special tokens' count comes out longer.
+    """
+    budget = max(1, n_tokens - counter.special_tokens())
+    next_costs = {counter.word_tokens(word, first=False) for word in _WORDS} - {0}
+    reachable = _sums_reachable(next_costs, budget)
+    first_costs = {counter.word_tokens(word, first=True) for word in _WORDS} - {0}
+    target = next((t for t in range(budget, 0, -1) if any(c <= t and reachable[t - c] for c in first_costs)), None)
+    if target is None:  # even the cheapest first word is longer than asked
+        target = min(first_costs)
+        reachable = _sums_reachable(next_costs, target)
+    words: list[str] = []
+    left = target
+    while left > 0:
+        first = not words
+        fitting = [
+            word for word in _WORDS
+            if 0 < (cost := counter.word_tokens(word, first=first)) <= left and reachable[left - cost]
+        ]
+        if not fitting:
             break
-        if count > n_tokens:
-            trimmed = counter.truncate(trimmed, max(1, n_tokens - (count - n_tokens)))
-        else:
-            trimmed = f"{trimmed} {rng.choice(_WORDS)}"
-            trimmed = counter.truncate(trimmed, n_tokens)
-        count = counter.count(trimmed)
-    return trimmed, count
+        word = rng.choice(fitting)
+        words.append(word)
+        left -= counter.word_tokens(word, first=first)
+    text = " ".join(words)
+    return text, counter.count(text)
 
 
 def synthetic_workload(
@@ -206,12 +255,11 @@ def synthetic_workload(
     output_len: LengthDist,
     *,
     seed: int = 0,
-    counter: TokenCounter | None = None,
+    counter: TokenCounter,
 ) -> Workload:
-    """`n_requests` synthetic requests; identical for identical arguments."""
+    """`n_requests` synthetic requests counted by `counter`; identical for identical arguments."""
     if n_requests < 1:
         raise UsageError(f"--requests must be at least 1, got {n_requests}")
-    counter = counter or WordCounter()
     rng = random.Random(seed)
     requests = []
     for index in range(n_requests):
@@ -224,9 +272,16 @@ def synthetic_workload(
         seed=seed,
         input_len=input_len.describe(),
         output_len=output_len.describe(),
-        token_counting=counter.kind,
         requests=requests,
+        **counting_fields(counter),
     )
+
+
+def counting_fields(counter: TokenCounter) -> dict:
+    """What a workload records about how its prompts were counted."""
+    if isinstance(counter, HfTokenizerCounter):
+        return {"token_counting": "tokenizer", "tokenizer": str(counter.path), "add_special_tokens": counter.add_special_tokens}
+    return {"token_counting": counter.kind}
 
 
 def _prompt_of(record: object) -> str | None:
@@ -282,12 +337,12 @@ def dataset_workload(
     output_len: LengthDist,
     *,
     seed: int = 0,
-    counter: TokenCounter | None = None,
+    counter: TokenCounter,
 ) -> Workload:
-    """`n_requests` prompts drawn from a JSONL file (shuffled with `seed`, cycled if the file is short)."""
+    """`n_requests` prompts drawn from a JSONL file (shuffled with `seed`, cycled if the file is short),
+    each counted by `counter`."""
     if n_requests < 1:
         raise UsageError(f"--requests must be at least 1, got {n_requests}")
-    counter = counter or WordCounter()
     prompts = load_dataset_prompts(path)
     rng = random.Random(seed)
     order = list(range(len(prompts)))
@@ -308,8 +363,8 @@ def dataset_workload(
         seed=seed,
         input_len=None,
         output_len=output_len.describe(),
-        token_counting=counter.kind,
         requests=requests,
+        **counting_fields(counter),
     )
 
 

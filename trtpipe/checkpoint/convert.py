@@ -19,8 +19,8 @@ Formats (spec `quantization.algo` -> ModelOpt 0.37 config -> checkpoint `quant_a
 CPU practice: calibration runs in bfloat16 (fp16 matmul is ~12x slower on CPU). Tensors that no quantizer
 touches (embedding, norms, lm_head, biases) are put back from the model loaded in the export dtype before
 export, so a bf16 round trip never degrades them; the quantized GEMM weights are quantized from their bf16
-copy, whose rounding (2^-9 relative) is far below any quantization step except int8's, where it is of the
-order of half a step at most for the largest values.
+copy, whose rounding (at most 2^-8 relative: bf16 keeps 8 significant bits) is far below any quantization
+step except int8's, where it is of the order of half a step at most for the largest values.
 
 Qwen2: ModelOpt 0.37's `decoder_type="qwen"` export needs `tensorrt_llm` importable (NotImplementedError
 otherwise), which it never is on a CPU host. The llama layout writes the same tensor names TRT-LLM's

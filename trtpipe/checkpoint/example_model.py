@@ -10,7 +10,12 @@ is grouped-query (4 query heads, 2 KV heads, head_dim 64), like Llama 3 and Qwen
 
 Determinism: the tokenizer is trained single-threaded, weights are initialised from a fixed seed and trained
 on one thread, and every file is written by deterministic serialisers, so the same call on the same machine
-and library versions writes the same bytes. The directory is written beside `out_dir` and renamed into place.
+and library versions writes the same bytes, whatever OMP_NUM_THREADS says (checked: 1, 2 and 4 give one
+digest). Across CPUs they differ: torch's kernels round differently per vector ISA (ATEN_CPU_CAPABILITY
+avx512 / avx2 / default, MKL_CBWR each gave another digest, even training in float64), and 100 AdamW steps
+amplify that (AVX2 vs AVX-512: 162 of 1.4M fp16 weights differ after 1 step, nearly all after 100). So a
+test may rely on what is true of any such trained model, never on one machine's numbers.
+The directory is written beside `out_dir` and renamed into place.
 """
 
 from __future__ import annotations

@@ -79,7 +79,12 @@ def bench(
     output_len: str = typer.Option("64", "--output-len", help="max_tokens: 64, uniform:16,128 or normal:64,16"),
     dataset: Optional[Path] = typer.Option(None, "--dataset", help="JSONL prompts ({'prompt': ...} or ShareGPT)"),
     tokenizer: Optional[Path] = typer.Option(
-        None, "--tokenizer", help="tokenizer dir or model repository for exact prompt lengths (default: --record REPO)"
+        None, "--tokenizer",
+        help="the served model's repository (or its tokenizer dir): prompt lengths in its tokens (default: --record REPO)",
+    ),
+    token_counting: str = typer.Option(
+        "tokenizer", "--token-counting",
+        help="tokenizer (the served model's tokens, checked by the server) or words (one word counted as one token)",
     ),
     ignore_eos: bool = typer.Option(
         False, "--ignore-eos", help="send end_id=-1 so every request generates exactly its max_tokens"
@@ -106,12 +111,12 @@ def bench(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from trtpipe.bench import default_metrics_url, run_bench
+    from trtpipe.bench.counting import check_with_server, counter_for
     from trtpipe.bench.metrics import Slo
     from trtpipe.bench.report import render_table, write_json
     from trtpipe.bench.workload import (
         LengthDist,
         dataset_workload,
-        make_counter,
         parse_duration_s,
         synthetic_workload,
     )
@@ -129,7 +134,7 @@ def bench(
     drain_s = parse_duration_s(timeout, option="--timeout")
     slo_limits = Slo.parse(slo)
     digest, target = _repository_facts(record) if record is not None else (None, None)
-    counter = make_counter(tokenizer or record)
+    counter, served, not_asked = counter_for(token_counting, tokenizer, record, url)
     out_len = LengthDist.parse(output_len, option="--output-len")
     if dataset is not None:
         workload = dataset_workload(dataset, requests, out_len, seed=seed, counter=counter)
@@ -137,9 +142,16 @@ def bench(
         workload = synthetic_workload(
             requests, LengthDist.parse(input_len, option="--input-len"), out_len, seed=seed, counter=counter
         )
+    workload = check_with_server(url, workload, served, not_asked)
 
     # With --json -, stdout carries only JSON: the table and progress go to stderr.
     console = Console(stderr=json_out == "-")
+    check = workload.server_check
+    if check is not None and check.prompts_over_max_input_len:
+        console.print(
+            f"[yellow]note: {check.prompts_over_max_input_len} of {len(workload.requests)} prompts are longer than "
+            f"the served max_input_len {check.max_input_len}; the server will refuse them[/yellow]"
+        )
     levels = len(sweep) if sweep else 1
     with Progress(
         TextColumn("[progress.description]{task.description}"),

@@ -1,0 +1,204 @@
+"""How `trtpipe bench` counts prompt tokens: with the served model's tokenizer, checked by the server.
+
+Where the tokenizer comes from. Triton has no API to fetch a model's files, so the tokenizer is read
+from disk: `--tokenizer PATH` (a published model repository, or a tokenizer directory), else the
+`--record REPO` repository. In a repository it is the preprocessing model's own tokenizer, found the
+way the served `preprocessing/1/model.py` finds it (its `tokenizer_dir` parameter), counted with its
+`add_special_tokens` parameter. What the disk cannot prove, the server can: before any load, bench
+asks the served `preprocessing` model (the model the ensemble and BLS tokenize with) for its
+parameters and has it count the first prompts (REQUEST_INPUT_LEN, the length the engine sees);
+a different count is refused. No tokenizer and no `--token-counting words`: a one-line error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel
+
+from trtpipe.bench.workload import HfTokenizerCounter, ServerCountCheck, TokenCounter, WordCounter, Workload
+from trtpipe.errors import UsageError
+
+PREPROCESSING = "preprocessing"
+TOKENIZER_FILE = "tokenizer.json"
+CHECKED_PROMPTS = 32  # a foreign tokenizer miscounts nearly every prompt; 32 prompts are a few ms of server time
+SERVER_TIMEOUT_S = 10.0
+
+
+class ServedPreprocessing(BaseModel):
+    """The tokenization parameters of the served preprocessing model (its config, read over gRPC)."""
+
+    add_special_tokens: bool
+    max_input_len: int | None
+    max_batch_size: int
+
+
+def _parameters(config: dict) -> dict[str, str]:
+    return {key: value.get("string_value", "") for key, value in (config.get("parameters") or {}).items()}
+
+
+def _bool_parameter(value: str | None) -> bool | None:
+    if value is None or value == "":
+        return None
+    return value.strip().lower() == "true"
+
+
+def served_preprocessing(url: str) -> tuple[ServedPreprocessing | None, str | None]:
+    """The served preprocessing model's parameters, or None and the reason it cannot be asked."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        client = grpcclient.InferenceServerClient(url)
+    except Exception as err:  # noqa: BLE001 - a bad URL shows up again (and is reported) when the load starts
+        return None, f"cannot reach {url}: {' '.join(str(err).split())[:160]}"
+    try:
+        if not client.is_model_ready(PREPROCESSING, client_timeout=SERVER_TIMEOUT_S):
+            return None, f"the server at {url} serves no ready {PREPROCESSING} model"
+        config = client.get_model_config(PREPROCESSING, as_json=True, client_timeout=SERVER_TIMEOUT_S)["config"]
+    except InferenceServerException as err:
+        return None, f"cannot ask {url} for its {PREPROCESSING} model: {' '.join(str(err.message()).split())[:160]}"
+    finally:
+        client.close()
+    params = _parameters(config)
+    max_input_len = int(params.get("max_input_len") or 0) or None
+    add_special = _bool_parameter(params.get("add_special_tokens"))
+    return ServedPreprocessing(
+        add_special_tokens=True if add_special is None else add_special,  # model.py's default
+        max_input_len=max_input_len,
+        max_batch_size=int(config.get("max_batch_size") or 0),
+    ), None
+
+
+def _repository_tokenizer(repo: Path, option: str) -> tuple[Path, bool | None]:
+    """The tokenizer.json and add_special_tokens of a published repository's preprocessing model."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    config_path = repo / PREPROCESSING / "config.pbtxt"
+    config = mc.ModelConfig()
+    try:
+        text_format.Parse(config_path.read_text(encoding="utf-8"), config)
+    except (OSError, text_format.ParseError) as err:
+        raise UsageError(
+            f"{option}: cannot read {config_path}: {' '.join(str(err).split())[:160]}",
+            fix="pass a model repository published by trtpipe, or the tokenizer directory itself",
+        ) from None
+    params = {key: value.string_value for key, value in config.parameters.items()}
+    tokenizer_dir = (repo / PREPROCESSING / (params.get("tokenizer_dir") or "tokenizer")).resolve()
+    if not tokenizer_dir.is_relative_to((repo / PREPROCESSING).resolve()):
+        raise UsageError(
+            f"{config_path}: parameter tokenizer_dir {params['tokenizer_dir']!r} leaves the model directory",
+            fix="republish the repository with `trtpipe build --force publish`",
+        )
+    tokenizer_json = tokenizer_dir / TOKENIZER_FILE
+    if not tokenizer_json.is_file():
+        raise UsageError(
+            f"{option}: {tokenizer_json} does not exist (the preprocessing model's tokenizer)",
+            fix="republish the repository with `trtpipe build --force publish`",
+        )
+    return tokenizer_json, _bool_parameter(params.get("add_special_tokens"))
+
+
+def counter_for(
+    counting: str, tokenizer: Path | None, record: Path | None, url: str
+) -> tuple[TokenCounter, ServedPreprocessing | None, str | None]:
+    """The counter `--token-counting` asks for, and the served preprocessing parameters (or why there
+    are none). The tokenizer comes from --tokenizer, else --record; nothing is asked of the server
+    before the options are known to be usable."""
+    if counting == "words":
+        return WordCounter(), None, None
+    if counting != "tokenizer":
+        raise UsageError(f"--token-counting must be tokenizer or words, got {counting!r}", fix="pass --token-counting tokenizer")
+    source, option = (tokenizer, "--tokenizer") if tokenizer is not None else (record, "--record")
+    if source is None:
+        raise UsageError(
+            "bench counts prompt lengths in tokens of the served model's tokenizer, and none was given",
+            fix="pass --tokenizer REPO (the model repository the server serves, or its tokenizer directory) "
+            "or --record REPO; or --token-counting words to count words instead of tokens",
+        )
+    if (source / PREPROCESSING / "config.pbtxt").is_file():
+        tokenizer_json, add_special = _repository_tokenizer(source, option)
+    elif (source / TOKENIZER_FILE).is_file() or (source.is_file() and source.name == TOKENIZER_FILE):
+        tokenizer_json, add_special = (source if source.is_file() else source / TOKENIZER_FILE), None
+    else:
+        raise UsageError(
+            f"{option}: {source} is neither a model repository (preprocessing/config.pbtxt) nor a tokenizer "
+            f"directory ({TOKENIZER_FILE})",
+            fix="pass the model repository the server serves, or --token-counting words",
+        )
+    served, reason = served_preprocessing(url)
+    if add_special is None:  # a bare tokenizer: add special tokens as the server does (model.py's default: true)
+        add_special = served.add_special_tokens if served is not None else True
+    try:
+        counter = HfTokenizerCounter(tokenizer_json, add_special_tokens=add_special)
+    except Exception as err:  # noqa: BLE001 - the tokenizers library raises plain Exceptions for a bad file
+        raise UsageError(
+            f"{option}: cannot load {tokenizer_json}: {' '.join(str(err).split())[:160]}",
+            fix="pass the model repository the server serves (its tokenizer.json is what the server loads)",
+        ) from None
+    return counter, served, reason
+
+
+def server_counts(url: str, prompts: list[str], max_batch_size: int) -> list[int]:
+    """The served preprocessing model's REQUEST_INPUT_LEN for each prompt (the length the engine sees)."""
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    batch = max(1, max_batch_size)
+    counts: list[int] = []
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        for start in range(0, len(prompts), batch):
+            chunk = prompts[start : start + batch]
+            query = grpcclient.InferInput("QUERY", [len(chunk), 1], "BYTES")
+            query.set_data_from_numpy(np.array([[p.encode("utf-8")] for p in chunk], dtype=object))
+            out_len = grpcclient.InferInput("REQUEST_OUTPUT_LEN", [len(chunk), 1], "INT32")
+            out_len.set_data_from_numpy(np.ones((len(chunk), 1), dtype=np.int32))
+            try:
+                result = client.infer(
+                    PREPROCESSING, [query, out_len],
+                    outputs=[grpcclient.InferRequestedOutput("REQUEST_INPUT_LEN")],
+                    client_timeout=SERVER_TIMEOUT_S,
+                )
+            except InferenceServerException as err:
+                message = " ".join(str(err.message()).split())[:200]
+                raise UsageError(
+                    f"the served {PREPROCESSING} model refused prompt {start} while counting its tokens: {message}",
+                    fix="shorten --input-len to the served max_input_len, or check the server",
+                ) from None
+            counts.extend(int(n) for n in result.as_numpy("REQUEST_INPUT_LEN").reshape(-1))
+    finally:
+        client.close()
+    return counts
+
+
+def check_with_server(
+    url: str, workload: Workload, served: ServedPreprocessing | None, skipped: str | None
+) -> Workload:
+    """The workload with its counts checked by the served preprocessing model (or why they were not).
+
+    Refuses (one line) when the server counts any checked prompt differently: the tokenizer is not the served one.
+    """
+    if workload.token_counting != "tokenizer":
+        return workload.model_copy(update={"server_check_skipped": "prompt lengths are counted in words"})
+    if served is None:
+        return workload.model_copy(update={"server_check_skipped": skipped})
+    over_max = 0
+    if served.max_input_len:
+        over_max = sum(1 for spec in workload.requests if spec.input_tokens > served.max_input_len)
+    sample = [spec for spec in workload.requests if not served.max_input_len or spec.input_tokens <= served.max_input_len]
+    sample = sample[:CHECKED_PROMPTS]
+    counts = server_counts(url, [spec.prompt for spec in sample], served.max_batch_size)
+    for spec, count in zip(sample, counts):
+        if count != spec.input_tokens:
+            raise UsageError(
+                f"the served {PREPROCESSING} model counts {count} tokens in request {spec.index} where "
+                f"{workload.tokenizer} counts {spec.input_tokens}: that is not the tokenizer the server serves",
+                fix="pass --tokenizer with the model repository the server serves (or --token-counting words)",
+            )
+    check = ServerCountCheck(
+        prompts_checked=len(sample), max_input_len=served.max_input_len, prompts_over_max_input_len=over_max
+    )
+    return workload.model_copy(update={"server_check": check})
