@@ -204,12 +204,6 @@ class _Runner:
         for name in names:
             self.report.stages.append(StageReport(name=name, outcome="skipped", detail=reason))
 
-    def _would_build(self, stage: str, key: keymod.StageKey) -> bool:
-        """Whether `_stored_stage` would build this key now (forced, or no usable entry)."""
-        if stage in self.force:
-            return True
-        return self.store.get(STORED_STAGES[stage], key.key, verify=self.verify, touch=False) is None
-
     def _verified_input(self, stage: str, leases: contextlib.ExitStack) -> Entry:
         """The entry `stage` produced, verified before another stage builds on it.
 

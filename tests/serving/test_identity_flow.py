@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -174,3 +175,36 @@ def test_parity_fails_when_the_stored_engine_weights_are_negated(example_repo: P
     checks = {c["name"]: c for c in result["checks"]}
     assert checks["generate"]["passed"]  # the server answers ...
     assert not checks["parity"]["passed"] and result["parity"]["mismatches"] > 0  # ... but not what the model says
+
+
+def test_a_killed_serve_leaves_a_serving_dir_that_the_next_serve_removes(example_repo: Path, tmp_path: Path) -> None:
+    """The server inherits the serving directory's lock: while it runs (even orphaned) the directory is
+    live; once it is gone too, the next `serve` (or `cache gc`) removes the directory."""
+    from trtpipe.serving.server import start_server
+    from trtpipe.store.serving_dirs import stale_serving_dirs
+
+    home = tmp_path / "home"
+    subprocess.run(["cp", "-a", str(example_repo.parent.parent), str(home)], check=True)
+    for leftover in list((home / "serving").glob("*")) if (home / "serving").exists() else []:
+        subprocess.run(["rm", "-rf", str(leftover)], check=True)  # copied from a live store: not ours
+    repo = home / "repository" / example_repo.name
+    env = {**os.environ, "TRTPIPE_HOME": str(home)}
+    proc = subprocess.Popen([sys.executable, "-m", "trtpipe.cli", "serve", str(repo), "--json"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    info = json.loads(proc.stdout.readline())
+    serving_dir = Path(info["serving_dir"])
+    proc.kill()  # SIGKILL: no cleanup at all; tritonserver (its own session) lives on, orphaned
+    proc.wait()
+    try:
+        assert serving_dir.is_dir() and stale_serving_dirs(home) == []  # its server still holds the lock
+    finally:
+        os.killpg(info["pid"], signal.SIGKILL)  # now the server dies too (and its stubs with it)
+    for region in Path("/dev/shm").glob(f"trtpipe_{proc.pid}_*"):  # what the killed stubs left behind
+        region.unlink(missing_ok=True)
+    deadline = time.monotonic() + 30
+    while stale_serving_dirs(home) == [] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert serving_dir in stale_serving_dirs(home)
+    with start_server(repo, start_timeout=180) as server:
+        assert not serving_dir.exists() and server.serving_dir != serving_dir
+    assert main(["cache", "verify", "--store", str(home)]) == 0

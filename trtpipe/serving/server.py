@@ -328,6 +328,8 @@ def _start(serving: Any, *, host: str, start_timeout: float, ports: tuple[int | 
             process = subprocess.Popen(
                 cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,  # a Ctrl-C in the terminal reaches us, and we stop it cleanly
+                # The serving directory's lock: held while this server lives, even if we die first.
+                pass_fds=(serving.lock_fd,) if serving.lock_fd is not None else (),
             )
         handle = TritonServerHandle(process, host, (ports[0], ports[1], ports[2]), work_dir, Path(server_log), shm_prefix, models)
         why = _wait_ready(handle, time.monotonic() + start_timeout)

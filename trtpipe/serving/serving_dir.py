@@ -52,6 +52,11 @@ class ServingDir:
     _stamps: list[tuple[Path, Path]] = field(default_factory=list, repr=False)  # (store file, serving link)
     _store: object | None = field(default=None, repr=False)
 
+    @property
+    def lock_fd(self) -> int | None:
+        """The serving directory's lock (None for kept ones): a server process should inherit it."""
+        return self._lease.lock_fd if self._lease is not None else None  # type: ignore[attr-defined]
+
     def remove(self) -> None:
         if self.kept or self._lease is None:
             return

@@ -6,7 +6,9 @@
                                                 Triton container): kept, and reused for the same digest
 
 A directory whose lock nobody holds belonged to a server that is gone (killed, crashed): the next
-`serve` and `cache gc` remove it. The kernel drops a flock when its process dies, so no pid files.
+`serve` and `cache gc` remove it. The kernel drops a flock when the last process holding it dies, so
+no pid files; the server process inherits the lock (`lock_fd`), so a server that outlives the
+`trtpipe serve` that started it still keeps its directory.
 This module knows only the layout and the locks; `trtpipe.serving.serving_dir` fills the directories.
 """
 
@@ -37,6 +39,11 @@ class ServingDirLease:
     path: Path
     lock_path: Path | None = None
     _fd: int | None = field(default=None, repr=False)
+
+    @property
+    def lock_fd(self) -> int | None:
+        """The locked descriptor: hand it to the server process so the lock lives as long as it does."""
+        return self._fd
 
     def release(self) -> None:
         """Remove the directory, then drop the lock (a crash in between leaves a stale pair gc removes)."""
