@@ -1,7 +1,10 @@
-"""Build records: what was built, where, with which versions, how long each stage took.
+"""Build records: what was built, where, when, by which host, with which versions, how long each stage took.
 
-Every `trtpipe build` (not a dry run) writes one JSON record under `<store>/records/`, written to
-a temporary file and renamed into place. `read_records` lists them newest first.
+An artifact's digest covers its content only; everything about the build itself lives here and
+points at the digests it produced (`artifacts`). Every `trtpipe build` (not a dry run) writes one
+JSON record under `<store>/records/`, written to a temporary file and renamed into place.
+`read_records` lists them newest first; `records_for_digest` finds the builds that produced an
+artifact (`trtpipe cache verify --repair` rebuilds from the spec they recorded).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class StageOutcome(BaseModel):
     key: str | None = None
     digest: str | None = None
     detail: str | None = None
+    facts: dict[str, Any] | None = None  # what building the stage reported: log path, converter summary, seconds
 
 
 class BuildRecord(BaseModel):
@@ -64,8 +68,6 @@ class BuildRecord(BaseModel):
     stages: list[StageOutcome] = Field(default_factory=list)
     memory_plan: dict[str, Any] | None = None
     seconds: float = 0.0
-
-
 
 
 def _host_gpus() -> tuple[list[dict[str, Any]], str | None]:
@@ -104,7 +106,7 @@ def make_record(*, report: Any, resolved: Any, memory_plan: dict[str, Any] | Non
         repository_path=report.repository_path,
         stages=[
             StageOutcome(name=s.name, outcome=s.outcome, seconds=round(s.seconds, 6), key=s.key, digest=s.digest,
-                         detail=s.detail)
+                         detail=s.detail, facts=s.facts)
             for s in report.stages
         ],
         memory_plan=memory_plan,
@@ -141,3 +143,8 @@ def read_records(store_root: Path, *, model: str | None = None, target: str | No
         records.append(record)
     records.sort(key=lambda r: (r.started_at, r.id), reverse=True)
     return records
+
+
+def records_for_digest(store_root: Path, digest: str) -> list[BuildRecord]:
+    """Successful builds that produced (or reused) the artifact `digest`, newest first."""
+    return [r for r in read_records(store_root) if r.status == "ok" and digest in r.artifacts.values()]

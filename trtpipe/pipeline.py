@@ -54,6 +54,9 @@ class StageReport(BaseModel):
         default=None, description="Dry run: the trtllm-build argv (engine), the conversion argv (checkpoint of a GPU target).")
     container: dict[str, Any] | None = Field(default=None, description="Dry run: the docker container spec that runs it.")
     executor: str | None = Field(default=None, description="Dry run, checkpoint of a GPU target: local or docker.")
+    facts: dict[str, Any] | None = Field(
+        default=None, description="What building the stage reported (durations, logs, converter summary): the build "
+                                  "record keeps it; the artifact (and its digest) never does.")
 
 
 class BuildReport(BaseModel):
@@ -82,6 +85,10 @@ class BuildReport(BaseModel):
 
 class StageUnavailable(Exception):
     """A stage's implementing module is not installed (yet)."""
+
+
+class _InputRebuilt(Exception):
+    """A stage's stored input failed verification and was rebuilt with other bytes: key the stage again."""
 
 
 def _module_exists(name: str) -> bool:
@@ -180,6 +187,10 @@ class _Runner:
         self.memory_plan: dict[str, Any] | None = None
         self.build_plan: Any = None
         self.entries: dict[str, Entry] = {}
+        self.verified: set[tuple[str, str]] = set()  # (kind, key) whose bytes this run hashed or checked
+        self.dry_digests: dict[str, str] = {}  # dry run: digests of entries present here or in the remote
+        self._seen_corrupt = 0
+        self._seen_quarantined = 0
         self.started_at = _now_iso()
 
     # -- helpers ---------------------------------------------------------------------------
@@ -195,25 +206,40 @@ class _Runner:
         for name in names:
             self.report.stages.append(StageReport(name=name, outcome="skipped", detail=reason))
 
-    def _meta(self, kind: str, stage_seconds: float | None = None) -> dict[str, Any]:
-        spec = self.resolved.spec
-        meta: dict[str, Any] = {
-            "model": spec.artifact_name,
-            "target": spec.target.gpu,
-            "sm": self.resolved.sm,
-            "gpu_product": self.resolved.gpu.product if self.resolved.gpu else None,
-            "toolchain": self.resolved.toolchain.name,
-            "quant": spec.quantization.algo.value,
-            "tp": spec.target.tp,
-            "pp": spec.target.pp,
-        }
-        if kind in ("engine", "repository"):
-            # What was built and served, as loaded (paths absolute): `trtpipe promote` reads
-            # `meta.spec.release.gates` from here when no --spec is given. Meta is not in the key.
-            meta["spec"] = spec.model_dump(mode="json")
-        if stage_seconds is not None:
-            meta["timings"] = {"stage_seconds": round(stage_seconds, 6)}
-        return meta
+    def _verified_input(self, stage: str, leases: contextlib.ExitStack) -> Entry:
+        """The entry `stage` produced, verified before another stage builds on it.
+
+        Verified means: committed or checked in this run, or every file's sha256 matches its manifest
+        by the digest cache's rules (a file unchanged since it was hashed is not read again). A
+        mismatch quarantines the entry and rebuilds it, from inputs verified the same way."""
+        kind = STORED_STAGES[stage]
+        entry = self.entries[kind]
+        if (kind, entry.key) in self.verified:
+            return entry
+        problems = self.store.verify_entry(entry)
+        if not problems:
+            self.verified.add((kind, entry.key))
+            return entry
+        self.store.quarantine(entry, problems)
+        first = problems[0]
+        self.printer.note(
+            f"  {stage:<11} stored {kind} {entry.key[:16]} failed verification ({first.file}: {first.reason}); "
+            "moved to quarantine, rebuilding it from its inputs", style="yellow")
+        getattr(self, f"{stage}_stage")(leases)
+        return self.entries[kind]
+
+    def _integrity_notes(self) -> str | None:
+        """What the store found corrupt (and set aside) since the last call, as one line."""
+        notes = []
+        for digest in self.store.objects.corrupt[self._seen_corrupt:]:
+            notes.append(f"stored object sha256:{digest[:12]} did not hold its digest's bytes (moved to quarantine)")
+        for kind, key, _, problems in self.store.quarantined[self._seen_quarantined:]:
+            notes.append(f"{kind} {key[:16]} failed verification ({problems[0].file}: {problems[0].reason}; quarantined)")
+        self._seen_corrupt = len(self.store.objects.corrupt)
+        self._seen_quarantined = len(self.store.quarantined)
+        for note in notes:
+            self.printer.note(f"    warning: {note}", style="yellow")
+        return "; ".join(notes) or None
 
     def _stored_stage(
         self,
@@ -221,8 +247,6 @@ class _Runner:
         key: keymod.StageKey,
         build: Callable[[Path], dict[str, Any] | None],
         leases: contextlib.ExitStack,
-        *,
-        still_valid: Callable[[Entry], bool] | None = None,
     ) -> Entry | None:
         """Reuse the entry of `key` or build it. Returns the entry (None in a dry run that would build)."""
         kind = STORED_STAGES[stage]
@@ -232,25 +256,28 @@ class _Runner:
         leases.enter_context(self.store.locks.lease(kind, key.key))
         if self.dry_run:
             entry = self.store.peek(kind, key.key)
-            present = entry is not None and not self.store.check(entry, digests=self.verify)
-            if present and still_valid is not None and not still_valid(entry):
-                present = False
+            present = entry is not None and entry.current and not self.store.check(entry, digests=self.verify)
             outcome: Outcome = "hit" if present and not forced else "would-build"
+            digest = entry.digest if present and entry is not None else None
             if outcome == "would-build" and not forced and self.remote is not None:
-                if self.remote.find(kind, key.key) is not None:
-                    outcome = "would-pull"
+                remote = self.remote.find(kind, key.key)
+                if remote is not None:
+                    outcome, digest = "would-pull", remote.artifact_digest
             detail = "forced" if forced and present else None
             self._add(StageReport(name=stage, outcome=outcome, key=key.key, seconds=time.monotonic() - started,
-                                  digest=entry.digest if present else None,
-                                  path=str(self.store.entry_dir(kind, key.key)), detail=detail))
-            return entry if present and not forced else None
+                                  digest=digest, path=str(self.store.entry_dir(kind, key.key)), detail=detail))
+            if digest is not None and outcome != "would-build":
+                self.dry_digests[kind] = digest  # the next stage's key may need it
+            if present and not forced:
+                self.entries[kind] = entry
+                return entry
+            return None
 
         entry = None if forced else self.store.get(kind, key.key, verify=self.verify)
-        if entry is not None and still_valid is not None and not still_valid(entry):
-            entry, forced = None, True
         waited = False
         outcome: Outcome = "hit"
         push_note: str | None = None
+        facts: dict[str, Any] | None = None
         if entry is None:
             def on_wait() -> None:
                 nonlocal waited
@@ -258,30 +285,28 @@ class _Runner:
                 self.printer.note(f"  {stage:<11} waiting for another build of {kind} {key.key[:16]}")
 
             with self.store.building(kind, key.key, force=forced, verify=self.verify, on_wait=on_wait) as handle:
-                if handle.existing is not None and (still_valid is None or still_valid(handle.existing)):
+                if handle.existing is not None:
                     entry = handle.existing
-                elif handle.existing is not None:  # present but stale: rebuild under the lock we hold
-                    with self.store.building(kind, key.key, force=True) as fresh:
-                        entry = self._build_into(fresh, key, build)
-                    outcome = "built"
                 else:
                     if self.remote is not None and not forced:
                         entry = self.remote.pull_into(handle)
                         outcome = "pulled"
-                        if entry is not None and still_valid is not None and not still_valid(entry):
-                            with self.store.building(kind, key.key, force=True) as fresh:
-                                entry = self._build_into(fresh, key, build)
-                            outcome = "built"
                     if entry is None:
-                        entry = self._build_into(handle, key, build)
+                        entry, facts = self._build_into(handle, key, build)
                         outcome = "built"
+                    self.verified.add((kind, key.key))  # its bytes were hashed (or verified on pull) just now
             if outcome == "built" and self.remote is not None:
                 push_note = self._push(entry)
+        elif self.verify:
+            self.verified.add((kind, key.key))  # `get(verify=True)` re-hashed every file
         self.entries[kind] = entry
         self.report.artifacts[kind] = entry.digest
+        notes = self._integrity_notes()
+        detail = push_note or ("reused a concurrent build" if waited and outcome == "hit" else None)
+        if notes:
+            detail = f"{detail}; {notes}" if detail else notes
         self._add(StageReport(name=stage, outcome=outcome, key=key.key, digest=entry.digest, path=str(entry.path),
-                              seconds=time.monotonic() - started, waited=waited,
-                              detail=push_note or ("reused a concurrent build" if waited and outcome == "hit" else None)))
+                              seconds=time.monotonic() - started, waited=waited, detail=detail, facts=facts))
         return entry
 
     def _push(self, entry: Entry) -> str:
@@ -294,13 +319,17 @@ class _Runner:
             return f"push to {self.remote} failed: {err.one_line()}"
         return f"pushed to {self.remote}"
 
-    def _build_into(self, handle: Any, key: keymod.StageKey, build: Callable[[Path], dict[str, Any] | None]) -> Entry:
+    def _build_into(
+        self, handle: Any, key: keymod.StageKey, build: Callable[[Path], dict[str, Any] | None]
+    ) -> tuple[Entry, dict[str, Any]]:
+        """Build into the handle's temp dir and commit under the key document (content only); what
+        the build reported (facts: durations, logs) goes to the build record, not the artifact."""
         build_started = time.monotonic()
-        extra_meta = build(handle.dir) or {}
+        facts = build(handle.dir) or {}
         seconds = time.monotonic() - build_started
-        entry = handle.commit(inputs=key.inputs, meta={**self._meta(handle.kind, seconds), **extra_meta})
+        entry = handle.commit(inputs=key.inputs)
         self.store.log_built(handle.kind, handle.key, entry.digest, seconds)
-        return entry
+        return entry, {**facts, "build_seconds": round(seconds, 6)}
 
     # -- stages ----------------------------------------------------------------------------
     def resolve_stage(self) -> None:
@@ -467,50 +496,69 @@ class _Runner:
 
         def build(out_dir: Path) -> dict[str, Any]:
             build_engine = _need("trtpipe.engine.stage", "build_engine")
+            # Never build on stored bytes not verified in this run (a flipped byte would carry over).
+            checkpoint = self._verified_input("checkpoint", leases)
             log_path = self._log_path("engine", key.key)
-            result = build_engine(self.resolved, self.build_plan, self.entries["checkpoint"].path, out_dir, log_path)
-            meta: dict[str, Any] = {"build_log": str(log_path)}
+            result = build_engine(self.resolved, self.build_plan, checkpoint.path, out_dir, log_path)
+            facts: dict[str, Any] = {"build_log": str(log_path)}
             if hasattr(result, "model_dump"):
-                meta["engine_result"] = result.model_dump(mode="json")
-            return meta
+                facts["engine_result"] = result.model_dump(mode="json")
+            return facts
 
         self._stored_stage("engine", key, build, leases)
 
-    def repository_key(self, engine_key: str) -> keymod.StageKey:
+    def repository_key(self, engine_digest: str) -> keymod.StageKey:
         from trtpipe import __version__
         # Light (hashlib + ~10 small files, no torch): fine on the warm path.
         from trtpipe.serving.templates import templates_digest
 
         resolved = self.resolved
+        spec = resolved.spec
         return keymod.repository_key(
-            engine=engine_key,
-            serving=resolved.spec.triton.model_dump(mode="json"),
+            engine_digest=engine_digest,
+            serving=spec.triton.model_dump(mode="json"),
             tokenizer_digest=tokenizer_digest(self.store, resolved.tokenizer_dir),
             templates_digest=templates_digest(),
             trtpipe_version=__version__,
+            name=spec.artifact_name,
+            target={"gpu": spec.target.gpu, "sm": resolved.sm, "tp": spec.target.tp, "pp": spec.target.pp},
+            toolchain=resolved.toolchain.name,
+            quant=spec.quantization.algo.value,
+            release=spec.release.model_dump(mode="json"),
         )
 
     def publish_stage(self, leases: contextlib.ExitStack) -> None:
         _check_available("trtpipe.serving.publish", "publish_repository")
-        engine_key = self.report.keys.get("engine")
-        if engine_key is None:  # dry run of a planning-only spec
-            self._add(StageReport(name="publish", outcome="would-build", detail="key needs the engine key"))
-            return
-        key = self.repository_key(engine_key)
         engine = self.entries.get("engine")
+        if self.dry_run:
+            digest = self.dry_digests.get("engine")
+            if digest is None:  # the engine is not built yet (or a planning-only spec)
+                self._add(StageReport(name="publish", outcome="would-build",
+                                      detail="key follows the engine's digest, known once the engine is built"))
+            else:
+                hit = self._stored_stage("publish", self.repository_key(digest), lambda _: None, leases)
+                if hit is not None:
+                    self.report.repository_path = str(hit.path)
+            return
+        assert engine is not None
+        for _attempt in range(2):
+            key = self.repository_key(engine.digest)
 
-        def still_valid(entry: Entry) -> bool:
-            # The repository embeds the engine's files and digest: a re-built engine (same key,
-            # new digest) makes the old repository stale.
-            return engine is None or entry.manifest.get("meta", {}).get("engine_digest") == engine.digest
+            def build(out_dir: Path, engine: Entry = engine, key: keymod.StageKey = key) -> dict[str, Any]:
+                publish = _need("trtpipe.serving.publish", "publish_repository")
+                verified = self._verified_input("engine", leases)
+                if verified.digest != engine.digest:
+                    raise _InputRebuilt  # its key named the old digest: key it again
+                publish(self.resolved, engine.path, engine.digest, engine.key, out_dir, repository_key=key.key)
+                return {}
 
-        def build(out_dir: Path) -> dict[str, Any]:
-            publish = _need("trtpipe.serving.publish", "publish_repository")
-            assert engine is not None
-            publish(self.resolved, engine.path, engine.digest, engine_key, out_dir)
-            return {"engine_digest": engine.digest, "engine_key": engine_key}
-
-        entry = self._stored_stage("publish", key, build, leases, still_valid=still_valid)
+            try:
+                entry = self._stored_stage("publish", key, build, leases)
+                break
+            except _InputRebuilt:
+                engine = self.entries["engine"]
+        else:  # pragma: no cover - a second rebuild of a just-verified engine cannot change it again
+            raise TrtpipeError("the engine changed twice while publishing", fix="run the build again")
         if entry is not None:
             self.report.repository_path = str(entry.path)
 

@@ -69,9 +69,12 @@ def test_sweep_against_the_tiny_model(example_server, example_repo: Path, tmp_pa
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     from trtpipe.results import ResultsLog
+    from trtpipe.serving.identity import record_target
 
-    digest = json.loads((example_repo / "trtpipe.json").read_text())["engine"]["digest"]
-    recorded = ResultsLog(trtpipe_home).for_digest(digest)
+    # Filed under the repository digest the server reports serving, in the store that holds it.
+    target = record_target(example_repo)
+    assert target.digest == example_server.repository_digest
+    recorded = ResultsLog(target.home).for_digest(target.digest)
     assert [(r.kind, r.passed, r.gpu_class) for r in recorded] == [("bench", True, "cpu-reference")]
     assert len(recorded[0].data["runs"]) == 2 and "records" not in recorded[0].data["runs"][0]
 

@@ -44,10 +44,12 @@ def registry_env(registry: Any, isolated_home: Path, monkeypatch: pytest.MonkeyP
 
 def make_store_entry(home: Path, key: str, *, seed: str = "a", kind: str = "engine", model: str = "tiny-llama",
                      target: str = "cpu-reference", gates: dict[str, Any] | None = None,
-                     spec: dict[str, Any] | None = None):
-    """Commit a small engine-like entry into the real local store under `home`.
+                     release: dict[str, Any] | None = None):
+    """Commit a small artifact into the real local store under `home`.
 
-    `spec`: a whole BuildSpec dump stored as `meta.spec`, as `trtpipe build` records it.
+    Its key document records the name and target it is promoted under, as a repository's does
+    (`inputs.name`, `inputs.target.gpu`); with `gates` (or a whole `release` section, as
+    `spec.release.model_dump()` gives it) also the release gates promote reads.
     """
     from trtpipe.store.local import Store
 
@@ -59,12 +61,12 @@ def make_store_entry(home: Path, key: str, *, seed: str = "a", kind: str = "engi
         (b.dir / "rank0.safetensors").write_bytes((seed * 50000).encode())
         (b.dir / "tokenizer").mkdir()
         (b.dir / "tokenizer" / "tokenizer.json").write_text("{}")
-        meta: dict[str, Any] = {"model": model, "target": target, "toolchain": "trtllm-1.2.1"}
+        inputs: dict[str, Any] = {"seed": seed, "name": model, "target": {"gpu": target}, "toolchain": "trtllm-1.2.1"}
         if gates is not None:
-            meta["spec"] = {"release": {"gates": gates}}
-        if spec is not None:
-            meta["spec"] = spec
-        return b.commit(inputs={"seed": seed}, meta=meta)
+            inputs["release"] = {"gates": gates}
+        if release is not None:
+            inputs["release"] = release
+        return b.commit(inputs=inputs)
 
 
 def run_cli(*args: str) -> tuple[int, str, str]:
@@ -82,7 +84,7 @@ def run_cli(*args: str) -> tuple[int, str, str]:
 
 @pytest.fixture
 def store_entry():
-    """make_store_entry(home, key, seed=..., model=..., target=..., gates=..., spec=...) -> Entry."""
+    """make_store_entry(home, key, seed=..., model=..., target=..., gates=..., release=...) -> Entry."""
     return make_store_entry
 
 

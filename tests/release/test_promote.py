@@ -112,7 +112,7 @@ def test_gates_stored_with_the_artifact_bench_and_regression(isolated_home, stor
         log.record(entry.digest, "bench", True, {"ttft_p99_ms": ttft, "output_tokens_per_s": 80.0}, gpu_class="cpu-reference")
     code, out, err = cli("promote", base.digest, "--to", "prod", "--json")
     assert code == 0, err
-    assert json.loads(out)["gates_source"] == "artifact manifest"
+    assert json.loads(out)["gates_source"] == "artifact"
     # 130 ms vs 100 ms in prod: 30 % worse, limit 10 %.
     code, _, err = cli("promote", cand.digest, "--to", "prod")
     assert code == 1 and "regression.ttft_p99_ms failed" in err
@@ -128,41 +128,63 @@ def test_gates_stored_with_the_artifact_bench_and_regression(isolated_home, stor
     assert code == 1 and "bench missing" in err
 
 
-def test_gates_from_spec_option(isolated_home, store_entry, cli, tmp_path) -> None:
-    entry = store_entry(isolated_home, "c9" * 8)
+def test_spec_option_is_only_a_check_against_the_artifact(isolated_home, store_entry, cli, tmp_path) -> None:
+    """--spec can never bring another spec's gates or name: it must match what the artifact records."""
+    from trtpipe.spec_loader import load_spec
+
+    (tmp_path / "tiny-llama").mkdir()
+    same = tmp_path / "same.yaml"
+    same.write_text("model:\n  path: tiny-llama\nrelease:\n  gates:\n    prod:\n      smoke: true\n      parity: true\n")
+    entry = store_entry(isolated_home, "c9" * 8, release=load_spec(same).spec.release.model_dump(mode="json"))
     ResultsLog(isolated_home).record(entry.digest, "smoke", True, {})
-    model_dir = tmp_path / "tiny-llama"
-    model_dir.mkdir()
-    spec = tmp_path / "spec.yaml"
-    spec.write_text("model:\n  path: tiny-llama\nrelease:\n  gates:\n    prod:\n      smoke: true\n      parity: true\n")
-    code, _, err = cli("promote", entry.digest, "--to", "prod", "--spec", str(spec))
-    assert code == 1 and "parity missing" in err
-    assert "spec" in read_audit(isolated_home)[-1].gates_source
+    code, _, err = cli("promote", entry.digest, "--to", "prod", "--spec", str(same))
+    assert code == 1 and "parity missing" in err  # the artifact's own gates, confirmed by the spec
+    laxer = tmp_path / "laxer.yaml"
+    laxer.write_text("model:\n  path: tiny-llama\nrelease:\n  gates:\n    prod:\n      smoke: true\n")
+    renamed = tmp_path / "renamed.yaml"
+    renamed.write_text(same.read_text().replace("model:", "name: other-model\nmodel:"))
+    for spec in (laxer, renamed):
+        code, _, err = cli("promote", entry.digest, "--to", "prod", "--spec", str(spec))
+        assert code == 2 and "differs from the artifact" in err and len(err.strip().splitlines()) == 1
+    assert prod_digest(isolated_home) is None
+    # An artifact that records no gates cannot be checked against a spec's.
+    bare = store_entry(isolated_home, "ca" * 8, seed="b")
+    ResultsLog(isolated_home).record(bare.digest, "smoke", True, {})
+    code, _, err = cli("promote", bare.digest, "--to", "prod", "--spec", str(laxer))
+    assert code == 2 and "records no release gates" in err
+
+
+def test_model_and_target_options_cannot_contradict_the_artifact(isolated_home, store_entry, cli) -> None:
+    entry = store_entry(isolated_home, "cb" * 8)
+    ResultsLog(isolated_home).record(entry.digest, "smoke", True, {})
+    code, _, err = cli("promote", entry.digest, "--to", "prod", "--model", "someone-else")
+    assert code == 2 and "contradicts" in err
+    assert cli("promote", entry.digest, "--to", "prod", "--model", "tiny-llama")[0] == 0
 
 
 def test_gates_from_the_spec_a_build_recorded(isolated_home, store_entry, cli, tmp_path) -> None:
-    """`trtpipe build` stores the loaded spec as `meta.spec`; promote finds its gates without --spec."""
+    """A repository records its spec's release gates in its key document; promote needs no spec file."""
     from trtpipe.spec_loader import load_spec
 
     (tmp_path / "tiny-llama").mkdir()
     spec_path = tmp_path / "spec.yaml"
     spec_path.write_text("model:\n  path: tiny-llama\nrelease:\n  gates:\n    prod:\n      smoke: true\n      parity: true\n")
-    recorded = load_spec(spec_path).spec.model_dump(mode="json")  # what pipeline._meta stores
-    entry = store_entry(isolated_home, "c8" * 8, seed="s", spec=recorded)
+    recorded = load_spec(spec_path).spec.release.model_dump(mode="json")  # what the repository key records
+    entry = store_entry(isolated_home, "c8" * 8, seed="s", release=recorded)
     spec_path.unlink()  # promotion must not need the spec file any more
     ResultsLog(isolated_home).record(entry.digest, "smoke", True, {})
     code, _, err = cli("promote", entry.digest, "--to", "prod")
     assert code == 1 and "parity missing" in err
-    assert read_audit(isolated_home)[-1].gates_source == "artifact manifest"
+    assert read_audit(isolated_home)[-1].gates_source == "artifact"
     ResultsLog(isolated_home).record(entry.digest, "parity", True, {"max_abs_logit_diff": 0.0})
     code, out, err = cli("promote", entry.digest, "--to", "prod", "--json")
     assert code == 0, err
-    assert json.loads(out)["gates_source"] == "artifact manifest"
+    assert json.loads(out)["gates_source"] == "artifact"
     assert prod_digest(isolated_home) == entry.digest
     # A channel the recorded spec has no gates for falls back to the default (smoke only).
     code, out, err = cli("promote", entry.digest, "--to", "staging", "--json")
     assert code == 0, err
-    assert json.loads(out)["gates_source"].startswith("artifact manifest (no gates for this channel")
+    assert json.loads(out)["gates_source"].startswith("artifact (no gates for this channel")
 
 
 def test_audit_edit_is_detected(isolated_home, store_entry, cli) -> None:
@@ -211,31 +233,30 @@ def test_concurrent_promotions_one_wins(isolated_home, store_entry) -> None:
     assert verify_audit(isolated_home) == []
 
 
-def test_repository_counts_results_of_the_engine_it_serves(isolated_home, store_entry, cli) -> None:
-    """`trtpipe bench --record REPO` files results under the engine digest the repository serves."""
-    from trtpipe.store.local import Store
-
+def test_only_results_of_exactly_the_repository_digest_count(isolated_home, store_entry, cli) -> None:
+    """Smoke and bench record under the repository digest a server reports; results filed under the
+    engine it embeds (or any other digest) never count for the repository."""
     gates = {"prod": {"smoke": True, "bench": {"ttft_p99_ms": 500, "min_output_tokens_per_s": 10}}}
     engine = store_entry(isolated_home, "e1" * 8, seed="e")
-    store = Store.open(isolated_home)
-    with store.building("repository", "f1" * 8) as b:
-        (b.dir / "trtpipe.json").write_text(json.dumps({"engine_digest": engine.digest}))
-        repo = b.commit(inputs={"engine": engine.key}, meta={"model": "tiny-llama", "target": "cpu-reference",
-                                                              "engine_digest": engine.digest, "spec": {"release": {"gates": gates}}})
+    repo = store_entry(isolated_home, "f1" * 8, seed="r", kind="repository", gates=gates)
     log = ResultsLog(isolated_home)
-    log.record(engine.digest, "smoke", True, {})
     bench_summary = {"runs": [
         {"label": "1 req/s", "aggregates": {"ttft_s": {"count": 8, "p99": 0.120}, "tpot_s": {"count": 8, "p99": 0.01},
                                             "e2e_s": {"count": 8, "p99": 0.4}, "output_token_throughput": 40.0}},
         {"label": "2 req/s", "aggregates": {"ttft_s": {"count": 8, "p99": 0.610}, "tpot_s": {"count": 8, "p99": 0.02},
                                             "e2e_s": {"count": 8, "p99": 0.9}, "output_token_throughput": 70.0}},
     ]}
+    log.record(engine.digest, "smoke", True, {})
     log.record(engine.digest, "bench", True, bench_summary, gpu_class="cpu-reference")
+    code, _, err = cli("promote", "repository/" + repo.key, "--to", "prod")
+    assert code == 1 and "smoke missing" in err and "bench missing" in err
+    log.record(repo.digest, "smoke", True, {})
+    log.record(repo.digest, "bench", True, bench_summary, gpu_class="cpu-reference")
     code, _, err = cli("promote", "repository/" + repo.key, "--to", "prod")
     # Worst P99 across the sweep (610 ms) is over the 500 ms SLO.
     assert code == 1 and "bench.ttft_p99_ms failed" in err and "610" in err
     bench_summary["runs"] = bench_summary["runs"][:1]
-    log.record(engine.digest, "bench", True, bench_summary, gpu_class="cpu-reference")
+    log.record(repo.digest, "bench", True, bench_summary, gpu_class="cpu-reference")
     code, out, err = cli("promote", "repository/" + repo.key, "--to", "prod", "--json")
     assert code == 0, err
     assert json.loads(out)["to_digest"] == repo.digest

@@ -68,7 +68,8 @@ def test_publish_gpu_repository(tmp_path: Path, tiny_llama_dir: Path) -> None:
     assert not (repo / "tensorrt_llm" / "1" / "model.py").exists()
     manifest = json.loads((repo / "trtpipe.json").read_text())
     assert manifest["serving_container"] == resolved.toolchain.triton_container
-    assert manifest["engine"]["world_size"] == 2 and manifest["engine"]["placement"] == "hardlink"
+    # The link is checked above; how files were placed is not part of the content (nor its digest).
+    assert manifest["engine"]["world_size"] == 2 and "placement" not in manifest["engine"]
     # A missing rank is caught.
     (repo / "tensorrt_llm" / "1" / "rank1.engine").unlink()
     assert any(i.field == "1/rank1.engine" for i in validate_repository(repo))

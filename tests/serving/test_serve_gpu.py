@@ -52,3 +52,40 @@ def test_serve_print_and_no_daemon(repo_copy: Path, capsys: pytest.CaptureFixtur
     if code == 0:
         pytest.skip("a Docker daemon is reachable here")
     assert code == 3 and len(err.splitlines()) == 1 and "Docker daemon" in err
+
+
+def test_serve_print_of_a_stored_gpu_repository_mounts_a_kept_serving_dir(tmp_path: Path, tiny_llama_dir: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """A GPU host's container reads a serving directory (one per digest, kept), never the store entry;
+    its configs carry the repository digest the server will report."""
+    from trtpipe.resolve import resolve
+    from trtpipe.serving.publish import publish_repository
+    from trtpipe.spec_loader import load_spec
+    from trtpipe.store.local import Store
+
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(f"name: tiny-h100\nmodel:\n  path: {tiny_llama_dir}\ntarget:\n  gpu: h100-sxm\n"
+                         "engine: {max_batch_size: 8, max_input_len: 256, max_seq_len: 512}\n")
+    resolved = resolve(load_spec(spec_path))
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    (engine / "config.json").write_text(json.dumps({
+        "version": resolved.toolchain.trtllm_version,
+        "pretrained_config": {"architecture": "LlamaForCausalLM", "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1}},
+        "build_config": {"max_batch_size": 8, "max_input_len": 256, "max_seq_len": 512, "max_beam_width": 1}}))
+    (engine / "rank0.engine").write_bytes(b"stand-in engine" * 1000)
+    store = Store.open(tmp_path / "home")
+    with store.building("repository", "r" * 16) as b:
+        publish_repository(resolved, engine, "sha256:" + "ab" * 32, "engine-key", b.dir, repository_key="r" * 16)
+        entry = b.commit(inputs={"name": "tiny-h100"})
+    for _ in range(2):  # the same kept directory both times
+        assert main(["serve", str(entry.path), "--print"]) == 0
+        printed = shlex.split(capsys.readouterr().out.strip())
+        mount = next(arg for arg in printed if arg.endswith(":/trtpipe/repo:ro")).rsplit(":", 2)[0]
+        assert Path(mount) == store.root / "serving" / f"{entry.digest.removeprefix('sha256:')[:12]}-container"
+    served = Path(mount)
+    assert (served / "tensorrt_llm" / "1" / "rank0.engine").stat().st_ino == (entry.path / "tensorrt_llm" / "1" / "rank0.engine").stat().st_ino
+    config = (served / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert f'key: "trtpipe_repository_digest" value: {{ string_value: "{entry.digest}" }}' in config
+    assert "trtpipe_repository_digest" not in (entry.path / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert (served / "ensemble" / "1").is_dir()  # Triton needs the (empty) ensemble version folder

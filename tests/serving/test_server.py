@@ -157,28 +157,45 @@ def test_sampling_is_seeded(triton_server) -> None:
 def test_smoke_command_json_and_record(triton_server, example_repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from trtpipe.cli import main
     from trtpipe.results import ResultsLog
-    from trtpipe.serving.smoke import repository_digest
+    from trtpipe.serving.identity import record_target
 
     code = main(["smoke", triton_server.grpc_url, "--json", "--record", str(example_repo)])
     result = json.loads(capsys.readouterr().out)
     assert code == 0, result
     assert result["passed"] and {c["name"] for c in result["checks"]} >= {
         "live", "ready", "models_ready", "metadata", "generate", "stream"}
-    home, digest = repository_digest(example_repo)
-    assert result["recorded_for"] == digest
-    assert any(r.kind == "smoke" and r.passed for r in ResultsLog(home).for_digest(digest))
+    target = record_target(example_repo)
+    # Recorded under what the server reports serving, which is exactly the repository's digest.
+    assert result["served"]["repository_digest"] == target.digest == triton_server.repository_digest
+    assert result["recorded_for"] == target.digest
+    assert any(r.kind == "smoke" and r.passed for r in ResultsLog(target.home).for_digest(target.digest))
+
+
+def test_served_models_report_the_repository_identity(triton_server, example_repo: Path) -> None:
+    from trtpipe.serving.identity import read_served_identity
+
+    served = read_served_identity(triton_server.grpc_url)
+    manifest = json.loads((example_repo / "trtpipe.json").read_text())
+    assert served.repository_digest == triton_server.repository_digest and served.repository_digest.startswith("sha256:")
+    assert served.engine_digest == manifest["engine"]["digest"] and served.repository_key == example_repo.name
+    assert sorted(served.models) == ["ensemble", "postprocessing", "preprocessing", "tensorrt_llm", "tensorrt_llm_bls"]
+    # The server reads a serving directory outside the store entry, not the entry itself.
+    assert triton_server.serving_dir is not None and example_repo not in triton_server.serving_dir.parents
+    assert not list(example_repo.rglob("__pycache__"))
 
 
 def test_smoke_parity_with_spec(triton_server, example_repo: Path, monkeypatch: pytest.MonkeyPatch,
-                                capsys: pytest.CaptureFixture[str]) -> None:
+                                tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from trtpipe.cli import main
 
     spec = example_repo.parent.parent.parent / "spec" / "tiny-llama-cpu.yaml"
-    monkeypatch.setenv("TRTPIPE_HOME", str(example_repo.parent.parent))  # the store the example was built in
+    # Parity converts the spec's model afresh: it needs no store at all (an empty one here).
+    monkeypatch.setenv("TRTPIPE_HOME", str(tmp_path / "empty-home"))
     code = main(["smoke", triton_server.grpc_url, "--model", "tensorrt_llm_bls", "--parity", str(spec), "--json"])
     result = json.loads(capsys.readouterr().out)
     assert code == 0, result
     assert result["parity"]["mismatches"] == 0 and result["parity"]["prompts"] == 3
+    assert not (tmp_path / "empty-home").exists() or not list((tmp_path / "empty-home").glob("*/*"))
 
 
 def test_smoke_fails_against_no_server(capsys: pytest.CaptureFixture[str]) -> None:

@@ -41,8 +41,13 @@ def test_published_layout_and_manifest(example_repo: Path) -> None:
     assert manifest["engine"]["key"] and manifest["engine"]["digest"].startswith("sha256:")
     assert manifest["serving_container"] and manifest["toolchain"]
     assert manifest["triton_max_batch_size"] <= manifest["engine"]["max_batch_size"]
-    # The engine is linked from the store, not copied.
-    assert manifest["engine"]["placement"] in ("hardlink", "reflink")
+    # Name and gates travel with the artifact; how its files were placed does not (content only).
+    assert manifest["name"] == "tiny-llama-cpu" and "gates" in manifest["release"]
+    assert "placement" not in manifest["engine"]
+    for model in ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls"):
+        text = (example_repo / model / "config.pbtxt").read_text()
+        assert f'key: "trtpipe_engine_digest" value: {{ string_value: "{manifest["engine"]["digest"]}" }}' in text
+        assert f'key: "trtpipe_repository_key" value: {{ string_value: "{example_repo.name}" }}' in text
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert (example_repo / "preprocessing" / "tokenizer" / name).is_file()
 
@@ -55,8 +60,7 @@ def test_engine_files_are_hard_links_to_the_store(example_repo: Path) -> None:
     engine = store.get("engine", manifest["engine"]["key"])
     assert engine is not None
     for name in manifest["engine"]["files"]:
-        if manifest["engine"]["placement"] == "hardlink":
-            assert (example_repo / "tensorrt_llm" / "1" / name).stat().st_ino == (engine.path / name).stat().st_ino
+        assert (example_repo / "tensorrt_llm" / "1" / name).stat().st_ino == (engine.path / name).stat().st_ino
 
 
 def test_ensemble_dtype_mismatch(repo_copy: Path) -> None:

@@ -48,21 +48,31 @@ def test_cold_build_builds_every_stage_and_records_it(built, tools) -> None:
     assert [s["name"] for s in record["stages"]] == ["resolve", "plan", "checkpoint", "engine", "publish"]
 
 
-def test_engine_and_repository_manifests_record_the_spec_for_promote(built, tiny_spec: Path) -> None:
+def test_manifests_are_content_only_and_the_repository_records_name_and_gates(built, tiny_spec: Path) -> None:
     from trtpipe.release.promote import load_gates
     from trtpipe.spec_loader import load_spec
 
     home, report = built
     store = Store.open(home)
-    expected = load_spec(tiny_spec).spec.model_dump(mode="json")
-    checkpoint = store.get("checkpoint", report["keys"]["checkpoint"])
-    assert checkpoint is not None and "spec" not in checkpoint.manifest["meta"]
-    for kind, stage in (("engine", "engine"), ("repository", "publish")):
+    spec = load_spec(tiny_spec).spec
+    for kind, stage in (("checkpoint", "checkpoint"), ("engine", "engine"), ("repository", "publish")):
         entry = store.get(kind, report["keys"][stage])
-        assert entry is not None
-        assert entry.manifest["meta"]["spec"] == expected
-        gates, source = load_gates(None, entry.manifest, "prod")
-        assert source == "artifact manifest" and gates.parity and gates.smoke
+        assert entry is not None and entry.digest == report["artifacts"][kind]
+        assert set(entry.manifest) == {"manifest_version", "kind", "key", "inputs", "files"}
+        text = (entry.path / "manifest.json").read_text()
+        assert str(home) not in text and "created_at" not in text and "_seconds\"" not in text
+    repository = store.get("repository", report["keys"]["publish"])
+    inputs = repository.manifest["inputs"]
+    assert inputs["engine"] == {"digest": report["artifacts"]["engine"]}  # the engine's bytes, not its key
+    assert inputs["name"] == spec.artifact_name and inputs["release"] == spec.release.model_dump(mode="json")
+    trtpipe_json = json.loads((repository.path / "trtpipe.json").read_text())
+    assert trtpipe_json["name"] == spec.artifact_name and trtpipe_json["release"] == inputs["release"]
+    gates, source = load_gates(None, repository.manifest, "prod")
+    assert source == "artifact" and gates.parity and gates.smoke
+    # What the build did (durations, logs, converter summary) is in the build record instead.
+    record = json.loads(Path(report["record_path"]).read_text())
+    stages = {s["name"]: s for s in record["stages"]}
+    assert stages["engine"]["facts"]["build_log"] and stages["checkpoint"]["facts"]["build_seconds"] >= 0
 
 
 def test_warm_build_is_all_hits_and_does_no_stage_work(built, tiny_spec: Path, tools, tmp_path: Path) -> None:
@@ -89,20 +99,28 @@ def test_dry_run_prints_keys_and_builds_nothing(built, tiny_spec: Path, tmp_path
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["status"] == "dry-run"
-    assert report["keys"] == built[1]["keys"]  # same inputs, same keys, whatever the store
+    # Same inputs, same keys, whatever the store; the repository key follows the engine's digest,
+    # which only exists once the engine does.
+    assert report["keys"] == {k: v for k, v in built[1]["keys"].items() if k != "publish"}
     assert [s["outcome"] for s in report["stages"][2:]] == ["would-build"] * 3
+    assert "engine's digest" in report["stages"][4]["detail"]
     assert not list(Path(home).glob("checkpoint/*")) and not list((home / "records").iterdir())
+    text = tools.run_cli(built[0], "build", str(tiny_spec), "--dry-run", "--json")
+    assert text.returncode == 0 and json.loads(text.stdout)["keys"] == built[1]["keys"]
     text = tools.run_cli(built[0], "build", str(tiny_spec), "--dry-run")
     assert text.returncode == 0 and built[1]["keys"]["engine"] in text.stderr  # whole keys printed
 
 
-def test_force_rebuilds_only_that_stage(built, tiny_spec: Path, tmp_path: Path, tools) -> None:
+def test_force_rebuilds_only_that_stage_and_same_bytes_keep_their_digests(built, tiny_spec: Path, tmp_path: Path,
+                                                                          tools) -> None:
     home = _copy_store(built[0], tmp_path / "home")
-    report = run_build(tiny_spec, store=home, force=["engine"], progress=False)
-    outcomes = {s.name: s.outcome for s in report.stages}
-    assert outcomes["checkpoint"] == "hit" and outcomes["engine"] == "built"
-    assert outcomes["publish"] == "built"  # its engine changed digest, so the old repository is stale
-    assert report.keys == built[1]["keys"]
+    for _ in range(2):
+        report = run_build(tiny_spec, store=home, force=["engine"], progress=False)
+        outcomes = {s.name: s.outcome for s in report.stages}
+        assert outcomes["checkpoint"] == "hit" and outcomes["engine"] == "built"
+        # The rebuilt engine has the same bytes, so the same digest, so the same repository.
+        assert outcomes["publish"] == "hit"
+        assert report.keys == built[1]["keys"] and report.artifacts == built[1]["artifacts"]
     assert tools.run_cli(home, "build", str(tiny_spec), "--force", "linker").returncode == 2
 
 
@@ -188,27 +206,57 @@ def _spec_text(model: Path, extra: str, dtype: str = "auto", quant: str = "") ->
     return f"model:\n  path: {model}\n  dtype: {dtype}\ntarget:\n  gpu: cpu-reference\n{quant}{extra}"
 
 
+CALIBRATION_TEXT = "The quick brown fox jumps over the lazy dog.\n" * 8
+
+
+def _work_spec(work: Path, tiny_llama_dir: Path, quantized: bool) -> tuple[Path, Path, Path]:
+    """(spec, model dir, calibration file) of the base case under `work`: a private copy of the model."""
+    model = work / "model"
+    shutil.copytree(tiny_llama_dir, model)
+    calib = work / "calib.txt"
+    calib.write_text(CALIBRATION_TEXT)
+    spec = work / "spec.yaml"
+    spec.write_text(_spec_text(model, "", quant=_quant(calib, quantized)))
+    return spec, model, calib
+
+
+def _quant(calib: Path, quantized: bool) -> str:
+    return (f"quantization:\n  algo: int4_awq\n  group_size: 32\n  calibration:\n    dataset: {calib}\n    samples: 4\n"
+            if quantized else f"quantization:\n  calibration:\n    dataset: {calib}\n")
+
+
+@pytest.fixture(scope="module")
+def base_homes(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[bool, Path]:
+    """Stores holding the built base case (unquantized and INT4-AWQ): keys never hold paths, so any copy
+    of the same model and calibration text has these keys, and a dry run can key the repository from
+    the engine digest stored here."""
+    homes = {}
+    for quantized in (False, True):
+        work = tmp_path_factory.mktemp(f"base-{quantized}")
+        spec, _, _ = _work_spec(work, tiny_llama_dir, quantized)
+        report = run_build(spec, store=work / "home", progress=False)
+        assert report.status == "ok", report
+        homes[quantized] = work / "home"
+    return homes
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     change=st.sampled_from(["weight file", "calibration file", "tokenizer file", "spec: triton.streaming",
-                            "spec: engine.max_batch_size", "spec: model.dtype", "toolchain"]),
+                            "spec: engine.max_batch_size", "spec: model.dtype", "toolchain", "spec: name",
+                            "spec: release.gates"]),
     quantized=st.booleans(),
 )
-def test_real_changes_move_exactly_the_dependent_keys(tiny_llama_dir: Path, tmp_path: Path, change: str,
+def test_real_changes_move_exactly_the_dependent_keys(tiny_llama_dir: Path, tmp_path: Path, base_homes, change: str,
                                                       quantized: bool) -> None:
     work = tmp_path / f"case-{change.replace(' ', '_').replace(':', '')}-{quantized}"
     if work.exists():
         shutil.rmtree(work)
-    model = work / "model"
-    shutil.copytree(tiny_llama_dir, model)
-    calib = work / "calib.txt"
-    calib.write_text("The quick brown fox jumps over the lazy dog.\n" * 8)
-    quant = (f"quantization:\n  algo: int4_awq\n  group_size: 32\n  calibration:\n    dataset: {calib}\n    samples: 4\n"
-             if quantized else f"quantization:\n  calibration:\n    dataset: {calib}\n")
-    spec = work / "spec.yaml"
-    spec.write_text(_spec_text(model, "", quant=quant))
-    home = work / "home"
+    spec, model, calib = _work_spec(work, tiny_llama_dir, quantized)
+    quant = _quant(calib, quantized)
+    home = base_homes[quantized]  # read only: a dry run builds nothing
     before = stage_keys(spec, store=home)
+    assert set(before) == {"checkpoint", "engine", "publish"}
 
     expected: set[str]
     if change == "weight file":
@@ -225,6 +273,12 @@ def test_real_changes_move_exactly_the_dependent_keys(tiny_llama_dir: Path, tmp_
     elif change == "spec: triton.streaming":
         spec.write_text(_spec_text(model, "triton:\n  streaming: false\n", quant=quant))
         expected = {"publish"}
+    elif change == "spec: name":
+        spec.write_text(_spec_text(model, "name: renamed\n", quant=quant))
+        expected = {"publish"}
+    elif change == "spec: release.gates":
+        spec.write_text(_spec_text(model, "release:\n  gates:\n    prod:\n      parity: true\n", quant=quant))
+        expected = {"publish"}
     elif change == "spec: engine.max_batch_size":
         spec.write_text(_spec_text(model, "engine:\n  max_batch_size: 3\n", quant=quant))
         expected = {"engine", "publish"}
@@ -240,6 +294,7 @@ def test_real_changes_move_exactly_the_dependent_keys(tiny_llama_dir: Path, tmp_
                                                                                  new.transformers_version)
         expected = {"checkpoint", "engine", "publish"} if converter_changed else {"engine", "publish"}
     after = stage_keys(spec, store=home)
+    # A key that moved, or that a dry run can no longer compute (its engine is not built under the new key).
     changed = {name for name in before if before[name] != after.get(name)}
     assert changed == expected, (change, quantized)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 from typing import Any
 
 import pytest
@@ -28,8 +29,13 @@ def all_keys(p: dict[str, Any]) -> dict[str, str]:
         checkpoint=ck.key, build_config=p["build_config"], trtllm_version=p["trtllm"],
         tensorrt_version=p["tensorrt"], gpu_sm=p["sm"], gpu_product=p["product"],
     )
-    rk = keys.repository_key(engine=ek.key, serving=p["serving"], tokenizer_digest=p["tokenizer"],
-                             templates_digest=p["templates"], trtpipe_version=p["trtpipe"])
+    # The repository key hashes the engine's DIGEST (its bytes). Stand-in: another engine key means
+    # other engine bytes here (a rebuild with identical bytes is test_build's business).
+    engine_digest = "sha256:" + hashlib.sha256(ek.key.encode()).hexdigest()
+    rk = keys.repository_key(engine_digest=engine_digest, serving=p["serving"], tokenizer_digest=p["tokenizer"],
+                             templates_digest=p["templates"], trtpipe_version=p["trtpipe"], name=p["name"],
+                             target={"gpu": "cpu-reference", "sm": p["sm"]}, toolchain="trtllm-1.2.1",
+                             quant=p["algo"], release=p["release"])
     return {"checkpoint": ck.key, "engine": ek.key, "repository": rk.key}
 
 
@@ -66,6 +72,8 @@ def params(draw) -> dict[str, Any]:
         "tokenizer": draw(hexes),
         "templates": "sha256:" + draw(hexes),
         "trtpipe": draw(st.sampled_from(["0.1.0", "0.2.0"])),
+        "name": draw(st.sampled_from(["tiny-llama", "llama-3-8b-fp8"])),
+        "release": {"gates": {"prod": {"smoke": True, "parity": draw(st.booleans())}}},
     }
 
 
@@ -131,13 +139,19 @@ def mutate(p: dict[str, Any], what: str) -> tuple[dict[str, Any], set[str]]:
     if what == "trtpipe version":
         q["trtpipe"] = p["trtpipe"] + ".post1"
         return q, {"repository"}
+    if what == "name":
+        q["name"] = p["name"] + "-v2"
+        return q, {"repository"}
+    if what == "release gates":
+        q["release"]["gates"]["prod"]["parity"] = not p["release"]["gates"]["prod"]["parity"]
+        return q, {"repository"}
     raise AssertionError(what)
 
 
 MUTATIONS = [
     "weight file", "config file", "calibration file", "calibration samples", "group size", "dtype", "tp",
     "modelopt version", "transformers version", "engine limit", "plugin", "trtllm version", "tensorrt version",
-    "gpu", "serving option", "tokenizer", "serving templates", "trtpipe version",
+    "gpu", "serving option", "tokenizer", "serving templates", "trtpipe version", "name", "release gates",
 ]  # fmt: skip
 
 
@@ -160,12 +174,14 @@ def test_keys_ignore_the_order_of_weight_files(p: dict[str, Any], rnd) -> None:
 
 
 def test_key_document_is_versioned_and_canonical() -> None:
-    key = keys.repository_key(engine="e", serving={"b": 1, "a": 2}, tokenizer_digest=None, templates_digest="t",
-                              trtpipe_version="0.1.0")
+    common = dict(engine_digest="sha256:" + "e" * 64, tokenizer_digest=None, templates_digest="t", trtpipe_version="0.1.0",
+                  name="n", target={"gpu": "cpu-reference"}, toolchain="trtllm-1.2.1", quant="none", release={"gates": {}})
+    key = keys.repository_key(serving={"b": 1, "a": 2}, **common)
     assert key.inputs["key_schema"] == keys.KEY_SCHEMA and key.inputs["kind"] == "repository"
-    again = keys.repository_key(engine="e", serving={"a": 2, "b": 1}, tokenizer_digest=None, templates_digest="t",
-                              trtpipe_version="0.1.0")
+    again = keys.repository_key(serving={"a": 2, "b": 1}, **common)
     assert key.key == again.key and len(key.key) == 64
+    with pytest.raises(ValueError):
+        keys.repository_key(serving={}, **{**common, "engine_digest": "an-engine-key"})
     assert keys.canonical_json({"b": 1, "a": [1, "x"]}) == b'{"a":[1,"x"],"b":1}'
 
 

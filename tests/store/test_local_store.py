@@ -17,30 +17,105 @@ from trtpipe.store.objects import sha256_file
 from trtpipe.store.verify import verify_store
 
 
-def _commit(store: Store, kind: str, key: str, files: dict[str, bytes], **meta) -> object:
+def _commit(store: Store, kind: str, key: str, files: dict[str, bytes], inputs: dict | None = None) -> object:
     with store.building(kind, key) as b:
         assert b.existing is None
         for name, data in files.items():
             (b.dir / name).parent.mkdir(parents=True, exist_ok=True)
             (b.dir / name).write_bytes(data)
-        return b.commit(inputs={"what": key}, meta=meta)
+        return b.commit(inputs=inputs if inputs is not None else {"what": key})
 
 
-def test_commit_writes_manifest_and_links_objects(store: Store) -> None:
-    entry = _commit(store, "checkpoint", "k1", {"config.json": b"{}", "rank0.safetensors": b"w" * 1000}, model="m")
+def test_commit_writes_a_content_only_manifest_and_links_objects(store: Store) -> None:
+    entry = _commit(store, "checkpoint", "k1", {"config.json": b"{}", "rank0.safetensors": b"w" * 1000})
     assert entry.path == store.root / "checkpoint" / "k1"
-    manifest = json.loads((entry.path / "manifest.json").read_bytes())
+    raw = (entry.path / "manifest.json").read_bytes()
+    manifest = json.loads(raw)
+    # Exactly the content: no time, host, path, duration or storage detail.
+    assert set(manifest) == {"manifest_version", "kind", "key", "inputs", "files"}
+    assert manifest["manifest_version"] == 2 and manifest["kind"] == "checkpoint"
     assert manifest["key"] == "k1" and manifest["inputs"] == {"what": "k1"}
-    assert manifest["meta"]["model"] == "m" and "store_seconds" in manifest["meta"]
+    assert raw == json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()  # canonical
     assert [f["path"] for f in manifest["files"]] == ["config.json", "rank0.safetensors"]
     for item in manifest["files"]:
         path = entry.path / item["path"]
+        assert set(item) == {"path", "mode", "size", "sha256"} and item["mode"] == "0644"
         assert item["size"] == path.stat().st_size and item["sha256"] == sha256_file(path)
         assert os.path.samefile(path, store.objects.path_for(item["sha256"]))  # a hard link, not a copy
-    assert manifest["storage"]["copied"] == []
-    assert entry.digest.startswith("sha256:")
+    import hashlib
+
+    assert entry.digest == "sha256:" + hashlib.sha256(raw).hexdigest()
     assert store.get("checkpoint", "k1", verify=True).digest == entry.digest
     assert not list((store.root / "tmp").iterdir())
+
+
+def test_entries_are_frozen_and_removable(store: Store) -> None:
+    import stat
+
+    entry = _commit(store, "repository", "r1", {"a/config.pbtxt": b"x", "a/1/model.py": b"print(1)\n", "t.json": b"{}"})
+    for path in [entry.path, *entry.path.rglob("*")]:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode == (0o555 if path.is_dir() else 0o444), (path, oct(mode))
+    assert store.remove(entry)
+    assert not entry.path.exists() and not list((store.root / "trash").iterdir())
+
+
+def test_same_inputs_give_the_same_digest_in_any_store_at_any_time(tmp_path: Path) -> None:
+    files = {"config.json": b"{}", "sub/rank0.safetensors": b"w" * 3000}
+    first = _commit(Store.open(tmp_path / "one"), "engine", "k", files, inputs={"a": 1})
+    time.sleep(1.1)
+    second = _commit(Store.open(tmp_path / "elsewhere" / "two"), "engine", "k", files, inputs={"a": 1})
+    assert first.digest == second.digest
+    assert (first.path / "manifest.json").read_bytes() == (second.path / "manifest.json").read_bytes()
+
+
+def test_executable_bit_is_content(store: Store) -> None:
+    with store.building("engine", "x") as b:
+        (b.dir / "run.sh").write_bytes(b"#!/bin/sh\n")
+        (b.dir / "run.sh").chmod(0o755)
+        entry = b.commit(inputs={})
+    assert entry.files[0]["mode"] == "0755"
+    plain = _commit(store, "engine", "y", {"run.sh": b"#!/bin/sh\n"}, inputs={})
+    assert plain.files[0]["mode"] == "0644" and plain.digest != entry.digest
+
+
+def test_an_entry_of_an_older_manifest_version_is_a_miss_and_replaced(store: Store) -> None:
+    entry = _commit(store, "engine", "old", {"x": b"1"})
+    manifest = json.loads((entry.path / "manifest.json").read_bytes())
+    manifest["manifest_version"] = 1
+    manifest["created_at"] = "2025-01-01T00:00:00"
+    (entry.path).chmod(0o755)
+    (entry.path / "manifest.json").chmod(0o644)
+    (entry.path / "manifest.json").write_text(json.dumps(manifest))
+    assert store.get("engine", "old") is None  # a miss, not an error, not quarantined
+    assert not (store.root / "quarantine").exists()
+    assert verify_store(store).outdated == ["engine/old"]
+    with store.building("engine", "old") as b:
+        assert b.existing is None
+        (b.dir / "x").write_bytes(b"1")
+        rebuilt = b.commit(inputs={"what": "old"})
+    assert rebuilt.digest == entry.digest and store.get("engine", "old") is not None
+
+
+def test_adopt_never_links_onto_an_object_holding_other_bytes(store: Store) -> None:
+    """An object whose bytes are not its name's (however they got there) is never linked into an entry."""
+    good = b"G" * 4096
+    digest = sha256_file_bytes(good)
+    forged = store.objects.path_for(digest)
+    forged.parent.mkdir(parents=True)
+    forged.write_bytes(b"B" * 4096)  # same size, other bytes, under the good bytes' digest
+    entry = _commit(store, "repository", "r", {"preprocessing/1/model.py": good})
+    assert (entry.path / "preprocessing/1/model.py").read_bytes() == good
+    assert store.objects.path_for(digest).read_bytes() == good
+    assert store.objects.corrupt == [digest]
+    assert (store.root / "quarantine" / "objects" / digest).read_bytes() == b"B" * 4096
+    assert verify_store(store).ok
+
+
+def sha256_file_bytes(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
 
 
 def test_identical_files_are_stored_once(store: Store) -> None:
@@ -122,7 +197,7 @@ def _build_same_key(root: str, queue: multiprocessing.Queue) -> None:
             return
         time.sleep(0.5)  # hold the lock long enough for the others to queue up behind it
         (b.dir / "w.bin").write_bytes(b"w" * 4096)
-        entry = b.commit(inputs={}, meta={})
+        entry = b.commit(inputs={})
         queue.put(("built", entry.digest))
 
 
@@ -145,7 +220,7 @@ def test_forced_rebuild_replaces_entry(store: Store) -> None:
     with store.building("engine", "e", force=True) as b:
         assert b.existing is None
         (b.dir / "x").write_bytes(b"2")
-        second = b.commit(inputs={}, meta={})
+        second = b.commit(inputs={})
     assert second.digest != first.digest
     assert (store.root / "engine" / "e" / "x").read_bytes() == b"2"
 
@@ -227,3 +302,51 @@ def test_size_and_age_parsing() -> None:
         gc.parse_size("ten gigs")
     with pytest.raises(UsageError):
         gc.parse_age("30 days")
+
+
+NON_ROOT_STORE = r"""
+import sys
+from pathlib import Path
+from trtpipe.store import gc
+from trtpipe.store.local import Store
+
+store = Store.open(Path(sys.argv[1]))
+with store.building("repository", "r") as b:
+    (b.dir / "m" / "1").mkdir(parents=True)
+    (b.dir / "m" / "1" / "model.py").write_bytes(b"print(1)\n")
+    entry = b.commit(inputs={})
+for attempt in (lambda: (entry.path / "m" / "1" / "model.py").write_bytes(b"evil"),
+                lambda: (entry.path / "m" / "1" / "__pycache__").mkdir()):
+    try:
+        attempt()
+        print("WRITTEN")
+    except PermissionError:
+        print("refused")
+with store.building("repository", "r", force=True) as b:  # a forced rebuild moves the frozen entry out
+    (b.dir / "x").write_bytes(b"2")
+    again = b.commit(inputs={})
+print("removed" if store.remove(again) else "kept")
+gc.collect(store)
+root = Path(sys.argv[1])
+print(sorted(p.name for folder in ("trash", "repository", "tmp") if (root / folder).is_dir() for p in (root / folder).iterdir()))
+"""
+
+
+def test_a_frozen_entry_refuses_its_owners_writes_and_is_still_removed(tmp_path: Path) -> None:
+    """As a non-root owner (root without the capabilities that bypass file modes): writes into an
+    entry are refused, and forced rebuilds, removal and gc still work on the frozen folders."""
+    import shutil
+    import subprocess
+    import sys
+
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root and setpriv (util-linux) is missing: cannot drop CAP_DAC_OVERRIDE")
+        prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner", "--"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run([*prefix, sys.executable, "-c", NON_ROOT_STORE, str(tmp_path / "store")],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:3] == ["refused", "refused", "removed"], result.stdout
+    assert result.stdout.split("\n")[3] == "[]"  # nothing left in repository/, trash/ or tmp/

@@ -117,7 +117,7 @@ for i in range(10_000):
     with store.building("engine", key, force=True) as b:
         for n in range(8):
             (b.dir / f"rank{n}.engine").write_bytes(os.urandom(64 * 1024))
-        b.commit(inputs={"i": i}, meta={})
+        b.commit(inputs={"i": i})
 """
 
 
@@ -140,7 +140,7 @@ def test_sigkill_during_store_commits(tmp_path: Path, tools) -> None:
     store = Store.open(home)
     with store.building("engine", "after") as b:  # the store still works, and gc cleans what kills left
         (b.dir / "x").write_bytes(b"ok")
-        b.commit(inputs={}, meta={})
+        b.commit(inputs={})
     assert tools.run_cli(home, "cache", "gc").returncode == 0
     assert not list((home / "tmp").iterdir())
     assert not list((home / "trash").glob("*")) if (home / "trash").exists() else True

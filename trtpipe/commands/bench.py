@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -29,40 +27,6 @@ def _parse_rates(rate: Optional[float], rates: Optional[str]) -> list[float] | N
             raise UsageError(f"--rates: a rate must be positive, got {part.strip()!r}", fix="write --rates 1,2,4")
         values.append(value)
     return values
-
-
-def _trtpipe_home() -> Path:
-    env = os.environ.get("TRTPIPE_HOME")
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("trtpipe"))
-
-
-def _repository_facts(repo: Path) -> tuple[str, str | None]:
-    """The artifact digest a published repository serves and its target GPU class, from `trtpipe.json`."""
-    manifest_path = repo / "trtpipe.json"
-    if not manifest_path.is_file():
-        raise UsageError(
-            f"--record: {manifest_path} does not exist",
-            fix="pass a model repository published by `trtpipe build` (it has trtpipe.json)",
-        )
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise UsageError(f"{manifest_path}:{err.lineno}:{err.colno}: not valid JSON ({err.msg})") from None
-    if not isinstance(manifest, dict):
-        raise UsageError(f"{manifest_path}: not a trtpipe manifest", fix="republish the repository with `trtpipe build --force publish`")
-    target = manifest.get("target") if isinstance(manifest.get("target"), str) else None
-    engine = manifest.get("engine")
-    if isinstance(engine, dict) and isinstance(engine.get("digest"), str) and engine["digest"]:
-        return engine["digest"], target
-    for key in ("engine_digest", "artifact_digest"):
-        value = manifest.get(key)
-        if isinstance(value, str) and value:
-            return value, target
-    raise UsageError(f"{manifest_path}: engine_digest: missing", fix="republish the repository with `trtpipe build --force publish`")
 
 
 def bench(
@@ -97,7 +61,8 @@ def bench(
     json_out: Optional[str] = typer.Option(None, "--json", help="write the full result as JSON to FILE, or - for stdout"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write throughput-latency and TTFT plots to FILE.png"),
     record: Optional[Path] = typer.Option(
-        None, "--record", help="store the result for the artifact served from this model repository"
+        None, "--record", help="store the result for this repository's artifact digest; refused unless the server "
+                               "reports serving exactly that digest"
     ),
     gpu_class: Optional[str] = typer.Option(
         None, "--gpu-class", help="GPU class to file the recorded result under (default: the repository's target)"
@@ -133,7 +98,13 @@ def bench(
     duration_s = parse_duration_s(duration, option="--duration")
     drain_s = parse_duration_s(timeout, option="--timeout")
     slo_limits = Slo.parse(slo)
-    digest, target = _repository_facts(record) if record is not None else (None, None)
+    recording = None
+    if record is not None:
+        # Before any load is sent: what the server serves must be exactly what --record names.
+        from trtpipe.serving.identity import check_recording, read_served_identity, record_target
+
+        recording = record_target(record)
+        check_recording(read_served_identity(url, timeout=drain_s or 30), recording, url, record)
     counter, served, not_asked = counter_for(token_counting, tokenizer, record, url)
     out_len = LengthDist.parse(output_len, option="--output-len")
     if dataset is not None:
@@ -198,14 +169,14 @@ def bench(
 
         plot_result(result, plot)
         console.print(f"plot written to {plot}")
-    if digest is not None:
+    if recording is not None:
         from trtpipe.results import ResultsLog
 
         # Promotion gates compare bench results of one GPU class: default to the repository's target.
-        filed_under = gpu_class or target
-        ResultsLog(_trtpipe_home()).record(digest, "bench", result.passed, result.summary(), filed_under)
+        filed_under = gpu_class or recording.target
+        ResultsLog(recording.home).record(recording.digest, "bench", result.passed, result.summary(), filed_under)
         console.print(
-            f"bench result recorded for {digest} on {filed_under or 'no GPU class'} "
+            f"bench result recorded for {recording.digest} on {filed_under or 'no GPU class'} "
             f"({'passed' if result.passed else 'failed'})"
         )
     failed = [r for run in result.runs for r in run.records if not r.ok]

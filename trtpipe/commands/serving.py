@@ -54,18 +54,24 @@ def serve_command(
     start_timeout: float = typer.Option(120, "--start-timeout", help="Seconds to wait for every model to be ready."),
     as_json: bool = typer.Option(False, "--json", help="Print the server's addresses as JSON once ready."),
 ) -> None:
-    """Serve a repository: tritonserver on loopback (cpu-reference) or the Triton container (GPU)."""
+    """Serve a repository: tritonserver on loopback (cpu-reference) or the Triton container (GPU).
+
+    The server reads a serving directory outside the store (links for engine files, copies for the
+    rest, the repository digest written into its configs), never the stored entry."""
     from trtpipe.serving.publish import read_manifest
     from trtpipe.serving.server import container_image, docker_command, start_container, start_server
+    from trtpipe.serving.serving_dir import prepare
 
     repo = _existing_dir(repo)
     manifest = read_manifest(repo)
     if not manifest.get("reference"):
         ports = {"grpc_port": grpc_port or 8001, "http_port": http_port or 8000, "metrics_port": metrics_port or 8002}
+        # trtpipe does not own the container's lifetime: a kept serving directory, one per digest.
+        serving = prepare(repo, kept=True)
         if print_only:
-            typer.echo(shlex.join(docker_command(repo, manifest, **ports)))
+            typer.echo(shlex.join(docker_command(serving.path, manifest, **ports)))
             return
-        container = start_container(repo, manifest, **ports)
+        container = start_container(serving.path, manifest, **ports)
         typer.echo(f"started {container_image(manifest)} as container {container.short_id}; gRPC on 127.0.0.1:{ports['grpc_port']}")
         return
     if print_only:
@@ -77,12 +83,15 @@ def serve_command(
         with start_server(repo, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
                           start_timeout=start_timeout) as handle:
             info = {"grpc_url": handle.grpc_url, "http_url": handle.http_url, "metrics_url": handle.metrics_url,
-                    "pid": handle.pid, "log": str(handle.log_path), "models": handle.models}
+                    "pid": handle.pid, "log": str(handle.log_path), "models": handle.models,
+                    "repository_digest": handle.repository_digest, "serving_dir": str(handle.serving_dir)}
             if as_json:
                 typer.echo(json.dumps(info), nl=True)
             else:
                 typer.echo(f"serving {repo} (models: {', '.join(handle.models)})")
+                typer.echo(f"  digest  {handle.repository_digest or 'none (not a stored artifact)'}")
                 typer.echo(f"  gRPC    {handle.grpc_url}\n  HTTP    {handle.http_url}\n  metrics {handle.metrics_url}")
+                typer.echo(f"  served from {handle.serving_dir} (removed when the server stops)")
                 typer.echo(f"  log     {handle.log_path}\nCtrl-C stops it.")
             while not stop.wait(0.5):
                 if not handle.alive():
@@ -96,22 +105,39 @@ def serve_command(
 def smoke_command(
     url: str = typer.Argument(..., help="gRPC address of a running server, host:port."),
     model: str = typer.Option("ensemble", "--model", help="ensemble or tensorrt_llm_bls."),
-    parity: Optional[Path] = typer.Option(None, "--parity", help="A build spec: check greedy parity with its reference runtime."),
-    record: Optional[Path] = typer.Option(None, "--record", help="Record the result for this repository's artifact digest."),
+    parity: Optional[Path] = typer.Option(None, "--parity", help="A build spec: check greedy parity with the reference runtime "
+                                          "on the spec's model converted afresh (never the stored bytes the server loads)."),
+    record: Optional[Path] = typer.Option(None, "--record", help="Record the result for this repository's artifact digest; "
+                                          "refused unless the server reports serving exactly that digest."),
     max_tokens: int = typer.Option(16, "--max-tokens"),
     timeout: float = typer.Option(60, "--timeout", help="Seconds per request."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Smoke-test a running server: health, models, metadata, generate, stream [, parity]."""
+    import contextlib
+
     from trtpipe.serving.smoke import record_smoke, run_smoke
 
     if model not in ("ensemble", "tensorrt_llm_bls"):
         raise UsageError(f"--model {model!r} is not a text model", fix="use ensemble or tensorrt_llm_bls")
     if parity is not None and not parity.is_file():
         raise UsageError(f"--parity {parity}: no such spec file", fix="pass the build spec YAML")
-    result = run_smoke(url, model=model, parity_spec=parity, max_tokens=max_tokens, timeout=timeout)
+    target = None
     if record is not None:
-        result.recorded_for = record_smoke(result, record)
+        # Before any check runs: what the server serves must be exactly what --record names.
+        from trtpipe.serving.identity import check_recording, read_served_identity, record_target
+
+        target = record_target(record)
+        check_recording(read_served_identity(url, timeout=timeout), target, url, record)
+    with contextlib.ExitStack() as stack:
+        reference = None
+        if parity is not None:
+            from trtpipe.checkpoint.afresh import converted_afresh
+
+            reference = stack.enter_context(converted_afresh(parity))
+        result = run_smoke(url, model=model, parity_engine=reference, max_tokens=max_tokens, timeout=timeout)
+    if target is not None:
+        result.recorded_for = record_smoke(result, target)
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
     else:

@@ -39,16 +39,15 @@ def _when(epoch: float) -> str:
 
 
 def _entry_row(entry: Any, pinned: set[str]) -> dict[str, Any]:
-    meta = entry.manifest.get("meta", {})
     return {
         "kind": entry.kind,
         "key": entry.key,
         "digest": entry.digest,
-        "model": meta.get("model"),
-        "target": meta.get("target"),
+        "model": entry.name,
+        "target": entry.target,
         "size": entry.size,
         "files": len(entry.files),
-        "created_at": entry.manifest.get("created_at"),
+        "current": entry.current,
         "last_used": entry.last_used,
         "pinned": entry.digest in pinned,
         "path": str(entry.path),
@@ -105,23 +104,56 @@ def cache_show(
 @cache_app.command("verify")
 def cache_verify(
     key: Annotated[Optional[str], typer.Argument(help="One artifact (default: all, and every object).")] = None,
-    store: StoreOption = None,
+    repair: Annotated[bool, typer.Option("--repair", help="Restore every damaged artifact to exactly its digest: "
+                                         "from --store oci://... if given, else rebuilt from the spec its build record holds.")] = False,
+    store: Annotated[Optional[str], typer.Option("--store", help="Artifact store root (default $TRTPIPE_HOME), or "
+                                                 "oci://HOST/REPO: a registry to restore from with --repair.")] = None,
     json_out: JsonOption = False,
 ) -> None:
-    """Re-hash stored files; corrupt artifacts are moved aside (rebuilt by the next build). Exit 1 if any."""
+    """Re-hash stored files; corrupt artifacts are moved aside with their manifest (restorable). A damaged
+    artifact a channel pins is named with its channels. Exit 1 unless everything is (or was restored) intact."""
     from trtpipe.store.verify import verify_store
 
-    opened = _open(store)
+    remote = store if store is not None and store.startswith("oci://") else None
+    opened = _open(None if remote is not None or store is None else Path(store))
     result = verify_store(opened, ref=key)
+    outcomes = []
+    if repair:
+        from trtpipe.repair import Damaged
+        from trtpipe.repair import repair as run_repair
+
+        pinned = {p.digest: p for p in result.pinned}
+        damaged = [Damaged(kind=k, key=key_, digest=d, channels=pinned[d].channels if d in pinned else [])
+                   for k, key_, d, _ in opened.quarantined]
+        damaged += [Damaged(kind=p.kind, key=p.key, digest=p.digest, channels=p.channels)
+                    for p in result.pinned if p.digest not in {d.digest for d in damaged}]
+        outcomes = run_repair(opened, damaged, remote_url=remote)
+        for p in result.pinned:
+            p.restored = any(o.restored and o.digest == p.digest for o in outcomes)
+    unrepaired = [o for o in outcomes if not o.restored]
+    failed = bool(result.problems) and (not repair or unrepaired) or any(not p.restored for p in result.pinned)
     if json_out:
-        typer.echo(result.model_dump_json(indent=2))
+        typer.echo(json.dumps({**json.loads(result.model_dump_json()), "ok": not failed,
+                               "repairs": [o.model_dump() for o in outcomes]}, indent=2))
     else:
         for problem in result.problems:
             where = f"{problem.kind}/{problem.key[:16]}" if problem.key else problem.kind
             typer.echo(f"CORRUPT {where} {problem.file or ''}: {problem.reason}", err=True)
+        for p in result.pinned:
+            state = "restored" if p.restored else "NOT restored"
+            typer.echo(f"PINNED {p.kind}/{p.key[:16]} ({p.digest}) is damaged and pinned by channel "
+                       f"{', '.join(p.channels)}; files: {', '.join(p.files)}; kept in {p.quarantine or 'quarantine'}; "
+                       f"{state}" + ("" if p.restored or repair else "; restore it with `trtpipe cache verify --repair`"),
+                       err=True)
+        for o in outcomes:
+            how = f"restored ({o.how})" if o.restored else f"NOT restored: {o.detail}"
+            typer.echo(f"repair {o.kind}/{o.key[:16]} {o.digest}: {how}", err=not o.restored)
+        for name in result.outdated:
+            typer.echo(f"outdated {name}: written by an older trtpipe; the next build rebuilds it")
         typer.echo(f"verified {result.entries} artifacts and {result.objects} objects: "
-                   f"{len(result.problems)} problem(s), {len(result.quarantined)} artifact(s) moved aside")
-    if result.problems:
+                   f"{len(result.problems)} problem(s), {len(result.quarantined)} artifact(s) moved aside"
+                   + (f", {sum(o.restored for o in outcomes)}/{len(outcomes)} restored" if repair else ""))
+    if failed:
         raise typer.Exit(1)
 
 

@@ -1,8 +1,15 @@
 """Promote an artifact into a channel, or roll a channel back, with gates, CAS and an audit record.
 
-Where the gates come from (in this order): `--spec SPEC` (its `release.gates.<channel>`), else the
-spec stored in the artifact's manifest (`meta.spec` or `inputs.spec`, any `release.gates` found
-there), else the default `ChannelGates()` (smoke required). The source is recorded in the audit.
+What is promoted is exactly what was built: the channel's model and target and the gates come from
+the artifact itself. A repository artifact records its name, target and `release` gates in its key
+document (`inputs.name`, `inputs.target.gpu`, `inputs.release.gates`; its trtpipe.json says the
+same), so two specs differing only in name or gates are two artifacts. `--spec SPEC` is a check:
+refused unless its name and gates are the artifact's. `--model/--target` only name what an artifact
+does not record (a bare digest, an engine), and are refused when they contradict it. An artifact
+that records no gates gets the default `ChannelGates()` (smoke required). The source is audited.
+
+Results: a gate reads only results recorded for exactly the artifact's digest (smoke, parity and
+bench record under the repository digest the server reports serving, `trtpipe.serving.identity`).
 
 Concurrency: the channel's digest is read before the gates are checked (the regression gate compares
 against it) and is the expected "from" of a compare-and-swap done under the release lock. If another
@@ -22,7 +29,7 @@ from pydantic import ValidationError
 from trtpipe.errors import TrtpipeError, UsageError
 from trtpipe.release.audit import AuditRecord, append_audit, read_audit
 from trtpipe.release.channels import ChannelPointer, ChannelScope, ChannelStore, PointerTarget, check_name, now_iso
-from trtpipe.release.gates import GateResult, evaluate_gates, gates_for_channel
+from trtpipe.release.gates import GateResult, evaluate_gates
 from trtpipe.results import ResultRecord, ResultsLog, current_user, normalize_digest
 from trtpipe.spec import ChannelGates
 
@@ -74,16 +81,30 @@ class PromotionOutcome:
 # --------------------------------------------------------------------------- resolving
 
 
-def _scope_from(manifest: dict[str, Any], model: str | None, target: str | None, ref: str) -> tuple[str, str]:
-    from trtpipe.store.oci import ANNOTATION_PREFIX, describe_manifest
+def recorded_release(manifest: dict[str, Any]) -> tuple[str | None, str | None, dict[str, Any] | None]:
+    """(name, target GPU, release section) an artifact's key document records (None where it does not)."""
+    inputs = manifest.get("inputs") if isinstance(manifest.get("inputs"), dict) else {}
+    name = inputs.get("name") if isinstance(inputs.get("name"), str) else None
+    target_doc = inputs.get("target")
+    target = target_doc.get("gpu") if isinstance(target_doc, dict) and isinstance(target_doc.get("gpu"), str) else None
+    release = inputs.get("release") if isinstance(inputs.get("release"), dict) else None
+    return name, target, release
 
-    described = describe_manifest(manifest)
-    model = model or described.get(ANNOTATION_PREFIX + "model")
-    target = target or described.get(ANNOTATION_PREFIX + "target.gpu")
+
+def _scope_from(manifest: dict[str, Any], model: str | None, target: str | None, ref: str) -> tuple[str, str]:
+    recorded_name, recorded_target, _ = recorded_release(manifest)
+    for what, given, recorded in (("--model", model, recorded_name), ("--target", target, recorded_target)):
+        if given is not None and recorded is not None and given != recorded:
+            raise UsageError(
+                f"{what} {given} contradicts {ref}, which was built as {recorded}",
+                fix=f"drop {what}: an artifact is promoted under the name and target it was built with",
+            )
+    model = recorded_name or model
+    target = recorded_target or target
     if not model or not target:
         raise UsageError(
             f"cannot tell which model and target {ref} is for (its manifest does not say)",
-            fix="pass --model NAME --target GPU",
+            fix="promote the repository artifact `trtpipe build` printed, or pass --model NAME --target GPU",
         )
     return check_name("model", model), check_name("target", target)
 
@@ -103,10 +124,7 @@ def resolve_artifact(home: Path, ref: str, *, model: str | None = None, target: 
         if oci.sha256_bytes(config_bytes) != remote.artifact_digest:
             raise TrtpipeError(f"{ref}: its manifest config does not match its artifact digest annotation; refused")
         manifest = json.loads(config_bytes)
-        ann = remote.annotations
-        m, t = _scope_from(
-            manifest, model or ann.get(oci.ANNOTATION_PREFIX + "model"), target or ann.get(oci.ANNOTATION_PREFIX + "target.gpu"), ref
-        )
+        m, t = _scope_from(manifest, model, target, ref)
         return ResolvedArtifact(
             digest=remote.artifact_digest, model=m, target=t, ref=str(remote.ref), manifest=manifest,
             oci_manifest_bytes=remote.manifest_bytes, oci_base=base, oci_client=client,
@@ -126,62 +144,48 @@ def resolve_artifact(home: Path, ref: str, *, model: str | None = None, target: 
     return ResolvedArtifact(digest=entry.digest, model=m, target=t, ref=f"{entry.kind}/{entry.key}", manifest=entry.manifest)
 
 
-def _find_gates(node: Any) -> dict[str, Any] | None:
-    """The first `release: {gates: {...}}` inside a stored manifest's spec."""
-    if isinstance(node, dict):
-        release = node.get("release")
-        if isinstance(release, dict) and isinstance(release.get("gates"), dict):
-            return release["gates"]
-        for value in node.values():
-            found = _find_gates(value)
-            if found is not None:
-                return found
-    return None
-
-
 def load_gates(spec_path: Path | None, manifest: dict[str, Any], channel: str) -> tuple[ChannelGates, str]:
+    """The gates of `channel` for the artifact `manifest` describes, and where they came from."""
+    name, _, release = recorded_release(manifest)
     if spec_path is not None:
         from trtpipe.spec_loader import load_spec
 
-        loaded = load_spec(spec_path)
-        return gates_for_channel(loaded.spec, channel), f"spec {spec_path}"
-    stored = _find_gates(manifest)
-    if stored is not None:
-        if channel not in stored:
-            return ChannelGates(), "artifact manifest (no gates for this channel: default, smoke required)"
-        try:
-            return ChannelGates.model_validate(stored[channel]), "artifact manifest"
-        except ValidationError as exc:
-            raise TrtpipeError(f"the gates stored in the artifact manifest for {channel} are invalid: {exc.errors()[0]['msg']}", fix="pass --spec SPEC") from None
-    return gates_for_channel(None, channel), "default (smoke required)"
+        spec = load_spec(spec_path).spec
+        if release is None:
+            raise UsageError(
+                f"--spec {spec_path}: the artifact records no release gates (it is not a repository artifact), so "
+                "the spec's gates cannot be checked against it",
+                fix="promote the repository artifact that `trtpipe build` published for this spec",
+            )
+        if spec.artifact_name != name or spec.release.model_dump(mode="json") != release:
+            differs = "name" if spec.artifact_name != name else "release.gates"
+            raise UsageError(
+                f"--spec {spec_path} differs from the artifact in {differs} ({spec.artifact_name!r} vs {name!r} "
+                "or other gates): an artifact is promoted only under the name and gates it was built with",
+                fix="promote the artifact built from this spec (trtpipe build SPEC), or drop --spec",
+            )
+    if release is None:
+        return ChannelGates(), "default (the artifact records no release gates: smoke required)"
+    gates = release.get("gates") if isinstance(release.get("gates"), dict) else {}
+    if channel not in gates:
+        return ChannelGates(), "artifact (no gates for this channel: default, smoke required)"
+    try:
+        return ChannelGates.model_validate(gates[channel]), "artifact"
+    except ValidationError as exc:
+        raise TrtpipeError(f"the gates the artifact records for {channel} are invalid: {exc.errors()[0]['msg']}",
+                           fix="rebuild the artifact from a valid spec") from None
 
 
 # --------------------------------------------------------------------------- results
 
 
-def results_for(home: Path, digest: str, manifest: dict[str, Any]) -> list[ResultRecord]:
-    """Results recorded for exactly this artifact, and for a repository, for the one engine it serves.
+def results_for(home: Path, digest: str) -> list[ResultRecord]:
+    """Results recorded for exactly this artifact digest, ordered by recording time.
 
-    Smoke and bench record against the engine digest a served repository names (its trtpipe.json);
-    a repository's manifest pins that engine digest (`meta.engine_digest`), so its results are the
-    repository's own, not a guess. Ordered by recording time.
+    For a served repository that is the digest the server reported (`trtpipe smoke/bench --record`);
+    nothing recorded under another digest (its engine's, say) counts.
     """
-    log = ResultsLog(home)
-    records = list(log.for_digest(digest))
-    meta = manifest.get("meta") if isinstance(manifest.get("meta"), dict) else {}
-    engine_digest = meta.get("engine_digest") if manifest.get("kind") == "repository" else None
-    if isinstance(engine_digest, str) and engine_digest and engine_digest != digest:
-        records.extend(log.for_digest(engine_digest))
-    return sorted(records, key=lambda r: r.recorded_at)
-
-
-def _local_manifest(home: Path, digest: str) -> dict[str, Any]:
-    from trtpipe.store.local import Store
-
-    try:
-        return Store.open(home).find(digest).manifest
-    except (UsageError, TrtpipeError):
-        return {}
+    return sorted(ResultsLog(home).for_digest(digest), key=lambda r: r.recorded_at)
 
 
 # --------------------------------------------------------------------------- promote
@@ -221,8 +225,8 @@ def promote(
     seen_from = before.digest if before else None
     expected = seen_from if expect_from == UNSET else (None if expect_from in (None, "", "none") else normalize_digest(expect_from))
     gate_results = evaluate_gates(
-        gates, results_for(home, art.digest, art.manifest), target=art.target,
-        current_results=results_for(home, seen_from, _local_manifest(home, seen_from)) if seen_from else None,
+        gates, results_for(home, art.digest), target=art.target,
+        current_results=results_for(home, seen_from) if seen_from else None,
         current_digest=seen_from,
     )
     failed = [g for g in gate_results if not g.passed]

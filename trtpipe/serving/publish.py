@@ -6,10 +6,13 @@ Layout written into `out_dir`:
     tensorrt_llm/{config.pbtxt, 1/<engine files>[, 1/model.py for cpu-reference]}
     postprocessing/{config.pbtxt, 1/model.py, tokenizer/*}
     tensorrt_llm_bls/{config.pbtxt, 1/model.py, tokenizer/*}
-    trtpipe.json   (manifest: engine key and digest, toolchain, target, serving container)
+    trtpipe.json   (manifest: name, release gates, engine key and digest, toolchain, target, serving container)
 
-The engine files are hard-linked (or reflinked) from the store, never copied unless both fail;
-the manifest says which placement happened.
+Every config.pbtxt carries the artifact's identity as parameters (`trtpipe.serving.identity`):
+the engine digest and the repository key; `trtpipe serve` adds the repository digest to its
+serving copy. The engine files are hard-linked (or reflinked) from the store, never copied unless
+both fail (a warning says so). Nothing in the output depends on which of those happened, or on
+when or where it was published: the repository's digest is its content's.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from trtpipe.errors import TrtpipeError
-from trtpipe.serving import templates
+from trtpipe.serving import identity, templates
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +211,7 @@ def copy_tokenizer(tokenizer_dir: Path, dest: Path) -> list[str]:
 
 
 def _write_models(
-    resolved: Any, engine_dir: Path, values: dict[str, str], root: Path
+    resolved: Any, engine_dir: Path, values: dict[str, str], root: Path, identity_values: dict[str, str]
 ) -> tuple[Placement, list[str], list[str]]:
     reference = resolved.spec.target.is_cpu_reference
     sources = templates.REFERENCE_SOURCES if reference else templates.GPU_SOURCES
@@ -217,8 +220,9 @@ def _write_models(
         model_dir = root / model
         (model_dir / "1").mkdir(parents=True)
         src_dir = template_root / source
-        text = (src_dir / "config.pbtxt").read_text()
-        (model_dir / "config.pbtxt").write_text(templates.render(text, values, source=f"{source}/config.pbtxt"))
+        text = templates.render((src_dir / "config.pbtxt").read_text(), values, source=f"{source}/config.pbtxt")
+        text = identity.add_parameters(text, identity_values, where=f"{source}/config.pbtxt")
+        (model_dir / "config.pbtxt").write_text(text)
         code = src_dir / "1" / "model.py"
         if code.is_file():
             shutil.copy2(code, model_dir / "1" / "model.py")
@@ -244,16 +248,19 @@ def build_manifest(
     engine: EngineFacts,
     engine_digest: str,
     engine_key: str,
-    placement: Placement,
     engine_files: list[str],
     tokenizer_files: list[str],
     values: dict[str, str],
+    repository_key: str | None = None,
 ) -> dict[str, Any]:
     spec = resolved.spec
     toolchain = resolved.toolchain
     return {
         "format": MANIFEST_FORMAT,
         "name": spec.artifact_name,
+        # What promotion requires, carried by the artifact itself (also in its store key document).
+        "release": spec.release.model_dump(mode="json"),
+        "repository_key": repository_key,
         "target": spec.target.gpu,
         "reference": spec.target.is_cpu_reference,
         "toolchain": toolchain.name,
@@ -274,7 +281,6 @@ def build_manifest(
             "max_beam_width": engine.max_beam_width,
             "dir": ENGINE_SUBDIR,
             "files": engine_files,
-            "placement": placement,
         },
         "streaming": spec.triton.streaming,
         "triton_max_batch_size": int(values["triton_max_batch_size"]),
@@ -284,11 +290,13 @@ def build_manifest(
 
 
 def publish_repository(
-    resolved: Any, engine_dir: Path, engine_digest: str, engine_key: str, out_dir: Path
+    resolved: Any, engine_dir: Path, engine_digest: str, engine_key: str, out_dir: Path, *,
+    repository_key: str | None = None,
 ) -> Path:
     """Write the model repository for `engine_dir` into `out_dir` (absent or empty) and validate it.
 
-    `resolved` is a `trtpipe.resolve.ResolvedSpec`. Returns `out_dir`.
+    `resolved` is a `trtpipe.resolve.ResolvedSpec`; `repository_key` the store key the repository is
+    published under (written into every config.pbtxt with the engine digest). Returns `out_dir`.
     Raises TrtpipeError naming the model, field and fix when the result does not validate.
     """
     from trtpipe.serving.validate import validate_repository
@@ -310,9 +318,12 @@ def publish_repository(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        placement, engine_files, tokenizer_files = _write_models(resolved, engine_dir, values, staging)
+        identity_values = {identity.ENGINE_DIGEST: engine_digest}
+        if repository_key is not None:
+            identity_values[identity.REPOSITORY_KEY] = repository_key
+        _placement, engine_files, tokenizer_files = _write_models(resolved, engine_dir, values, staging, identity_values)
         manifest = build_manifest(
-            resolved, engine, engine_digest, engine_key, placement, engine_files, tokenizer_files, values
+            resolved, engine, engine_digest, engine_key, engine_files, tokenizer_files, values, repository_key
         )
         (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         issues = [i for i in validate_repository(staging) if i.severity == "error"]

@@ -4,6 +4,9 @@ cpu-reference: the tritonserver binary shipped in the nvidia-pytriton wheel, sta
 recipe in shared/notes/triton-on-cpu.md (private backends folder with the stub for this Python,
 the venv first on PATH, loopback, explicit free ports, a start deadline, every model ready).
 GPU targets: the toolchain's Triton container through Docker (`docker_command` renders it).
+Either way the server reads a serving directory (`trtpipe.serving.serving_dir`), never the stored
+entry: nothing a server or backend writes can change an artifact, and the serving copy's configs
+carry the repository digest the server then reports (`trtpipe.serving.identity`).
 """
 
 from __future__ import annotations
@@ -127,7 +130,9 @@ class TritonServerHandle:
         log_path: Path,
         shm_prefix: str,
         models: list[str],
+        serving: Any = None,
     ) -> None:
+        self.serving = serving  # trtpipe.serving.serving_dir.ServingDir: removed when the server is gone
         self.process = process
         self.host = host
         self.grpc_port, self.http_port, self.metrics_port = ports
@@ -151,6 +156,15 @@ class TritonServerHandle:
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    @property
+    def serving_dir(self) -> Path | None:
+        return self.serving.path if self.serving is not None else None
+
+    @property
+    def repository_digest(self) -> str | None:
+        """The artifact digest the server's configs report (None for a repository outside a store)."""
+        return self.serving.repository_digest if self.serving is not None else None
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -205,6 +219,8 @@ class TritonServerHandle:
         shutil.rmtree(self.work_dir / "backends", ignore_errors=True)
         if self.process.returncode == 0 and self.log_path.parent == self.work_dir:
             shutil.rmtree(self.work_dir, ignore_errors=True)  # a clean exit: the log is not needed
+        if self.serving is not None and not self.alive():
+            self.serving.remove()
 
     def __enter__(self) -> TritonServerHandle:
         return self
@@ -246,8 +262,10 @@ def start_server(
     log_path: Path | None = None,
     validate: bool = True,
 ) -> TritonServerHandle:
-    """Start tritonserver on `repo` (cpu-reference repositories) and wait until every model is ready."""
+    """Start tritonserver on a serving directory of `repo` (cpu-reference repositories) and wait until
+    every model is ready. The serving directory is removed when the server stops."""
     from trtpipe.serving.publish import read_manifest
+    from trtpipe.serving.serving_dir import prepare
     from trtpipe.serving.validate import errors_only, validate_repository
 
     repo = Path(repo).resolve()
@@ -266,7 +284,20 @@ def start_server(
     home = tritonserver_home()
     env = stub_environment()
     check_stub_links(python_stub(home), env)
+    serving = prepare(repo)
+    try:
+        return _start(serving, host=host, start_timeout=start_timeout, ports=(grpc_port, http_port, metrics_port),
+                      log_path=log_path, home=home, env=env)
+    except BaseException:
+        serving.remove()
+        raise
+
+
+def _start(serving: Any, *, host: str, start_timeout: float, ports: tuple[int | None, int | None, int | None],
+           log_path: Path | None, home: Path, env: dict[str, str]) -> TritonServerHandle:
+    repo = serving.path
     models = repository_models(repo)
+    grpc_port, http_port, metrics_port = ports
     explicit = (grpc_port, http_port, metrics_port)
     last_error, log_seen = "", Path()
     for attempt in range(PORT_ATTEMPTS):
@@ -297,10 +328,13 @@ def start_server(
             process = subprocess.Popen(
                 cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,  # a Ctrl-C in the terminal reaches us, and we stop it cleanly
+                # The serving directory's lock: held while this server lives, even if we die first.
+                pass_fds=(serving.lock_fd,) if serving.lock_fd is not None else (),
             )
         handle = TritonServerHandle(process, host, (ports[0], ports[1], ports[2]), work_dir, Path(server_log), shm_prefix, models)
         why = _wait_ready(handle, time.monotonic() + start_timeout)
         if why is None:
+            handle.serving = serving
             return handle
         tail = handle.log_tail(40)
         handle.stop()
@@ -313,8 +347,8 @@ def start_server(
         log.info("tritonserver port clash (attempt %d); retrying on other ports", attempt + 1)
     hint = "pass free ports (or none, to pick free ones); " if "already in use" in last_error else ""
     raise TrtpipeError(
-        f"tritonserver did not become ready on {repo} ({last_error})",
-        fix=f"{hint}see the server log {log_seen}; check the repository with `trtpipe validate {repo}`",
+        f"tritonserver did not become ready on {serving.source} ({last_error})",
+        fix=f"{hint}see the server log {log_seen}; check the repository with `trtpipe validate {serving.source}`",
     )
 
 

@@ -1,8 +1,13 @@
 """`trtpipe smoke URL`: prove a running Triton server serves the trtpipe models correctly.
 
 Checks: live, ready, every model in the repository index ready, the model's metadata, one
-non-streaming and one streaming request (their texts must agree), and, with a spec, greedy parity:
-the token ids Triton returns equal the reference runtime's for the same prompts.
+non-streaming and one streaming request (their texts must agree), and, with a reference, greedy
+parity: the token ids Triton returns equal the reference runtime's for the same prompts. The
+reference is given by the caller (`trtpipe smoke --parity SPEC` converts the spec's model afresh,
+`trtpipe.checkpoint.afresh`): never the stored bytes the server loads.
+
+The result carries the identity the server reports (`trtpipe.serving.identity`); `record_smoke`
+files it under the repository digest the server serves, and nothing else.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from trtpipe.errors import TrtpipeError, UsageError
+from trtpipe.errors import TrtpipeError
 
 DEFAULT_PROMPTS = ("Once upon a time", "The cat sat on the", "In the beginning")
 REQUIRED_INPUTS = ("text_input", "max_tokens")
@@ -34,6 +39,7 @@ class SmokeResult(BaseModel):
     passed: bool
     checks: list[SmokeCheck] = Field(default_factory=list)
     parity: dict[str, Any] | None = None
+    served: dict[str, Any] | None = Field(default=None, description="The identity the server reports serving.")
     recorded_for: str | None = None
 
 
@@ -86,22 +92,6 @@ def reference_greedy(
     return outputs
 
 
-def engine_for_spec(spec_path: Path) -> tuple[Path, Path]:
-    """(engine dir, tokenizer dir) of a spec's build, from the store (a warm build does no work)."""
-    from trtpipe.pipeline import run_build
-    from trtpipe.store.local import Store
-
-    report = run_build(spec_path, progress=False)
-    if report.status != "ok" or not report.repository_path:
-        raise TrtpipeError(f"{spec_path}: the build is not complete ({report.message or report.status})",
-                           fix=f"run `trtpipe build {spec_path}` first")
-    repo = Path(report.repository_path)
-    engine_key = report.keys.get("engine")
-    entry = Store.open(report.store).get("engine", engine_key) if engine_key and report.store else None
-    engine_dir = entry.path if entry is not None else repo / "tensorrt_llm" / "1"
-    return engine_dir, repo / "preprocessing" / "tokenizer"
-
-
 def check_parity(
     url: str, model: str, engine_dir: Path, tokenizer_dir: Path, *, prompts: list[str], max_tokens: int, timeout: float
 ) -> dict[str, Any]:
@@ -120,13 +110,15 @@ def run_smoke(
     url: str,
     *,
     model: str = "ensemble",
-    parity_spec: Path | None = None,
     parity_engine: tuple[Path, Path] | None = None,
     prompts: list[str] | None = None,
     max_tokens: int = 16,
     timeout: float = 30,
 ) -> SmokeResult:
-    """Run every smoke check against the server at `url` (gRPC host:port)."""
+    """Run every smoke check against the server at `url` (gRPC host:port).
+
+    `parity_engine`: (a checkpoint or reference engine dir, its tokenizer dir) the reference runtime
+    runs for the parity check; no parity check without it."""
     import tritonclient.grpc as grpcclient
 
     from trtpipe.serving.client import TritonLLMClient
@@ -194,10 +186,10 @@ def run_smoke(
             if _check(checks, "metadata", metadata):
                 _check(checks, "generate", non_streaming)
                 _check(checks, "stream", streaming)
-                if parity_spec is not None or parity_engine is not None:
+                if parity_engine is not None:
 
                     def parity() -> str:
-                        engine_dir, tokenizer_dir = parity_engine or engine_for_spec(Path(parity_spec))
+                        engine_dir, tokenizer_dir = parity_engine
                         report = check_parity(url, model, engine_dir, tokenizer_dir, prompts=prompts,
                                               max_tokens=max_tokens, timeout=timeout)
                         result.parity = report
@@ -214,27 +206,23 @@ def run_smoke(
         raw.close()
     result.checks = checks  # pydantic copied the list at construction
     result.passed = bool(checks) and all(c.passed for c in checks)
+    if any(c.name == "ready" and c.passed for c in checks):
+        from trtpipe.serving.identity import read_served_identity
+
+        try:
+            result.served = read_served_identity(url, timeout=timeout).model_dump()
+        except TrtpipeError as err:
+            result.served = {"error": err.one_line()}
     return result
 
 
-def repository_digest(repo: Path) -> tuple[Path, str]:
-    """(store home, artifact digest) of a repository that lives in the trtpipe store."""
-    from trtpipe.store.local import MANIFEST, manifest_digest
-
-    repo = Path(repo).resolve()
-    manifest = repo / MANIFEST
-    if not manifest.is_file() or repo.parent.name != "repository":
-        raise UsageError(f"{repo} is not a repository in the trtpipe store (no {MANIFEST})",
-                         fix="pass the repository path that `trtpipe build` printed")
-    return repo.parent.parent, manifest_digest(manifest.read_bytes())
-
-
-def record_smoke(result: SmokeResult, repo: Path) -> str:
+def record_smoke(result: SmokeResult, target: Any) -> str:
+    """File the result (and its parity) under `target` (a `trtpipe.serving.identity.RecordTarget` the
+    caller checked against what the server reports). Returns the digest recorded for."""
     from trtpipe.results import ResultsLog
 
-    home, digest = repository_digest(repo)
-    kind = "smoke"
-    ResultsLog(home).record(digest, kind, result.passed, result.model_dump(mode="json"))
+    log = ResultsLog(target.home)
+    log.record(target.digest, "smoke", result.passed, result.model_dump(mode="json"))
     if result.parity is not None:
-        ResultsLog(home).record(digest, "parity", not result.parity["mismatches"], result.parity)
-    return digest
+        log.record(target.digest, "parity", not result.parity["mismatches"], result.parity)
+    return target.digest

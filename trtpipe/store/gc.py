@@ -2,21 +2,24 @@
 objects, and (LRU) entries beyond a size or age limit.
 
 Never removed: an entry whose digest a channel pins, an entry a running build holds (build lock
-or lease), and a build in progress.
+or lease), a build in progress, a live server's serving directory, and a quarantined entry a channel
+pins while no healthy entry of that digest is back (it is what `cache verify --repair` restores).
+Entries in an older manifest format are removed (unless pinned): the next build rebuilds them.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
 from trtpipe.errors import UsageError
 from trtpipe.store.local import KINDS, Entry, Store
+from trtpipe.store.readonly import remove_tree
 
 _SIZE_UNITS = {
     "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -143,7 +146,10 @@ def collect(
     remaining: list[Entry] = []
     for entry in entries:
         age = now - entry.last_used
-        if max_age_s is not None and age > max_age_s and removable(entry):
+        if not entry.current and removable(entry):
+            drop(entry, f"written by an older trtpipe (manifest version {entry.manifest.get('manifest_version')}); "
+                        "the next build rebuilds it")
+        elif max_age_s is not None and age > max_age_s and removable(entry):
             drop(entry, f"unused for {age / 86400:.1f} days")
         else:
             remaining.append(entry)
@@ -180,26 +186,47 @@ def _clean_leftovers(store: Store, report: GcReport, now: float, dry_run: bool) 
             if stale:
                 size = _tree_bytes(child)
                 if not dry_run:
-                    shutil.rmtree(child, ignore_errors=True)
+                    remove_tree(child)
                 report.add(GcAction(what="tmp", name=child.name, bytes=size, reason="leftover of an interrupted build"))
+    # A quarantined entry a channel pins stays until a healthy entry of its digest is back.
+    pins = store.pins()
+    keep: set[str] = set()
+    for item in store.quarantined_entries():
+        if item["digest"] in pins and store.healthy(item["kind"], item["key"], item["digest"]) is None:
+            path = Path(item["path"])
+            keep.update({path.name, f"{path.name}.reason.json"})
+            report.kept_pinned.append(f"quarantine/{path.name}")
     for folder in ("quarantine", "trash"):
         base = store.root / folder
         if not base.is_dir():
             continue
         for child in sorted(base.iterdir()):
+            if folder == "quarantine" and child.name in keep:
+                continue
             size = _tree_bytes(child) if child.is_dir() else child.stat().st_size
             if not dry_run:
-                if child.is_dir():
-                    shutil.rmtree(child, ignore_errors=True)
-                else:
-                    child.unlink(missing_ok=True)
+                remove_tree(child)
             report.add(GcAction(what=folder, name=child.name, bytes=size, reason="quarantined (corrupt)" if folder == "quarantine" else "deleted entry"))
+    _clean_serving_dirs(store, report, dry_run)
     # Stray staging files of objects (a process killed between link and rename).
     for stray in (store.root / "objects" / "sha256").glob("*/.tmp-*"):
         if now - stray.stat().st_mtime > 3600:
             if not dry_run:
                 stray.unlink(missing_ok=True)
             report.add(GcAction(what="tmp", name=stray.name, bytes=0, reason="stray object staging file"))
+
+
+def _clean_serving_dirs(store: Store, report: GcReport, dry_run: bool) -> None:
+    """Serving directories of servers that are gone (their owner's lock is free)."""
+    from trtpipe.store.serving_dirs import LOCK_SUFFIX, stale_serving_dirs
+
+    for path in stale_serving_dirs(store.root):
+        size = _tree_bytes(path) if path.is_dir() else 0
+        if not dry_run:
+            remove_tree(path)
+            if not path.name.endswith(LOCK_SUFFIX):
+                path.with_name(path.name + LOCK_SUFFIX).unlink(missing_ok=True)
+        report.add(GcAction(what="serving", name=path.name, bytes=size, reason="serving directory of a stopped server"))
 
 
 def summary(store: Store) -> dict[str, Any]:

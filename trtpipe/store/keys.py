@@ -8,7 +8,12 @@ by their content digest only.
 Dependency chain (which keys change when an input changes):
     checkpoint  <- HF weight + config digests, dtype, quant recipe, tp, pp, ModelOpt + transformers versions
     engine      <- checkpoint key + full build config + TRT-LLM + TensorRT versions + target SM + GPU product
-    repository  <- engine key + serving options + tokenizer digest + serving templates digest + trtpipe version
+    repository  <- engine DIGEST + serving options + tokenizer digest + serving templates digest + trtpipe
+                   version + the artifact's name, target and release gates
+The repository key hashes the engine's digest, not its key: a published repository is a function of
+the engine's bytes, so a rebuilt engine with other bytes publishes a new repository, and one with the
+same bytes reuses it. Name and gates are part of what a repository is (promote reads them from it), so
+two specs that differ only there get two repositories.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 # Bump when the meaning of a key document changes: every old entry then simply misses.
-KEY_SCHEMA = 1
+KEY_SCHEMA = 2
 
 # Quantization algorithms that need calibration data (weight-only INT8 and "none" do not).
 _CALIBRATED_ALGOS = frozenset({"fp8", "int4_awq", "w4a8_awq", "int8_sq", "nvfp4"})
@@ -164,26 +169,39 @@ def engine_key(
 
 def repository_key(
     *,
-    engine: str,
+    engine_digest: str,
     serving: Mapping[str, Any],
     tokenizer_digest: str | None,
     templates_digest: str,
     trtpipe_version: str,
+    name: str,
+    target: Mapping[str, Any],
+    toolchain: str,
+    quant: str,
+    release: Mapping[str, Any],
 ) -> StageKey:
-    """Key of a Triton model repository: engine key + serving options + tokenizer + writer version.
+    """Key of a Triton model repository: the engine's digest + serving options + tokenizer + writer
+    version + what the artifact is released as (name, target, toolchain, quant, release gates).
 
     `templates_digest` covers the config.pbtxt templates and model.py files the repository is
     rendered from (`trtpipe.serving.templates.templates_digest()`): editing one republishes even
     when the trtpipe version string did not move.
     """
+    if not engine_digest.startswith("sha256:"):
+        raise ValueError(f"engine_digest {engine_digest!r} is not an artifact digest (sha256:...)")
     return _make(
         "repository",
         {
-            "engine": engine,
+            "engine": {"digest": engine_digest},
             "serving": dict(serving),
             "tokenizer": tokenizer_digest,
             "templates": templates_digest,
             "trtpipe_version": trtpipe_version,
+            "name": name,
+            "target": dict(target),
+            "toolchain": toolchain,
+            "quant": quant,
+            "release": dict(release),
         },
     )
 

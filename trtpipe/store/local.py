@@ -2,19 +2,26 @@
 
 Layout under the store root (`$TRTPIPE_HOME`, else the user cache dir):
 
-    objects/sha256/ab/cdef...     content-addressed files, stored once, read-only
-    <kind>/<key>/                 an entry: the artifact's files (hard links to objects) + manifest.json
+    objects/sha256/ab/cdef...     content-addressed files, stored once, read-only (0444)
+    <kind>/<key>/                 an entry: the artifact's files (hard links to objects) + manifest.json;
+                                  frozen (files 0444, folders 0555), never modified, never served in place
     tmp/<kind>-<key>-XXXX/        a build in progress; published by ONE rename into <kind>/<key>
     locks/<kind>/<key>.lock|lease build locks and in-use leases (see locking.py)
-    quarantine/                   entries and objects found corrupt, moved aside (gc deletes them)
+    quarantine/                   entries and objects found corrupt, moved aside with their manifest
+                                  (gc deletes them, except an entry a channel pins and nothing replaced)
     trash/                        entries being deleted (renamed here first, so removal is atomic)
-    records/                      build records (trtpipe.build_record)
+    records/                      build records (trtpipe.build_record): when, where, how long, logs
+    serving/                      serving directories `trtpipe serve` gives Triton (trtpipe.serving.serving_dir)
     builds.log                    one JSON line per stage actually built (audit and tests)
     digests.sqlite                the digest cache
     channels/**.json              channel pointers (Release area); any "digest" found there is pinned
 
-An entry's digest (`Entry.digest`) is the sha256 of its manifest.json bytes: the manifest lists
-every file's size and sha256, so it identifies the artifact's content and provenance.
+An entry's manifest.json is content only, canonical JSON (sorted keys, no whitespace):
+    {"manifest_version": 2, "kind", "key", "inputs": <the key document>,
+     "files": [{"path", "mode": "0644"|"0755", "size", "sha256"}, ...sorted by path]}
+Its digest (`Entry.digest`, the artifact digest) is "sha256:" + sha256(manifest bytes). Nothing about
+when, where, by whom or how long enters it: that is the build record's. The same inputs built in any
+store, at any path, on any day give the same manifest bytes and so the same digest.
 """
 
 from __future__ import annotations
@@ -23,7 +30,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import tempfile
 import time
 import uuid
@@ -35,13 +41,15 @@ from typing import Any
 
 from trtpipe.errors import TrtpipeError, UsageError
 from trtpipe.store.digest_cache import DigestCache
-from trtpipe.store.keys import KEY_SCHEMA, canonical_json
+from trtpipe.store.keys import canonical_json
 from trtpipe.store.locking import KeyLocks
 from trtpipe.store.objects import ObjectStore, sha256_file
+from trtpipe.store.readonly import DIR_MODE, freeze_tree, normalized_mode, remove_tree
 
 KINDS = ("checkpoint", "engine", "repository")
 MANIFEST = "manifest.json"
-MANIFEST_VERSION = 1
+# Bump when the manifest's shape changes: entries of another version are misses (rebuilt), never errors.
+MANIFEST_VERSION = 2
 _KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -83,7 +91,35 @@ class Entry:
 
     @property
     def files(self) -> list[dict[str, Any]]:
-        return list(self.manifest.get("files", []))
+        files = self.manifest.get("files")
+        return list(files) if isinstance(files, list) else []
+
+    @property
+    def inputs(self) -> dict[str, Any]:
+        """The key document the entry was built from (what it is a function of)."""
+        inputs = self.manifest.get("inputs")
+        return inputs if isinstance(inputs, dict) else {}
+
+    @property
+    def name(self) -> str | None:
+        """The artifact name its key document records (repositories; None for engines and checkpoints)."""
+        name = self.inputs.get("name")
+        return name if isinstance(name, str) else None
+
+    @property
+    def target(self) -> str | None:
+        """The target GPU its key document records (a repository's target, an engine's GPU product)."""
+        target, gpu = self.inputs.get("target"), self.inputs.get("gpu")
+        if isinstance(target, dict) and isinstance(target.get("gpu"), str):
+            return target["gpu"]
+        if isinstance(gpu, dict) and isinstance(gpu.get("product"), str):
+            return gpu["product"]
+        return None
+
+    @property
+    def current(self) -> bool:
+        """Written in this trtpipe's manifest format (an older one is a miss: rebuilt, not used)."""
+        return self.manifest.get("manifest_version") == MANIFEST_VERSION
 
     @property
     def size(self) -> int:
@@ -123,12 +159,14 @@ class Building:
     entry: Entry | None = None
     _started: float = field(default_factory=time.monotonic)
 
-    def commit(self, *, inputs: dict[str, Any], meta: dict[str, Any] | None = None) -> Entry:
+    def commit(self, *, inputs: dict[str, Any]) -> Entry:
+        """Publish what was written into `dir` under the key document `inputs` (content only: when,
+        where and how long belong in the build record, not here)."""
         if self.existing is not None or self.dir is None:
             raise RuntimeError("this key already has an entry; reuse `existing` instead of committing")
         if self.entry is not None:
             raise RuntimeError("already committed")
-        self.entry = self.store._publish(self.kind, self.key, self.dir, inputs, meta or {}, self._started)
+        self.entry = self.store._publish(self.kind, self.key, self.dir, inputs)
         return self.entry
 
 
@@ -137,9 +175,11 @@ class Store:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
-        self.objects = ObjectStore(self.root / "objects")
+        self.objects = ObjectStore(self.root / "objects", self.root / "quarantine" / "objects")
         self.locks = KeyLocks(self.root / "locks")
         self._digests: DigestCache | None = None
+        # (kind, key, digest, problems) of every entry this instance moved to quarantine, for reports.
+        self.quarantined: list[tuple[str, str, str, list[Problem]]] = []
 
     # -- opening ---------------------------------------------------------------------------
     @classmethod
@@ -182,7 +222,7 @@ class Store:
         """Integrity problems of an entry: sizes always, sha256 and stray files when `digests`."""
         problems: list[Problem] = []
         files = entry.manifest.get("files")
-        if not isinstance(files, list) or entry.manifest.get("key") != entry.key:
+        if not isinstance(files, list) or entry.manifest.get("key") != entry.key or entry.manifest.get("kind") != entry.kind:
             return [Problem(entry.kind, entry.key, MANIFEST, "manifest is unreadable or names another key")]
         listed = set()
         for item in files:
@@ -203,16 +243,35 @@ class Store:
             if digests and sha256_file(target) != item.get("sha256"):
                 problems.append(Problem(entry.kind, entry.key, rel, "sha256 mismatch"))
         if digests:
-            for path in _walk_files(entry.path):
-                rel = path.relative_to(entry.path).as_posix()
-                if rel != MANIFEST and rel not in listed:
-                    problems.append(Problem(entry.kind, entry.key, rel, "file not in manifest"))
+            problems += self._stray_files(entry, listed)
         return problems
 
+    @staticmethod
+    def _stray_files(entry: Entry, listed: set[str]) -> list[Problem]:
+        return [
+            Problem(entry.kind, entry.key, rel, "file not in manifest")
+            for rel in (p.relative_to(entry.path).as_posix() for p in _walk_files(entry.path))
+            if rel != MANIFEST and rel not in listed
+        ]
+
+    def verify_entry(self, entry: Entry) -> list[Problem]:
+        """Every file's sha256 against the manifest, through the digest cache (a file unchanged since
+        it was last hashed, by path, size, mtime, ctime and inode, is not read again), and no
+        stray files. What a stage runs before it builds on a stored input, and `serve` before it
+        hands an entry's files to a server."""
+        problems = self.check(entry, digests=False)
+        if problems:
+            return problems
+        for item in entry.files:
+            if self.digests.digest(entry.path / item["path"]) != item.get("sha256"):
+                problems.append(Problem(entry.kind, entry.key, item["path"], "sha256 mismatch"))
+        return problems + self._stray_files(entry, {item["path"] for item in entry.files})
+
     def get(self, kind: str, key: str, *, verify: bool = False, touch: bool = True) -> Entry | None:
-        """The entry of `kind/key`, or None. A corrupt entry is moved aside and None returned."""
+        """The entry of `kind/key`, or None. A corrupt entry is moved aside and None returned; an
+        entry written in an older manifest format is a plain miss (the build replaces it)."""
         entry = self._load(kind, key)
-        if entry is None:
+        if entry is None or not entry.current:
             return None
         problems = self.check(entry, digests=verify)
         if problems:
@@ -287,7 +346,7 @@ class Store:
                 yield handle
             finally:
                 if handle.entry is None:
-                    shutil.rmtree(tmp_dir, ignore_errors=True)
+                    remove_tree(tmp_dir)
 
     def _clean_tmp_for(self, kind: str, key: str) -> None:
         """Remove leftovers of killed builds of this key (we hold its lock, so they are stale)."""
@@ -295,64 +354,108 @@ class Store:
         # Also ".<kind>-<key>-*": staging folders a stage made beside its output dir.
         for pattern in (f"{kind}-{key}-*", f".{kind}-{key}-*"):
             for child in tmp.glob(pattern):
-                shutil.rmtree(child, ignore_errors=True)
+                remove_tree(child)
 
-    def _publish(
-        self, kind: str, key: str, tmp_dir: Path, inputs: dict[str, Any], meta: dict[str, Any], started: float
-    ) -> Entry:
+    def _publish(self, kind: str, key: str, tmp_dir: Path, inputs: dict[str, Any]) -> Entry:
+        """Hash what a stage wrote, write the content-only manifest, freeze and rename into place."""
         if (tmp_dir / MANIFEST).exists():
             raise TrtpipeError(
                 f"the {kind} stage wrote a file named {MANIFEST}, which the store reserves",
                 fix="rename that file in the stage output",
             )
         files: list[dict[str, Any]] = []
-        copied: list[str] = []
         for path in _walk_files(tmp_dir):
             rel = path.relative_to(tmp_dir).as_posix()
             if path.is_symlink():
                 raise TrtpipeError(f"the {kind} stage wrote a symlink {rel}", fix="write regular files only")
-            digest = sha256_file(path)
-            size = path.stat().st_size
-            _fsync_file(path)
-            if self.objects.adopt(path, digest, size) == "copied":
-                copied.append(rel)
-            files.append({"path": rel, "size": size, "sha256": digest})
+            st = path.stat()
+            files.append({"path": rel, "mode": normalized_mode(st.st_mode), "size": st.st_size,
+                          "sha256": sha256_file(path)})
         files.sort(key=lambda item: item["path"])
-        from trtpipe import __version__
+        manifest = {"manifest_version": MANIFEST_VERSION, "kind": kind, "key": key, "inputs": inputs, "files": files}
+        return self._install(kind, key, tmp_dir, canonical_json(manifest), manifest)
 
-        manifest = {
-            "manifest_version": MANIFEST_VERSION,
-            "key_schema": KEY_SCHEMA,
-            "kind": kind,
-            "key": key,
-            "created_at": _now_iso(),
-            "producer": {"trtpipe": __version__},
-            "inputs": inputs,
-            "meta": {**meta, "store_seconds": round(time.monotonic() - started, 6)},
-            "files": files,
-            "storage": {"copied": copied},
-        }
-        raw = canonical_json(manifest)
+    def install_verified(self, handle: Building, raw: bytes, verified: dict[str, str]) -> Entry:
+        """Publish files that came from elsewhere (a registry pull) into `handle.dir`.
+
+        `raw` is the artifact's manifest.json bytes; `verified` maps each file's path to the sha256
+        its bytes were verified against while they were written. The manifest must be this
+        trtpipe's canonical format for exactly `handle`'s kind and key, and list every file there
+        exactly once with that very sha256 and its size: an object only ever enters the store under
+        the digest of its own bytes.
+        """
+        kind, key, tmp_dir = handle.kind, handle.key, Path(handle.dir or "")
+        where = f"the {kind} manifest of {key[:16]}"
+        try:
+            manifest = json.loads(raw)
+        except ValueError:
+            raise TrtpipeError(f"{where} is not JSON; refused") from None
+        if not isinstance(manifest, dict) or manifest.get("manifest_version") != MANIFEST_VERSION:
+            version = manifest.get("manifest_version") if isinstance(manifest, dict) else None
+            raise TrtpipeError(
+                f"{where} has manifest version {version!r}, not {MANIFEST_VERSION}; refused",
+                fix="rebuild it with this trtpipe (older artifacts are rebuilt, never reused)",
+            )
+        if canonical_json(manifest) != raw:
+            raise TrtpipeError(f"{where} is not canonical JSON (so its digest is not its content's); refused")
+        if (manifest.get("kind"), manifest.get("key")) != (kind, key):
+            raise TrtpipeError(f"{where} names {manifest.get('kind')}/{manifest.get('key')}; refused")
+        files = manifest.get("files")
+        if not isinstance(files, list):
+            raise TrtpipeError(f"{where} lists no files; refused")
+        listed: dict[str, dict[str, Any]] = {}
+        for item in files:
+            rel = item.get("path") if isinstance(item, dict) else None
+            if not isinstance(rel, str) or rel in listed:
+                raise TrtpipeError(f"{where} lists {rel!r} twice or malformed; refused")
+            listed[rel] = item
+        present = {p.relative_to(tmp_dir).as_posix(): p for p in _walk_files(tmp_dir)}
+        if set(present) != set(listed) or set(verified) != set(listed):
+            odd = sorted(set(present) ^ set(listed) | set(verified) ^ set(listed))
+            raise TrtpipeError(f"{where} and the files received differ ({', '.join(odd[:3])}); refused")
+        for rel, item in listed.items():
+            path = present[rel]
+            if item.get("sha256") != verified[rel] or item.get("size") != path.stat().st_size:
+                raise TrtpipeError(
+                    f"{where} lists {rel} as sha256:{str(item.get('sha256'))[:12]}..., but its bytes are "
+                    f"sha256:{verified[rel][:12]}...; refused",
+                    fix="the artifact was tampered with; push it again from a good copy",
+                )
+            if item.get("mode") not in ("0644", "0755"):
+                raise TrtpipeError(f"{where} gives {rel} the mode {item.get('mode')!r}; refused")
+        entry = self._install(kind, key, tmp_dir, raw, manifest)
+        handle.entry = entry  # tells `building` the staging dir was consumed
+        return entry
+
+    def _install(self, kind: str, key: str, tmp_dir: Path, raw: bytes, manifest: dict[str, Any]) -> Entry:
+        for item in manifest["files"]:
+            path = tmp_dir / item["path"]
+            _fsync_file(path)
+            self.objects.adopt(path, item["sha256"], item["size"], known=self.digests.cached)
         manifest_path = tmp_dir / MANIFEST
         with open(manifest_path, "wb") as handle:
             handle.write(raw)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp_dir, 0o755)  # mkdtemp made it private; entries are read by servers and containers
+        # Frozen before it becomes visible: files 0444, folders 0555 (the top folder after the
+        # rename, which needs it writable to move it across folders).
+        freeze_tree(tmp_dir)
+        os.chmod(tmp_dir, 0o755)
         _fsync_dir(tmp_dir)
         final = self.entry_dir(kind, key)
         final.parent.mkdir(parents=True, exist_ok=True)
-        if final.exists():  # a forced rebuild replaces the old entry: move it out first
+        if final.exists():  # a forced rebuild (or an old-format entry) is replaced: move it out first
             self._move_to(final, self.root / "trash")
         os.rename(tmp_dir, final)  # THE publish: one atomic rename
+        os.chmod(final, DIR_MODE)
         _fsync_dir(final.parent)
-        entry = Entry(kind=kind, key=key, path=final, manifest=manifest, digest=manifest_digest(raw))
-        return entry
+        return Entry(kind=kind, key=key, path=final, manifest=manifest, digest=manifest_digest(raw))
 
     def _move_to(self, path: Path, folder: Path) -> Path | None:
         folder.mkdir(parents=True, exist_ok=True)
         target = folder / f"{path.parent.name}-{path.name}-{int(time.time())}-{uuid.uuid4().hex[:8]}"
         try:
+            os.chmod(path, 0o755)  # moving a folder to another parent rewrites its "..": it must be writable
             os.rename(path, target)
         except FileNotFoundError:
             return None
@@ -370,13 +473,41 @@ class Store:
                     obj = self.objects.path_for(item["sha256"])
                     with contextlib.suppress(OSError):
                         if os.path.samefile(obj, entry.path / item["path"]):
-                            self.objects.discard(item["sha256"], into=self.root / "quarantine" / "objects")
+                            self.objects.quarantine_object(item["sha256"])
             moved = self._move_to(entry.path, self.root / "quarantine")
             if moved is not None:
-                (moved.parent / f"{moved.name}.reason.json").write_text(
-                    json.dumps([p.as_dict() for p in problems], indent=1)
-                )
+                # Beside the entry (kept with its manifest, so it stays restorable): what was wrong, and
+                # the digest it must be restored to.
+                (moved.parent / f"{moved.name}.reason.json").write_text(json.dumps(
+                    {"kind": entry.kind, "key": entry.key, "digest": entry.digest,
+                     "problems": [p.as_dict() for p in problems]}, indent=1))
+                self.quarantined.append((entry.kind, entry.key, entry.digest, problems))
             return moved
+
+    def quarantined_entries(self) -> list[dict[str, Any]]:
+        """Entries in `quarantine/`, each as its reason record (kind, key, digest, problems) + `path`."""
+        out: list[dict[str, Any]] = []
+        base = self.root / "quarantine"
+        if not base.is_dir():
+            return out
+        for reason in sorted(base.glob("*.reason.json")):
+            try:
+                data = json.loads(reason.read_text())
+            except (OSError, ValueError):
+                continue
+            if not isinstance(data, dict) or not isinstance(data.get("digest"), str):
+                continue  # a record of an older trtpipe (a bare list of problems): nothing to restore to
+            entry_dir = reason.with_name(reason.name[: -len(".reason.json")])
+            if entry_dir.is_dir():
+                out.append({**data, "problems": data.get("problems") or [], "path": str(entry_dir)})
+        return out
+
+    def healthy(self, kind: str, key: str, digest: str) -> Entry | None:
+        """The entry of `kind/key` if it is there, of exactly `digest`, and passes the cheap checks."""
+        entry = self._load(kind, key)
+        if entry is None or entry.digest != digest or not entry.current or self.check(entry, digests=False):
+            return None
+        return entry
 
     def remove(self, entry: Entry) -> bool:
         """Delete an entry if nobody builds or uses it. False when it is in use."""
@@ -385,7 +516,7 @@ class Store:
                 return False
             moved = self._move_to(entry.path, self.root / "trash")
         if moved is not None:
-            shutil.rmtree(moved, ignore_errors=True)
+            remove_tree(moved)
         return True
 
     @contextlib.contextmanager
@@ -407,17 +538,27 @@ class Store:
 
     def pinned_digests(self) -> set[str]:
         """Artifact digests that a channel pointer names (`<root>/channels/**.json`, any "digest" value)."""
-        found: set[str] = set()
+        return set(self.pins())
+
+    def pins(self) -> dict[str, list[str]]:
+        """Each pinned artifact digest -> the channel pointers naming it (`model/target/channel`, relative
+        to `<root>/channels`, without `.json`). Read generically: the store knows no release code."""
+        pins: dict[str, list[str]] = {}
         channels = self.root / "channels"
         if not channels.is_dir():
-            return found
-        for path in channels.rglob("*.json"):
+            return pins
+        for path in sorted(channels.rglob("*.json")):
             try:
                 data = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
+            found: set[str] = set()
             _collect_digests(data, found)
-        return {d if d.startswith("sha256:") else f"sha256:{d}" for d in found}
+            label = path.relative_to(channels).with_suffix("").as_posix()
+            for digest in found:
+                digest = digest if digest.startswith("sha256:") else f"sha256:{digest}"
+                pins.setdefault(digest, []).append(label)
+        return pins
 
 
 def _collect_digests(value: Any, found: set[str]) -> None:

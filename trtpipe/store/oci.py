@@ -702,10 +702,15 @@ def _safe_relpath(title: str) -> PurePosixPath:
     return rel
 
 
-def download_verified(client: OciClient, remote: RemoteArtifact, dest: Path, *, progress: Callable[[str, int], None] | None = None) -> dict[str, Any]:
-    """Download every blob of `remote` into the empty directory `dest`, verifying each; return the store manifest.
+def download_verified(client: OciClient, remote: RemoteArtifact, dest: Path, *,
+                      progress: Callable[[str, int], None] | None = None,
+                      write_manifest: bool = True) -> tuple[bytes, dict[str, str]]:
+    """Download every blob of `remote` into the empty directory `dest`, verifying each.
 
-    `dest` is a staging directory: on any failure the caller discards it, so nothing unverified is ever used.
+    Returns the artifact's manifest bytes and, per file, the sha256 (hex) its bytes were verified
+    against while they were written: what a file *is*, never what a manifest says about it.
+    `dest` is a staging directory: on any failure the caller discards it, so nothing unverified is
+    ever used. `write_manifest`: also write manifest.json into `dest`.
     """
     repository = remote.ref.repository
     config = remote.manifest["config"]
@@ -715,6 +720,7 @@ def download_verified(client: OciClient, remote: RemoteArtifact, dest: Path, *, 
     except ValueError:
         raise TrtpipeError(f"{remote.ref}: its trtpipe manifest is not JSON; refused") from None
     seen: set[str] = set()
+    verified: dict[str, str] = {}
     for layer in remote.manifest.get("layers") or []:
         title = (layer.get("annotations") or {}).get(TITLE_ANNOTATION, "")
         rel = _safe_relpath(title)
@@ -723,12 +729,17 @@ def download_verified(client: OciClient, remote: RemoteArtifact, dest: Path, *, 
         seen.add(rel.as_posix())
         target = dest.joinpath(*rel.parts)
         target.parent.mkdir(parents=True, exist_ok=True)
-        client.fetch_blob(repository, str(layer["digest"]), int(layer["size"]), target)
+        digest = str(layer["digest"])
+        if not _DIGEST_RE.match(digest):
+            raise TrtpipeError(f"{remote.ref}: layer {title!r} has no sha256 digest; refused")
+        client.fetch_blob(repository, digest, int(layer["size"]), target)  # verifies size and sha256
+        verified[rel.as_posix()] = digest.removeprefix("sha256:")
         if progress is not None:
             progress(rel.as_posix(), int(layer["size"]))
     _check_store_manifest(remote, store_manifest, config_bytes, dest)
-    (dest / "manifest.json").write_bytes(config_bytes)
-    return store_manifest
+    if write_manifest:
+        (dest / "manifest.json").write_bytes(config_bytes)
+    return config_bytes, verified
 
 
 def _check_store_manifest(remote: RemoteArtifact, store_manifest: dict[str, Any], config_bytes: bytes, dest: Path) -> None:
@@ -784,35 +795,24 @@ def install_pulled(client: OciClient, remote: RemoteArtifact, store: Any, *, pro
 def install_into(client: OciClient, remote: RemoteArtifact, store: Any, handle: Any, *,
                  progress: Callable[[str, int], None] | None = None) -> Any:
     """Like `install_pulled`, into a `store.building(kind, key)` handle the caller already holds
-    (its key's build lock; `handle.dir` empty). Publishes by one rename and sets `handle.entry`."""
-    from trtpipe.store.local import Entry
+    (its key's build lock; `handle.dir` empty). Publishes by one rename and sets `handle.entry`.
 
+    Every file enters the store under the sha256 of its own bytes, checked while it downloaded; the
+    store refuses a manifest that lists any file under another digest, twice, or not at all
+    (`Store.install_verified`), so a crafted artifact can never plant bytes behind a stock digest."""
     kind, key = remote.kind, remote.key
     if (handle.kind, handle.key) != (kind, key):
         raise TrtpipeError(f"{remote.ref} holds {kind}/{key}, not {handle.kind}/{handle.key}; refused")
-    staging = Path(handle.dir)
-    download_verified(client, remote, staging, progress=progress)
-    raw = (staging / "manifest.json").read_bytes()
+    raw, verified = download_verified(client, remote, Path(handle.dir), progress=progress, write_manifest=False)
     if sha256_bytes(raw) != remote.artifact_digest:
         raise TrtpipeError(
             f"{remote.ref}: its trtpipe manifest hashes to {sha256_bytes(raw)}, not the annotated artifact digest {remote.artifact_digest}; refused",
             fix="push the artifact again from a good copy",
         )
-    manifest = json.loads(raw)
-    if manifest.get("kind") not in (None, kind) or manifest.get("key") not in (None, key):
-        raise TrtpipeError(f"{remote.ref}: its manifest names {manifest.get('kind')}/{manifest.get('key')}, not {kind}/{key}; refused")
-    for item in manifest.get("files") or []:
-        if isinstance(item, dict) and item.get("sha256") and item.get("path"):
-            path = staging.joinpath(*_safe_relpath(str(item["path"])).parts)
-            store.objects.adopt(path, str(item["sha256"]), int(item["size"]))
-    final = store.entry_dir(kind, key)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    if final.exists():  # a stale entry the caller chose to replace (forced / invalid): move it out first
-        store._move_to(final, store.root / "trash")  # noqa: SLF001  (the store's own replace step)
-    os.rename(staging, final)  # the publish: one atomic rename, after every byte was verified
-    entry = Entry(kind=kind, key=key, path=final, manifest=manifest, digest=sha256_bytes(raw))
-    handle.entry = entry  # tells the store's context the staging dir was consumed
-    return entry
+    try:
+        return store.install_verified(handle, raw, verified)
+    except TrtpipeError as err:
+        raise TrtpipeError(f"{remote.ref}: {err.message}", fix=err.fix) from None
 
 
 class RemoteStore:

@@ -1,6 +1,9 @@
 """`cache verify`: re-hash every stored file; move corrupt artifacts and objects aside.
 
-A file shared by hard link between an entry and its object is hashed once.
+A file shared by hard link between an entry and its object is hashed once. A corrupt entry is
+quarantined with its manifest (so it stays restorable to exactly its digest); when a channel pins
+its digest, the report names the channels and files, and gc keeps the quarantined copy until a
+healthy entry of that digest is back (`trtpipe cache verify --repair`, or the next build).
 """
 
 from __future__ import annotations
@@ -20,30 +23,61 @@ class VerifyProblem(BaseModel):
     reason: str
 
 
+class PinnedDamage(BaseModel):
+    """A corrupt (or earlier quarantined and not yet restored) entry whose digest a channel pins."""
+
+    kind: str
+    key: str
+    digest: str
+    channels: list[str]  # model/target/channel of every pointer naming the digest
+    files: list[str]  # the damaged files (or the reason, when no single file is to blame)
+    quarantine: str | None  # where the entry was kept, with its manifest
+    restored: bool = False
+
+
 class VerifyReport(BaseModel):
     entries: int = 0
     objects: int = 0
     bytes_hashed: int = 0
     problems: list[VerifyProblem] = Field(default_factory=list)
     quarantined: list[str] = Field(default_factory=list)
+    pinned: list[PinnedDamage] = Field(default_factory=list)
+    outdated: list[str] = Field(default_factory=list, description="Entries in an older manifest format: rebuilt by the next build.")
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and not any(not p.restored for p in self.pinned)
 
 
 def verify_store(store: Store, *, ref: str | None = None) -> VerifyReport:
     report = VerifyReport()
+    pins = store.pins()
     hashed: dict[tuple[int, int], str] = {}  # (dev, inode) -> sha256 of content already read
     entries: list[Entry] = [store.find(ref)] if ref else list(store.entries())
     for entry in entries:
         report.entries += 1
+        if not entry.current:
+            report.outdated.append(f"{entry.kind}/{entry.key}")
+            continue
         problems = _check_entry(store, entry, hashed, report)
         if problems:
             report.problems.extend(VerifyProblem(**p.as_dict()) for p in problems)
             moved = store.quarantine(entry, problems)
             if moved is not None:
                 report.quarantined.append(f"{entry.kind}/{entry.key}")
+            if entry.digest in pins:
+                report.pinned.append(PinnedDamage(
+                    kind=entry.kind, key=entry.key, digest=entry.digest, channels=pins[entry.digest],
+                    files=sorted({p.file or p.reason for p in problems}), quarantine=str(moved) if moved else None))
+    # Pinned entries quarantined by an earlier run (or by a build) and not restored since: still damage.
+    reported = {p.digest for p in report.pinned}
+    for item in store.quarantined_entries():
+        digest = item["digest"]
+        if digest in pins and digest not in reported and not ref and store.healthy(item["kind"], item["key"], digest) is None:
+            reported.add(digest)
+            report.pinned.append(PinnedDamage(
+                kind=item["kind"], key=item["key"], digest=digest, channels=pins[digest],
+                files=sorted({p.get("file") or p.get("reason") for p in item["problems"]}), quarantine=item["path"]))
     if ref:
         return report
     for digest, path in store.objects.iter_objects():

@@ -1,0 +1,142 @@
+"""The identity a served model reports: which artifact a Triton server actually serves.
+
+Three `parameters` in every model's config.pbtxt (Triton reports them over gRPC in the model config):
+    trtpipe_engine_digest       written by publish: the engine artifact the repository embeds
+    trtpipe_repository_key      written by publish: the repository's store key
+    trtpipe_repository_digest   written by `trtpipe serve` into its serving copy: the repository's
+                                artifact digest (it cannot sit inside the content it is the digest of)
+Results (smoke, parity, bench) are recorded under the repository digest the server reports, never
+under what a command line claims: that is the one key `promote` reads.
+
+Unknown `parameters` are harmless: our Python models read theirs by name, the ensemble scheduler
+ignores them, and the TensorRT-LLM C++ backend looks up each parameter it knows by name with
+`ModelState::GetParameter<std::string>` and never lists the rest (tensorrtllm_backend tag v0.19.0,
+inflight_batcher_llm/src/model_state.cc:249; the same function in NVIDIA/TensorRT-LLM
+triton_backend/inflight_batcher_llm/src/model_state.cc at commit 5cdd6921, where the backend lives
+from v0.20 on). Verified on the CPU tritonserver here: a config with these parameters loads, and
+get_model_config reports them.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from trtpipe.errors import TrtpipeError, UsageError
+
+ENGINE_DIGEST = "trtpipe_engine_digest"
+REPOSITORY_KEY = "trtpipe_repository_key"
+REPOSITORY_DIGEST = "trtpipe_repository_digest"
+IDENTITY_PARAMETERS = (ENGINE_DIGEST, REPOSITORY_KEY, REPOSITORY_DIGEST)
+
+_SAFE_VALUE = re.compile(r"^[A-Za-z0-9:._-]*$")
+
+
+def parameter_block(values: dict[str, str]) -> str:
+    """config.pbtxt text for `values` as string parameters, one line each, in a stable order."""
+    lines = []
+    for key in sorted(values):
+        value = values[key]
+        if not _SAFE_VALUE.match(value):  # digests and keys only: nothing that needs quoting
+            raise ValueError(f"identity value {value!r} is not a digest or key")
+        lines.append(f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}')
+    return "\n".join(lines) + "\n"
+
+
+def add_parameters(config_text: str, values: dict[str, str], *, where: str) -> str:
+    """`config_text` with `values` appended as parameters; refuses one that is already there."""
+    for key in values:
+        if re.search(rf'key:\s*"{re.escape(key)}"', config_text):
+            raise TrtpipeError(f"{where} already sets the parameter {key}",
+                               fix="publish the repository again with trtpipe (never hand-edit identity parameters)")
+    if not config_text.endswith("\n"):
+        config_text += "\n"
+    return config_text + parameter_block(values)
+
+
+class ServedIdentity(BaseModel):
+    """What the models of a running server report (None: a model without that parameter)."""
+
+    repository_digest: str | None
+    repository_key: str | None
+    engine_digest: str | None
+    models: list[str]
+
+    def describe(self) -> str:
+        return self.repository_digest or "no trtpipe_repository_digest"
+
+
+def read_served_identity(url: str, *, timeout: float = 30) -> ServedIdentity:
+    """Ask the server at `url` (gRPC) for every model's identity parameters; they must all agree."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        try:
+            index = client.get_model_repository_index(as_json=True, client_timeout=timeout).get("models", [])
+        except Exception as err:  # unreachable server, or not Triton: one line from tritonclient
+            raise TrtpipeError(f"cannot ask {url} what it serves: {str(err).splitlines()[0] if str(err) else err}",
+                               fix="start the server first (trtpipe serve REPO) and pass its gRPC address") from None
+        names = sorted({m["name"] for m in index if m.get("state", "READY") == "READY"})
+        seen: dict[str, dict[str, str | None]] = {}
+        for name in names:
+            config = client.get_model_config(name, as_json=True, client_timeout=timeout).get("config", {})
+            params = config.get("parameters", {}) or {}
+            seen[name] = {k: (params.get(k) or {}).get("string_value") or None for k in IDENTITY_PARAMETERS}
+    finally:
+        client.close()
+    values: dict[str, str | None] = {}
+    for key in IDENTITY_PARAMETERS:
+        distinct = {v[key] for v in seen.values()}
+        if len(distinct) > 1:
+            detail = ", ".join(f"{m}={v[key]}" for m, v in sorted(seen.items()))
+            raise TrtpipeError(f"the models at {url} disagree on {key} ({detail}): one server, several artifacts",
+                               fix="serve one published repository per server (trtpipe serve REPO)")
+        values[key] = distinct.pop() if distinct else None
+    return ServedIdentity(repository_digest=values[REPOSITORY_DIGEST], repository_key=values[REPOSITORY_KEY],
+                          engine_digest=values[ENGINE_DIGEST], models=list(seen))
+
+
+class RecordTarget(BaseModel):
+    """Where `--record REPO` files a result: the store holding REPO and REPO's artifact digest."""
+
+    home: Path
+    digest: str
+    kind: str
+    key: str
+    target: str | None
+
+
+def record_target(repo: Path) -> RecordTarget:
+    """The repository artifact `repo` names (a repository directory in a trtpipe store)."""
+    from trtpipe.store.local import MANIFEST, Store
+
+    path = Path(repo).expanduser().resolve()
+    if not (path / MANIFEST).is_file() or path.parent.name != "repository":
+        raise UsageError(f"--record {repo}: not a repository in a trtpipe store (no {MANIFEST})",
+                         fix="pass the repository path that `trtpipe build` printed (repository_path in --json)")
+    store = Store(path.parent.parent)
+    entry = store.peek("repository", path.name)
+    if entry is None or not entry.current:
+        raise UsageError(f"--record {repo}: written by an older trtpipe (no current manifest)",
+                         fix="rebuild it: trtpipe build SPEC (then serve the new repository)")
+    target = (entry.manifest.get("inputs", {}).get("target") or {}).get("gpu")
+    return RecordTarget(home=store.root, digest=entry.digest, kind=entry.kind, key=entry.key, target=target)
+
+
+def check_recording(identity: ServedIdentity, wanted: RecordTarget, url: str, repo: Path) -> None:
+    """Refuse (one line, UsageError) to record for `wanted` unless the server says it serves exactly that."""
+    if identity.repository_digest is None:
+        raise UsageError(
+            f"refused to record: the server at {url} reports no {REPOSITORY_DIGEST}, so what it serves is unknown; "
+            "nothing recorded",
+            fix=f"serve the repository with `trtpipe serve {repo}` (it writes the identity into the serving copy)",
+        )
+    if identity.repository_digest != wanted.digest:
+        raise UsageError(
+            f"refused to record: the server at {url} serves {identity.repository_digest}, not {repo} "
+            f"({wanted.digest}); nothing recorded",
+            fix="pass --record the repository that server serves, or serve this one",
+        )

@@ -1,0 +1,193 @@
+"""Serving directories: Triton gets a copy of a repository's layout, never the store entry itself.
+
+A Python backend writes `__pycache__` next to each model.py, a user edits a config.pbtxt, a server
+running as root can write anything: none of it may touch a stored artifact. `prepare(repo)` makes a
+serving directory outside the entry (`<store>/serving/<digest12>-<unique>/`, see
+`trtpipe.store.serving_dirs`) and fills it:
+- engine files (trtpipe.json `engine.files`, except config.json) are hard links to the stored
+  files: O(1) in engine size (benchmarks/serving_dir.py measures it). They share the store's inodes,
+  which stay read-only; `trtpipe cache verify` catches any write through them;
+- everything else (config.pbtxt, model.py, tokenizer files, trtpipe.json) is copied: small, and
+  free to change;
+- every config.pbtxt copy gets the `trtpipe_repository_digest` parameter: the repository's artifact
+  digest, which cannot be inside the content it is the digest of (`trtpipe.serving.identity`).
+Before anything is linked, the entry is verified (every file's sha256 through the digest cache: a
+file unchanged since it was last hashed is not read again), so a damaged entry is never served.
+The directory is removed when the server stops; one left by a killed server is removed by the next
+`serve` (or `cache gc`). `kept=True` (`serve --print`, the Triton container) keeps one directory per
+digest, reused, because trtpipe does not own that server's lifetime.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trtpipe.errors import TrtpipeError
+from trtpipe.serving import identity
+
+REPOSITORY_MANIFEST = "trtpipe.json"
+ENGINE_SUBDIR = "tensorrt_llm/1"
+STORE_MANIFEST = "manifest.json"
+
+
+@dataclass
+class ServingDir:
+    """A prepared serving directory; `remove()` it when its server is gone (not for kept ones)."""
+
+    path: Path
+    source: Path
+    repository_digest: str | None
+    kept: bool = False
+    linked: list[str] = field(default_factory=list)  # relative paths hard-linked to the store
+    copied: list[str] = field(default_factory=list)
+    _lease: object | None = field(default=None, repr=False)
+    _stamps: list[tuple[Path, Path]] = field(default_factory=list, repr=False)  # (store file, serving link)
+    _store: object | None = field(default=None, repr=False)
+
+    @property
+    def lock_fd(self) -> int | None:
+        """The serving directory's lock (None for kept ones): a server process should inherit it."""
+        return self._lease.lock_fd if self._lease is not None else None  # type: ignore[attr-defined]
+
+    def remove(self) -> None:
+        if self.kept or self._lease is None:
+            return
+        for stored, link in self._stamps:
+            # Our unlink moves the stored inode's ctime: re-date its digest-cache row, but only if
+            # nothing else touched the inode since we linked it (the row then still matches).
+            try:
+                before = os.stat(stored)
+            except FileNotFoundError:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(link)
+            if self._store is not None:
+                self._store.digests.restamp(stored, before)  # type: ignore[attr-defined]
+        self._lease.release()  # type: ignore[attr-defined]
+        if self._store is not None:
+            self._store.digests.close()  # type: ignore[attr-defined]
+        self._lease = None
+
+
+def _store_entry(repo: Path):
+    """(store, entry) when `repo` is a repository entry of a trtpipe store, else (None, None)."""
+    from trtpipe.store.local import Store
+
+    if not (repo / STORE_MANIFEST).is_file() or repo.parent.name != "repository":
+        return None, None
+    store = Store(repo.parent.parent)
+    return store, store.peek("repository", repo.name)
+
+
+def _engine_files(repo: Path) -> set[str]:
+    """The repository's engine files that are linked, not copied (trtpipe.json `engine.files`)."""
+    try:
+        manifest = json.loads((repo / REPOSITORY_MANIFEST).read_text())
+    except (OSError, ValueError):
+        return set()
+    engine = manifest.get("engine") if isinstance(manifest, dict) else None
+    names = engine.get("files") if isinstance(engine, dict) else None
+    if not isinstance(names, list):
+        return set()
+    return {f"{ENGINE_SUBDIR}/{n}" for n in names if isinstance(n, str) and n != "config.json"}
+
+
+def prepare(repo: Path, *, kept: bool = False) -> ServingDir:
+    """A serving directory for the published repository `repo` (see the module docstring)."""
+    from trtpipe.store.serving_dirs import kept_serving_dir, new_serving_dir, remove_stale, serving_root
+
+    repo = Path(repo).resolve()
+    store, entry = _store_entry(repo)
+    if store is not None and entry is not None:
+        if not entry.current:
+            raise TrtpipeError(f"{repo} was published by an older trtpipe (old manifest format)",
+                               fix="rebuild it with `trtpipe build SPEC` and serve the new repository")
+        problems = store.verify_entry(entry)
+        if problems:
+            store.quarantine(entry, problems)
+            raise TrtpipeError(
+                f"{repo} failed verification ({problems[0].file}: {problems[0].reason}); it was moved to quarantine "
+                "and not served",
+                fix="rebuild it with `trtpipe build SPEC` (or `trtpipe cache verify --repair`)",
+            )
+        files = {item["path"]: item["mode"] for item in entry.files}
+        base, label, digest = serving_root(store.root), entry.digest.removeprefix("sha256:")[:12], entry.digest
+        remove_stale(store.root)
+    else:
+        if kept:  # not a stored artifact: nothing to protect, and nobody would clean a copy up
+            return ServingDir(path=repo, source=repo, repository_digest=None, kept=True)
+        files = {p.relative_to(repo).as_posix(): ("0755" if os.stat(p).st_mode & 0o111 else "0644")
+                 for p in sorted(repo.rglob("*")) if p.is_file() and "__pycache__" not in p.parts}
+        base, label, digest = Path(tempfile.gettempdir()) / "trtpipe-serving", "unstored", None
+    link = _engine_files(repo)
+    if kept:
+        final = kept_serving_dir(base, label)
+        if final.is_dir():
+            return ServingDir(path=final, source=repo, repository_digest=digest, kept=True)
+        staging = base / f".{final.name}-{uuid.uuid4().hex[:8]}"
+        staging.mkdir(parents=True)
+        serving = ServingDir(path=staging, source=repo, repository_digest=digest, kept=True, _store=store)
+        try:
+            _fill(serving, repo, files, link, digest)
+            try:
+                os.rename(staging, final)
+            except OSError:  # another serve made it meanwhile: same digest, same content
+                shutil.rmtree(staging, ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        serving.path = final
+        if store is not None:
+            store.digests.close()
+        return serving
+    lease = new_serving_dir(base, label)
+    serving = ServingDir(path=lease.path, source=repo, repository_digest=digest, _lease=lease, _store=store)
+    try:
+        _fill(serving, repo, files, link, digest)
+    except BaseException:
+        serving.remove()
+        raise
+    return serving
+
+
+def _fill(serving: ServingDir, repo: Path, files: dict[str, str], link: set[str], digest: str | None) -> None:
+    store = serving._store
+    # Every model needs its version folder, even the ensemble's empty one; a manifest lists files
+    # only (an empty folder is not content and does not survive a registry round trip).
+    for rel in files:
+        parts = rel.split("/")
+        if len(parts) == 2 and parts[1] == "config.pbtxt":
+            (serving.path / parts[0] / "1").mkdir(parents=True, exist_ok=True)
+    for rel, mode in sorted(files.items()):
+        src, dst = repo / rel, serving.path / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if rel in link:
+            before = os.stat(src)
+            try:
+                os.link(src, dst)
+            except OSError as err:
+                if err.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+                    raise
+                shutil.copyfile(src, dst)  # another filesystem: a copy (not O(1), but never the entry)
+                os.chmod(dst, 0o444)
+                serving.copied.append(rel)
+                continue
+            serving.linked.append(rel)
+            if store is not None:
+                store.digests.restamp(src, before)  # type: ignore[attr-defined]
+                serving._stamps.append((src, dst))
+            continue
+        shutil.copyfile(src, dst)
+        os.chmod(dst, 0o755 if mode == "0755" else 0o644)
+        serving.copied.append(rel)
+        if digest is not None and dst.name == "config.pbtxt":
+            text = dst.read_text()
+            dst.write_text(identity.add_parameters(text, {identity.REPOSITORY_DIGEST: digest}, where=f"{repo / rel}"))
