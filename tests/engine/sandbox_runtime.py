@@ -72,11 +72,14 @@ def image_stand_in(only: set[str] | None = None) -> list[str]:
         link = Path("/") / name
         if link.is_symlink():
             args += ["--symlink", str(Path(link.readlink())), str(link)]
+    # bwrap applies mounts in order: the empty /tmp first, so an environment that lives under /tmp (a
+    # fresh clone's .venv in CI) is bound over it instead of being hidden by it.
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for prefix in dict.fromkeys([sys.base_prefix, sys.prefix]):
         args += ["--ro-bind", prefix, prefix]
     if only is not None:
         args += _site_packages_binds(only)
-    return args + ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    return args
 
 
 def sandbox_unavailable() -> str | None:
