@@ -76,6 +76,10 @@ def error_line(err: TrtpipeError) -> str:
     return f"{line}; {hint}" if hint else line
 
 
+INTERRUPTED = "interrupted: nothing half-written (every write is to a temporary place, then renamed)"
+EXIT_INTERRUPTED = 130
+
+
 def main(argv: list[str] | None = None) -> int:
     app = make_app()
     try:
@@ -90,13 +94,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {where}{err.strerror or err}; check the path and its permissions", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("interrupted: nothing half-written (every write is to a temporary place, then renamed)", file=sys.stderr)
-        return 130
+        print(INTERRUPTED, file=sys.stderr)
+        return EXIT_INTERRUPTED
     except SystemExit as exc:  # an explicit sys.exit somewhere below
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except typer.Abort:
-        print("interrupted: nothing half-written (every write is to a temporary place, then renamed)", file=sys.stderr)
-        return 130
+        print(INTERRUPTED, file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as exc:
         # Usage errors (missing argument, bad option value): typer raises its click exception
         # types (vendored inside typer since 0.29), which all carry `show()` and `exit_code`.
@@ -106,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
             show()
             return exit_code
         raise
+    if result == EXIT_INTERRUPTED:
+        # typer turns a KeyboardInterrupt inside a command into a silent exit 130 (no command returns 130
+        # itself; `build` catches its own Ctrl-C to say what it stored): say what happened.
+        print(INTERRUPTED, file=sys.stderr)
     return result if isinstance(result, int) else 0
 
 

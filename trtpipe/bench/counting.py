@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel
 
-from trtpipe.bench.workload import HfTokenizerCounter, ServerCountCheck, TokenCounter, WordCounter, Workload
+from trtpipe.bench.workload import ServerCountCheck, Workload
 from trtpipe.errors import UsageError
 
 PREPROCESSING = "preprocessing"

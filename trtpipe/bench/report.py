@@ -125,7 +125,6 @@ class Table(BaseModel):
     caption: str
     columns: list[str]
     rows: list[list[str]]
-    failed_rows: list[int] = Field(default_factory=list, description="indexes of rows with failed requests")
 
 
 def result_table(result: BenchResult) -> Table:
@@ -136,7 +135,6 @@ def result_table(result: BenchResult) -> Table:
         columns.append("goodput req/s")
     columns += ["TTFT", "TPOT", "ITL", "E2E", "server ms", "errors"]
     rows: list[list[str]] = []
-    failed: list[int] = []
     for run in result.runs:
         agg = run.aggregates
         server_model = run.server.for_model(result.model)
@@ -152,8 +150,6 @@ def result_table(result: BenchResult) -> Table:
         if result.slo.is_set():
             row.append("-" if agg.goodput is None else f"{agg.goodput:.2f}")
         row += [_stat_ms(agg.ttft_s), _stat_ms(agg.tpot_s), _stat_ms(agg.itl_s), _stat_ms(agg.e2e_s), server_ms, errors]
-        if agg.requests_failed:
-            failed.append(len(rows))
         rows.append(row)
     return Table(
         title=f"trtpipe bench  {result.model} @ {result.url}  ({result.mode} loop, {len(result.workload.requests)} requests max)",
@@ -161,5 +157,4 @@ def result_table(result: BenchResult) -> Table:
         f"{input_column} = mean prompt length: {counting_note(result.workload)};  output tokens as the server reports them",
         columns=columns,
         rows=rows,
-        failed_rows=failed,
     )

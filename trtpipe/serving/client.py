@@ -261,17 +261,6 @@ class TritonLLMClient:
         closer.join(timeout=self.timeout)
         _quietly(client.close)
 
-    # --- health --------------------------------------------------------------------------
-    def health(self) -> dict[str, bool]:
-        client = self._client()
-        try:
-            return {"live": client.is_server_live(client_timeout=self.timeout),
-                    "ready": client.is_server_ready(client_timeout=self.timeout)}
-        except InferenceServerException as err:
-            raise self._connection_error(err, "checking health") from None
-        finally:
-            client.close()
-
 
 def _quietly(fn: Any, **kwargs: Any) -> None:
     try:

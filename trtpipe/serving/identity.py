@@ -144,5 +144,5 @@ def check_recording(identity: ServedIdentity, wanted: RecordTarget, url: str, re
         raise UsageError(
             f"refused to record: the server at {url} serves {identity.repository_digest}, not {repo} "
             f"({wanted.digest}); nothing recorded",
-            fix="pass --record the repository that server serves, or serve this one",
+            fix="record for the repository that server serves, or serve this one",
         )

@@ -54,7 +54,6 @@ TOKENIZER_FILES = (
 )
 REQUIRED_TOKENIZER_FILE = "tokenizer.json"
 MODELS_WITH_TOKENIZER = ("preprocessing", "postprocessing", "tensorrt_llm_bls")
-MODELS_WITH_PYTHON_CODE = ("preprocessing", "postprocessing", "tensorrt_llm_bls")
 
 # The artifact store's per-entry manifest (trtpipe.store.local.MANIFEST): not an engine file.
 STORE_MANIFEST = "manifest.json"

@@ -415,7 +415,7 @@ def start_container(repo: Path, manifest: dict[str, Any], **ports: int) -> Any:
     except Exception:
         raise MissingCapability(
             "no Docker daemon reachable (GPU targets serve inside the toolchain's Triton container)",
-            fix=f"run on a GPU host with Docker and the NVIDIA container toolkit, or print the docker command and run it there",
+            fix="run on a GPU host with Docker and the NVIDIA container toolkit, or print the docker command and run it there",
         ) from None
     ports = {"grpc_port": 8001, "http_port": 8000, "metrics_port": 8002, **ports}
     argv = docker_command(repo, manifest, **ports)

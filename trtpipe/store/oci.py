@@ -402,26 +402,6 @@ class OciClient:
             raise self._fail(f"put manifest {repository}:{reference}", _oci_error_text(response))
         return "sha256:" + hashlib.sha256(body).hexdigest()
 
-    def delete_manifest(self, repository: str, digest: str) -> None:
-        response = self._request("DELETE", f"/v2/{repository}/manifests/{digest}", what=f"delete {repository}@{digest}", repository=repository)
-        if response.status_code not in (200, 202, 404):
-            raise self._fail(f"delete {repository}@{digest}", _oci_error_text(response))
-
-    def list_tags(self, repository: str) -> list[str]:
-        tags: list[str] = []
-        path = f"/v2/{repository}/tags/list?n=1000"
-        while path:
-            response = self._request("GET", path, what=f"list tags of {repository}", repository=repository)
-            if response.status_code == 404:
-                return []
-            if response.status_code != 200:
-                raise self._fail(f"list tags of {repository}", _oci_error_text(response))
-            tags.extend(response.json().get("tags") or [])
-            link = response.headers.get("Link", "")
-            match = re.match(r"<([^>]+)>", link)
-            path = match.group(1) if match else ""
-        return sorted(tags)
-
     # -- blobs --------------------------------------------------------------------------
     def blob_exists(self, repository: str, digest: str) -> bool:
         response = self._request("HEAD", f"/v2/{repository}/blobs/{digest}", what=f"check blob {digest}", repository=repository)
