@@ -215,6 +215,7 @@ def test_ctrl_c_in_build_says_what_was_stored(tmp_path: Path, monkeypatch: pytes
     store = Store.open(tmp_path / "store")
     checkpoint = store.peek("checkpoint", "c" * 16)
     assert checkpoint is not None and f"checkpoint {checkpoint.digest}" in err and "the next build reuses" in err
+    assert "engine" not in err.split("stages stored:")[1]
     assert store.peek("engine", "e" * 16) is None and list((tmp_path / "store" / "tmp").iterdir()) == []
 
 
@@ -245,3 +246,22 @@ def test_serve_answers_2_for_anything_that_is_not_a_published_repository(tmp_pat
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and err.startswith("error: ") and "Traceback" not in err
         assert re.search(r"is not a (directory|repository trtpipe published)", err), err
+
+
+def test_ctrl_c_in_build_reads_the_runners_report_when_it_hands_one_over(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A runner may raise a KeyboardInterrupt carrying its report (hits and builds so far): those are named."""
+    import types
+
+    import trtpipe.pipeline
+
+    class WithReport(KeyboardInterrupt):
+        report = types.SimpleNamespace(artifacts={"checkpoint": "sha256:" + "1" * 64, "engine": "sha256:" + "2" * 64})
+
+    def interrupted_build(*_args, **_kwargs):
+        raise WithReport
+
+    monkeypatch.setattr(trtpipe.pipeline, "run_build", interrupted_build)
+    assert main(["build", str(tmp_path / "spec.yaml"), "--store", str(tmp_path / "store")]) == 130
+    err = capsys.readouterr().err
+    assert f"checkpoint sha256:{'1' * 64}, engine sha256:{'2' * 64}" in err

@@ -62,11 +62,17 @@ def register(app: typer.Typer) -> None:
         try:
             report = run_build(spec, dry_run=dry_run, force=tuple(force or ()), verify=verify, store=workspace.store,
                                remote=workspace.remote, progress=not json_out)
-        except KeyboardInterrupt:
-            kept = [] if dry_run else _stored_by_this_run(workspace.root, started)
+        except KeyboardInterrupt as interrupt:
+            # The runner may hand over its report (what it stored or reused so far); else the store's log says
+            # which stages this process built.
+            report = getattr(interrupt, "report", None)
+            artifacts = getattr(report, "artifacts", None) or {}
+            kept = [f"{kind} {digest}" for kind, digest in artifacts.items()]
+            if not kept and not dry_run:
+                kept = _stored_by_this_run(workspace.root, started)
             raise Interrupted(
                 "interrupted: nothing half-written (a stage is published by one rename or not at all); "
-                + (f"stages stored by this run: {', '.join(kept)}; the next build reuses them" if kept
+                + (f"stages stored: {', '.join(kept)}; the next build reuses them" if kept
                    else "no stage was stored by this run; stages stored earlier are kept"),
                 kept=kept,
             ) from None
