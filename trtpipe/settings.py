@@ -12,10 +12,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
-
-from pydantic import BaseModel, ConfigDict, SecretStr
 
 _URL_RE = re.compile(r"^([a-z][a-z0-9+.-]*)://")
 
@@ -35,16 +34,16 @@ VARIABLES: dict[str, str] = {
 }
 
 
-class Settings(BaseModel):
-    """What the environment sets (None: not set). Built once per command."""
-
-    model_config = ConfigDict(frozen=True)
+@dataclass(frozen=True)
+class Settings:
+    """What the environment sets (None: not set). Built once per command; a plain dataclass, so the CLI's
+    start-up does not pay for pydantic before a command needs it."""
 
     home: Path | None = None
     store: str | None = None
     build_configs: Path | None = None
     registry_username: str | None = None
-    registry_password: SecretStr | None = None
+    registry_password: str | None = field(default=None, repr=False)  # never in a repr, a log or an error
     registry_insecure: tuple[str, ...] = ()
     docker_config: Path | None = None
     actor: str | None = None
@@ -68,7 +67,7 @@ class Settings(BaseModel):
             build_configs=path("TRTPIPE_BUILD_CONFIGS"),
             registry_username=text("TRTPIPE_REGISTRY_USERNAME"),
             # An empty password is a password (a token registry may take any), so only unset is None.
-            registry_password=SecretStr(password) if password is not None else None,
+            registry_password=password,
             registry_insecure=tuple(h.strip() for h in (text("TRTPIPE_REGISTRY_INSECURE") or "").split(",") if h.strip()),
             docker_config=path("DOCKER_CONFIG"),
             actor=text("TRTPIPE_USER") or text("GITHUB_ACTOR") or text("GITLAB_USER_LOGIN"),

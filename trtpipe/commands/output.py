@@ -11,11 +11,12 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from trtpipe.workspace import Workspace
+if TYPE_CHECKING:
+    from trtpipe.workspace import Workspace
 
 StoreOption = Annotated[
     Optional[str],
@@ -30,6 +31,8 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print the result as JS
 
 def open_workspace(store: str | Path | None) -> Workspace:
     """The command's workspace (`trtpipe.workspace` decides every place from --store and the environment)."""
+    from trtpipe.workspace import Workspace
+
     return Workspace.open(store)
 
 

@@ -153,7 +153,7 @@ def resolve_credentials(host: str, settings: Settings | None = None) -> Credenti
     settings = settings if settings is not None else from_env()
     user, password = settings.registry_username, settings.registry_password
     if user and password is not None:
-        return Credentials(user, password.get_secret_value(), "TRTPIPE_REGISTRY_USERNAME/TRTPIPE_REGISTRY_PASSWORD")
+        return Credentials(user, password, "TRTPIPE_REGISTRY_USERNAME/TRTPIPE_REGISTRY_PASSWORD")
     path = settings.docker_config_file()
     if not path.is_file():
         return None
