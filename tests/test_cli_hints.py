@@ -185,3 +185,17 @@ def test_the_fix_scanner_sees_fstrings_and_plain_strings(tmp_path: Path) -> None
                       'raise E("y", fix="edit the spec")\n')
     assert [line for line, _ in _fix_strings(module)] == [1, 2]
     assert "trtpipe cache verify --repair" in _fix_strings(module)[0][1]
+
+
+def test_doctor_advises_the_spec_field_not_a_flag_that_never_existed(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from trtpipe.cli import main
+
+    log = tmp_path / "build.log"
+    log.write_text("[trtpipe] killed after timeout (3600 s)\n")
+    assert main(["doctor", str(log), "--json"]) == 0
+    import json
+
+    (diagnosis,) = json.loads(capsys.readouterr().out)["diagnoses"]
+    assert "engine.timeout" in diagnosis["fix"] and "--timeout" not in diagnosis["fix"]
+    assert not any(check_invocation(i) for i in QUOTED_COMMAND.findall(diagnosis["fix"]))

@@ -68,8 +68,8 @@ HINTS: tuple[Hint, ...] = (
     Hint(IntegrityError, "check the store and restore damaged artifacts with `trtpipe cache verify --repair`",
          lambda err: bool(getattr(err, "in_store", False))),
     Hint(MissingCapability, "see what this host can do with `trtpipe check --spec SPEC`"),
-    Hint(TimedOut, "raise the executor timeout in the spec, or build on a faster GPU host; "
-                   "`trtpipe doctor LOG` reads the build log", _timed_out_building,
+    Hint(TimedOut, "raise the executor timeout in the spec (engine.timeout, engine.conversion_timeout), or build on "
+                   "a faster GPU host; `trtpipe doctor LOG` reads the build log", _timed_out_building,
          example={"operation": "engine build"}),
     Hint(AccessDenied, "registry credentials: TRTPIPE_REGISTRY_USERNAME and TRTPIPE_REGISTRY_PASSWORD, or "
                        "`docker login HOST`"),
