@@ -121,17 +121,19 @@ def cache_verify(
                                "repairs": [o.model_dump() for o in outcomes]}, indent=2))
     else:
         for problem in result.problems:
-            where = f"{problem.kind}/{problem.key[:16]}" if problem.key else problem.kind
+            where = f"{problem.kind}/{problem.key}" if problem.key else problem.kind
             typer.echo(f"CORRUPT {where} {problem.file or ''}: {problem.reason}", err=True)
         for p in result.pinned:
             state = "restored" if p.restored else "NOT restored"
-            typer.echo(f"PINNED {p.kind}/{p.key[:16]} ({p.digest}) is damaged and pinned by channel "
+            typer.echo(f"PINNED {p.kind}/{p.key} ({p.digest}) is damaged and pinned by channel "
                        f"{', '.join(p.channels)}; files: {', '.join(p.files)}; kept in {p.quarantine or 'quarantine'}; "
                        f"{state}" + ("" if p.restored or repair else "; restore it with `trtpipe cache verify --repair`"),
                        err=True)
         for o in outcomes:
             how = f"restored ({o.how})" if o.restored else f"NOT restored: {o.detail}"
-            typer.echo(f"repair {o.kind}/{o.key[:16]} {o.digest}: {how}", err=not o.restored)
+            if not o.restored and workspace.remote_url is None:
+                how += "; from a registry: `trtpipe cache verify --repair --store oci://HOST/REPO`"
+            typer.echo(f"repair {o.kind}/{o.key} {o.digest}: {how}", err=not o.restored)
         for name in result.outdated:
             typer.echo(f"outdated {name}: written by an older trtpipe; the next build rebuilds it")
         typer.echo(f"verified {result.entries} artifacts and {result.objects} objects: "
