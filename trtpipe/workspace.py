@@ -80,5 +80,5 @@ class Workspace:
         return self.channels.pins()
 
     def close(self) -> None:
-        if self._store is not None and self._store._digests is not None:
-            self._store.digests.close()
+        if self._store is not None:
+            self._store.close()

@@ -206,6 +206,11 @@ class Store:
             self._digests = DigestCache(self.root / "digests.sqlite")
         return self._digests
 
+    def close(self) -> None:
+        """Close the digest cache's database connection, if one was opened."""
+        if self._digests is not None:
+            self._digests.close()
+
     def entry_dir(self, kind: str, key: str) -> Path:
         _check_kind_key(kind, key)
         return self.root / kind / key
