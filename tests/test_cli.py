@@ -265,3 +265,30 @@ def test_ctrl_c_in_build_reads_the_runners_report_when_it_hands_one_over(
     assert main(["build", str(tmp_path / "spec.yaml"), "--store", str(tmp_path / "store")]) == 130
     err = capsys.readouterr().err
     assert f"checkpoint sha256:{'1' * 64}, engine sha256:{'2' * 64}" in err
+
+
+def test_store_option_moves_the_whole_workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """--store DIR is where results, channels, the audit trail and the store all are; $TRTPIPE_HOME is untouched."""
+    from trtpipe.store.local import Store
+
+    home, other = tmp_path / "home", tmp_path / "other"
+    monkeypatch.setenv("TRTPIPE_HOME", str(home))
+    monkeypatch.setenv("TRTPIPE_USER", "tester")
+    monkeypatch.delenv("TRTPIPE_STORE", raising=False)
+    store = Store.open(other)
+    with store.building("repository", "r" * 16) as b:
+        (b.dir / "trtpipe.json").write_text("{}")
+        entry = b.commit(inputs={"name": "m", "target": {"gpu": "cpu-reference"}})
+    assert main(["results", "record", entry.digest, "--kind", "smoke", "--passed", "--store", str(other)]) == 0
+    assert main(["promote", entry.digest, "--to", "dev", "--store", str(other), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["channels", "--json", "--store", str(other)]) == 0
+    (state,) = json.loads(capsys.readouterr().out)["channels"]
+    assert (state["channel"], state["digest"]) == ("dev", entry.digest)
+    assert main(["cache", "rm", entry.digest, "--store", str(other)]) == 4  # pinned by dev, in that workspace
+    assert (other / "results").is_dir() and (other / "audit" / "audit.jsonl").is_file()
+    assert not home.exists()
+    # Without --store the same commands see the (empty) default workspace.
+    assert main(["channels", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["channels"] == []
