@@ -40,6 +40,74 @@ def trtpipe_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
+# --------------------------------------------------------------------------- the published tiny example
+# The tiny Llama built and published by the real pipeline (resolve -> plan -> checkpoint -> engine ->
+# publish) with a store under a test's folder: the serving, bench and identity tests serve it.
+
+EXAMPLE_LIMITS = {"max_batch_size": 4, "max_input_len": 64, "max_seq_len": 128}
+
+
+def write_example_spec(
+    spec_dir: Path, model_dir: Path, *, streaming: bool = True, name: str = "tiny-llama-cpu"
+) -> Path:
+    """A cpu-reference build spec for the tiny model (small limits, so tests can exceed them)."""
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    limits = EXAMPLE_LIMITS
+    text = (
+        f"name: {name}\n"
+        "model:\n"
+        f"  path: {model_dir.resolve()}\n"
+        "  dtype: float16\n"
+        "target:\n"
+        "  gpu: cpu-reference\n"
+        "engine:\n"
+        f"  max_batch_size: {limits['max_batch_size']}\n"
+        f"  max_input_len: {limits['max_input_len']}\n"
+        f"  max_seq_len: {limits['max_seq_len']}\n"
+        "triton:\n"
+        f"  streaming: {'true' if streaming else 'false'}\n"
+    )
+    path = spec_dir / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+def _publish_example(tmp_dir: Path, *, streaming: bool = True, model_dir: Path | None = None) -> Path:
+    """Build and publish the tiny example under `tmp_dir`; returns the model repository path.
+
+    The spec is written to `tmp_dir/spec/tiny-llama-cpu.yaml` (`tiny-llama-cpu-unary.yaml` with
+    streaming=False) and the store is `tmp_dir/store` (the repository lives in it).
+    """
+    from trtpipe.pipeline import run_build
+
+    tmp_dir = Path(tmp_dir)
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    if model_dir is None:
+        from trtpipe.checkpoint.example_model import write_example_model
+
+        model_dir = tmp_dir / "tiny-llama"
+        if not (model_dir / "config.json").is_file():
+            write_example_model(model_dir, arch="llama")
+    # One store per tmp_dir: a second call (say streaming=False) reuses the checkpoint and engine.
+    name = "tiny-llama-cpu" if streaming else "tiny-llama-cpu-unary"
+    spec_path = write_example_spec(tmp_dir / "spec", Path(model_dir), streaming=streaming, name=name)
+    report = run_build(spec_path, store=tmp_dir / "store", progress=False)
+    if report.repository_path:
+        return Path(report.repository_path)
+    raise AssertionError(f"building the example published no repository: {report.status}: "
+                         f"{report.error or report.message}")
+
+
+@pytest.fixture(scope="session")
+def publish_example():
+    """publish_example(tmp_dir, *, streaming=True, model_dir=None) -> the published repository path.
+
+    The spec is written to `tmp_dir/spec/tiny-llama-cpu.yaml` (`tiny-llama-cpu-unary.yaml` with
+    streaming=False) and the store is `tmp_dir/store` (the repository lives in it): a second call
+    with the same tmp_dir reuses the checkpoint and engine."""
+    return _publish_example
+
+
 # --------------------------------------------------------------------------- OCI registry
 # A real registry (Debian's docker-registry) on 127.0.0.1, shared by the store (remote cache) and
 # release (push/pull, channels) tests. Skips where docker-registry is not installed.

@@ -1,34 +1,48 @@
-"""The `trtpipe` command line: thin by design. Each command parses, calls one function, prints.
+"""The `trtpipe` command line: thin by design. Each command parses, builds its workspace, calls one
+function, prints.
 
-Commands live in `trtpipe/commands/<area>.py`, each exposing `register(app)`.
+Commands live in `trtpipe/commands/<area>.py`, each exposing `register(app)`, and import what they
+run inside the command, so `trtpipe --help` and a warm build import only what they need.
+Errors: a `TrtpipeError` prints as one line, `error: <what>; <fix>[; <hint>]` (the hint from
+`trtpipe.commands.hints`), and exits with its code (`trtpipe.errors.EXIT_CODES`, the README's table).
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Optional
 
 import typer
 
-from trtpipe.commands import build as build_commands
 from trtpipe.commands import bench as bench_commands
+from trtpipe.commands import build as build_commands
 from trtpipe.commands import checkpoint as checkpoint_commands
 from trtpipe.commands import engine as engine_commands
 from trtpipe.commands import foundation as foundation_commands
 from trtpipe.commands import release as release_commands
 from trtpipe.commands import serving as serving_commands
 from trtpipe.commands import store as store_commands
-from trtpipe.errors import TrtpipeError
+from trtpipe.errors import Interrupted, TrtpipeError
 
+# Registration order is help order within a panel; panels appear in order of first use.
 AREAS = (
-    foundation_commands,
-    checkpoint_commands,
-    store_commands,
+    foundation_commands,  # Plan
+    checkpoint_commands,  # Build
     build_commands,
     engine_commands,
-    serving_commands,
+    serving_commands,  # Serve
     bench_commands,
-    release_commands,
+    release_commands,  # Release
+    store_commands,  # Store
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from trtpipe import __version__
+
+        typer.echo(f"trtpipe {__version__}")
+        raise typer.Exit(0)
 
 
 def make_app() -> typer.Typer:
@@ -39,9 +53,31 @@ def make_app() -> typer.Typer:
         pretty_exceptions_enable=False,
         add_completion=False,
     )
+
+    @app.callback()
+    def _root(
+        version: Optional[bool] = typer.Option(
+            None, "--version", callback=_version, is_eager=True, help="Print trtpipe's version and exit."
+        ),
+    ) -> None:
+        """Hugging Face checkpoint -> TensorRT-LLM engine -> Triton deployment, reproducibly."""
+
     for area in AREAS:
         area.register(app)
     return app
+
+
+def error_line(err: TrtpipeError) -> str:
+    """What the CLI prints for an error: one line, with the command hint its type and fields call for."""
+    from trtpipe.commands.hints import hint_for
+
+    hint = hint_for(err)
+    line = err.one_line() if isinstance(err, Interrupted) else f"error: {err.one_line()}"
+    return f"{line}; {hint}" if hint else line
+
+
+INTERRUPTED = "interrupted: nothing half-written (every write is to a temporary place, then renamed)"
+EXIT_INTERRUPTED = 130
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         # standalone_mode=False: click returns typer.Exit codes instead of calling sys.exit.
         result = app(args=argv, standalone_mode=False)
     except TrtpipeError as err:
-        print(f"error: {err.one_line()}", file=sys.stderr)
+        print(error_line(err), file=sys.stderr)
         return err.exit_code
     except OSError as err:
         # The filesystem said no (permission, read-only, no space, not a directory): name the path.
@@ -58,13 +94,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {where}{err.strerror or err}; check the path and its permissions", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+        print(INTERRUPTED, file=sys.stderr)
+        return EXIT_INTERRUPTED
     except SystemExit as exc:  # an explicit sys.exit somewhere below
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except typer.Abort:
-        print("error: aborted", file=sys.stderr)
-        return 130
+        print(INTERRUPTED, file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as exc:
         # Usage errors (missing argument, bad option value): typer raises its click exception
         # types (vendored inside typer since 0.29), which all carry `show()` and `exit_code`.
@@ -74,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
             show()
             return exit_code
         raise
+    if result == EXIT_INTERRUPTED:
+        # typer turns a KeyboardInterrupt inside a command into a silent exit 130 (no command returns 130
+        # itself; `build` catches its own Ctrl-C to say what it stored): say what happened.
+        print(INTERRUPTED, file=sys.stderr)
     return result if isinstance(result, int) else 0
 
 

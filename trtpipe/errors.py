@@ -4,17 +4,26 @@ Every error raised for a user's mistake or for a missing capability is a `Trtpip
 the CLI prints it as one line (no traceback) and exits with its `exit_code`. Raise the subclass
 named for what the user can do about it; it carries the fields a caller or the CLI needs.
 
-Exit codes (one table for the whole CLI):
-    0   success
-    1   a check, gate, plan, build or test did not pass (TrtpipeError, GateRefused, IntegrityError, ...)
-    2   invalid input: spec, option, file or reference (InvalidInput and its subclasses)
-    3   this host lacks a capability the operation needs (MissingCapability)
-    4   a concurrent change won (Conflict)
-    5   an operation ran past its deadline (TimedOut)
-    130 interrupted (Ctrl-C)
+A library error's `fix` says what to change in the world (a file, a spec field, a variable, a
+service); it never names a trtpipe command or flag. The CLI adds those from the error's type and
+fields (`trtpipe.commands.hints`), where a test checks each against the command line itself.
+
+Exit codes: `EXIT_CODES` below, one table for the whole CLI (the README prints the same table).
 """
 
 from __future__ import annotations
+
+
+# exit code -> what it means, for the whole CLI (README's table is checked against this).
+EXIT_CODES: dict[int, str] = {
+    0: "success",
+    1: "a check, gate, plan, build or test did not pass, or stored data failed verification",
+    2: "invalid input: a spec, option, file, credential or reference (InvalidInput and its kinds)",
+    3: "this host lacks a capability the operation needs: a GPU, TensorRT-LLM, a Docker daemon (MissingCapability)",
+    4: "a concurrent change won: a channel moved, a tag already names another artifact (Conflict)",
+    5: "an operation ran past its deadline (TimedOut)",
+    130: "interrupted (Ctrl-C); nothing is left half-written",
+}
 
 
 class TrtpipeError(Exception):
@@ -86,6 +95,14 @@ class NotFound(InvalidInput):
         super().__init__(message, fix=fix)
 
 
+class AccessDenied(InvalidInput):
+    """A service refused the credentials given (or none were found): fix the credentials."""
+
+    def __init__(self, message: str, *, resource: str, fix: str | None = None) -> None:
+        self.resource = resource
+        super().__init__(message, fix=fix)
+
+
 class MissingCapability(TrtpipeError):
     """This host lacks what the operation needs (a GPU, TensorRT-LLM, a Docker daemon ...)."""
 
@@ -105,8 +122,9 @@ class GateRefused(TrtpipeError):
 class IntegrityError(TrtpipeError):
     """Stored data is not what its name or record says (a corrupt entry, object, trail or result log)."""
 
-    def __init__(self, message: str, *, path: str | None = None, fix: str | None = None) -> None:
+    def __init__(self, message: str, *, path: str | None = None, in_store: bool = False, fix: str | None = None) -> None:
         self.path = path
+        self.in_store = in_store  # damage to a stored artifact (which the store can restore to its digest)
         super().__init__(message, fix=fix)
 
 
@@ -118,6 +136,36 @@ class Conflict(TrtpipeError):
     def __init__(self, message: str, *, resource: str, fix: str | None = None) -> None:
         self.resource = resource
         super().__init__(message, fix=fix)
+
+
+class RemoteError(TrtpipeError):
+    """A remote service (a registry) is unreachable or answered with an error."""
+
+    def __init__(self, message: str, *, remote: str, fix: str | None = None) -> None:
+        self.remote = remote
+        super().__init__(message, fix=fix)
+
+
+class CheckFailed(TrtpipeError):
+    """A check of a running system failed (a server not ready, a model missing, a wrong answer)."""
+
+    def __init__(self, message: str, *, check: str, fix: str | None = None) -> None:
+        self.check = check
+        super().__init__(message, fix=fix)
+
+
+class InternalError(TrtpipeError):
+    """trtpipe broke one of its own rules (a stage wrote what the store refuses): a bug to report."""
+
+
+class Interrupted(TrtpipeError):
+    """The user pressed Ctrl-C; `kept` names what was already stored (whole, and reused next time)."""
+
+    exit_code = 130
+
+    def __init__(self, message: str, *, kept: list[str] | None = None) -> None:
+        self.kept = list(kept or [])
+        super().__init__(message)
 
 
 class TimedOut(TrtpipeError):

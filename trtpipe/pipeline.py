@@ -668,19 +668,22 @@ def tokenizer_digest(store: Store, tokenizer_dir: Path | None) -> str | None:
     return keymod.tree_digest(found) if found else None
 
 
-def open_stores(store: Store | Path | str | None) -> tuple[Store, Any]:
-    """The local store, and the shared OCI cache when `store` (or $TRTPIPE_STORE) is `oci://host/repo`.
+def open_stores(store: Store | Path | str | None, remote: Any = None) -> tuple[Store, Any]:
+    """The local store, and the remote cache (`trtpipe.store.remote`) when `remote` is given or `store`
+    (or $TRTPIPE_STORE) names one, e.g. `oci://host/repo` (`trtpipe.settings.places` decides).
 
-    With a remote cache, artifacts still live in the local store ($TRTPIPE_HOME); the registry is
-    consulted before building a stage, and what is built is pushed to it."""
+    With a remote cache, artifacts still live in the local store; the remote is consulted before
+    building a stage, and what is built is pushed to it."""
     if isinstance(store, Store):
-        return store, None
-    text = str(store) if store is not None else os.environ.get("TRTPIPE_STORE", "")
-    if text.startswith("oci://"):
-        from trtpipe.store.oci import RemoteStore
+        return store, remote
+    from trtpipe.settings import from_env, places
+    from trtpipe.store.remote import open_remote
 
-        return Store.open(None), RemoteStore(text)
-    return Store.open(store), None
+    settings = from_env()
+    root, remote_url = places(store, settings)
+    if remote is None and remote_url is not None:
+        remote = open_remote(remote_url, settings)
+    return Store.open(root), remote
 
 
 def run_build(
@@ -691,6 +694,7 @@ def run_build(
     verify: bool = False,
     store: Store | Path | str | None = None,
     progress: bool = True,
+    remote: Any = None,
 ) -> BuildReport:
     """Build (or reuse) every stage of a spec. Raises TrtpipeError when a stage fails; the report's
     status is "incomplete" when a stage's module is not available, "dry-run" for a dry run."""
@@ -698,7 +702,7 @@ def run_build(
     if not spec_path.is_file():
         raise UsageError(f"{spec_path}: no such spec file", fix="give the path of a build spec YAML")
     forced = check_force(force)
-    opened, remote = open_stores(store)
+    opened, remote = open_stores(store, remote)
     runner = _Runner(spec_path, opened, dry_run=dry_run, force=forced, verify=verify, progress=progress,
                      remote=remote)
     try:

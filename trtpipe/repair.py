@@ -14,8 +14,13 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from typing import TYPE_CHECKING
+
 from trtpipe.errors import TrtpipeError
 from trtpipe.store.local import Store
+
+if TYPE_CHECKING:
+    from trtpipe.store.remote import RemoteCache
 
 
 class Damaged(BaseModel):
@@ -35,14 +40,12 @@ class RepairOutcome(BaseModel):
     detail: str = ""
 
 
-def repair(store: Store, damaged: list[Damaged], *, remote_url: str | None = None) -> list[RepairOutcome]:
-    outcomes = []
-    for item in damaged:
-        outcomes.append(_repair_one(store, item, remote_url))
-    return outcomes
+def repair(store: Store, damaged: list[Damaged], *, remote: RemoteCache | None = None) -> list[RepairOutcome]:
+    """Restore each damaged artifact from `remote` (when given and it holds that digest), else by rebuilding."""
+    return [_repair_one(store, item, remote) for item in damaged]
 
 
-def _repair_one(store: Store, item: Damaged, remote_url: str | None) -> RepairOutcome:
+def _repair_one(store: Store, item: Damaged, remote: RemoteCache | None) -> RepairOutcome:
     def outcome(restored: bool, how: str | None, detail: str = "") -> RepairOutcome:
         return RepairOutcome(kind=item.kind, key=item.key, digest=item.digest, channels=item.channels,
                              restored=restored, how=how, detail=detail)
@@ -50,19 +53,19 @@ def _repair_one(store: Store, item: Damaged, remote_url: str | None) -> RepairOu
     if store.healthy(item.kind, item.key, item.digest) is not None:
         return outcome(True, "already healthy")
     reasons: list[str] = []
-    if remote_url:
+    if remote is not None:
         try:
-            if _pull(store, item, remote_url):
-                return outcome(True, f"pulled from {remote_url}")
-            reasons.append(f"{remote_url} holds no {item.kind} of that digest")
+            if _pull(store, item, remote):
+                return outcome(True, f"pulled from {remote.url}")
+            reasons.append(f"{remote.url} holds no {item.kind} of that digest")
         except TrtpipeError as err:
-            reasons.append(f"pull from {remote_url} failed: {err.one_line()}")
+            reasons.append(f"pull from {remote.url} failed: {err.one_line()}")
     from trtpipe.build_record import records_for_digest
 
     records = [r for r in records_for_digest(store.root, item.digest) if r.spec]
     if not records:
         reasons.append("no build record names this digest, so its inputs are unknown")
-        return outcome(False, None, "; ".join(reasons) + "; pass --store oci://HOST/REPO to restore it from a registry")
+        return outcome(False, None, "; ".join(reasons) + "; a remote cache that holds it can restore it")
     record = records[0]
     try:
         _rebuild(store, record.spec)
@@ -79,10 +82,7 @@ def _repair_one(store: Store, item: Damaged, remote_url: str | None) -> RepairOu
     return outcome(False, None, "; ".join(reasons))
 
 
-def _pull(store: Store, item: Damaged, remote_url: str) -> bool:
-    from trtpipe.store.oci import RemoteStore
-
-    remote = RemoteStore(remote_url)
+def _pull(store: Store, item: Damaged, remote: RemoteCache) -> bool:
     found = remote.find(item.kind, item.key)
     if found is None or found.artifact_digest != item.digest:
         return False

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from trtpipe.errors import TrtpipeError, UsageError
+from trtpipe.errors import IntegrityError, UsageError
 
 ResultKind = Literal["smoke", "parity", "bench"]
 RESULT_KINDS: tuple[str, ...] = ("smoke", "parity", "bench")
@@ -33,7 +33,7 @@ def normalize_digest(digest: str) -> str:
     if not _DIGEST_RE.match(text):
         raise UsageError(
             f"{digest!r} is not an artifact digest",
-            fix="give sha256:<64 hex digits> (see `trtpipe cache ls` or the build report)",
+            fix="give sha256:<64 hex digits>, as the build report names it",
         )
     return text
 
@@ -121,8 +121,8 @@ class ResultsLog:
             try:
                 out.append(ResultRecord.model_validate_json(line))
             except ValidationError as exc:
-                raise TrtpipeError(
-                    f"{path}:{number}: corrupt result record: {_first_error(exc)}",
+                raise IntegrityError(
+                    f"{path}:{number}: corrupt result record: {_first_error(exc)}", path=str(path),
                     fix="results logs are append-only; restore the file or remove the bad line",
                 ) from None
         return [r for r in out if r.artifact_digest == digest]
@@ -137,11 +137,12 @@ def _first_error(exc: Exception) -> str:
 
 
 def current_user() -> str:
-    """Who is acting: $TRTPIPE_USER, else the CI's actor, else the login name."""
-    for var in ("TRTPIPE_USER", "GITHUB_ACTOR", "GITLAB_USER_LOGIN"):
-        value = os.environ.get(var)
-        if value:
-            return value
+    """Who is acting: $TRTPIPE_USER, else the CI's actor, else the login name (`trtpipe.settings`)."""
+    from trtpipe.settings import from_env
+
+    actor = from_env().actor
+    if actor:
+        return actor
     import getpass
 
     try:

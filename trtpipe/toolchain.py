@@ -30,13 +30,12 @@ def build_configs_dir() -> Path:
     The single copy lives in the repository (a source checkout or the editable install `pip install -e .`
     both see it beside `trtpipe/`); the variable points a non-editable install at a checkout's copy.
     """
-    import os
-
     import trtpipe
+    from trtpipe.settings import from_env
 
-    override = os.environ.get("TRTPIPE_BUILD_CONFIGS")
-    if override:
-        return Path(override).expanduser().resolve()
+    override = from_env().build_configs
+    if override is not None:
+        return override.resolve()
     return Path(trtpipe.__file__).resolve().parent.parent / "build_configs"
 
 

@@ -12,7 +12,8 @@ import pytest
 from trtpipe.bench import run_bench
 from trtpipe.bench.metrics import Slo
 from trtpipe.bench.report import BenchResult
-from trtpipe.bench.counting import counter_for, server_counts
+from trtpipe.bench.counting import server_counts
+from trtpipe.commands.bench import token_counter as counter_for
 from trtpipe.bench.workload import LengthDist, WordCounter, synthetic_workload
 from trtpipe.cli import main
 
@@ -20,10 +21,8 @@ BENCH_MODELS = Path(__file__).resolve().parents[2] / "benchmarks" / "models"
 
 
 @pytest.fixture(scope="module")
-def example_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny Llama built and published by the real pipeline (the serving area's helper)."""
-    from trtpipe.serving.demo import publish_example
-
+def example_repo(tmp_path_factory: pytest.TempPathFactory, publish_example) -> Path:
+    """The tiny Llama built and published by the real pipeline (tests/conftest.py's helper)."""
     return publish_example(tmp_path_factory.mktemp("bench-example"))
 
 
@@ -43,7 +42,8 @@ def test_sweep_against_the_tiny_model(example_server, example_repo: Path, tmp_pa
         "bench", example_server.grpc_url, "--model", "ensemble", "--rates", "4,16", "--requests", "10",
         "--input-len", "uniform:4,24", "--output-len", "uniform:2,12", "--ignore-eos", "--seed", "3",
         "--duration", "60s", "--timeout", "30s", "--metrics-url", example_server.metrics_url,
-        "--slo", "ttft=30s", "--json", str(json_path), "--plot", str(png_path), "--record", str(example_repo),
+        "--slo", "ttft=30s", "--output", str(json_path), "--plot", str(png_path), "--record", str(example_repo),
+        "--store", str(example_repo.parent.parent),
     ])
     assert code == 0
     result = BenchResult.model_validate_json(json_path.read_text())  # the JSON validates
@@ -70,11 +70,13 @@ def test_sweep_against_the_tiny_model(example_server, example_repo: Path, tmp_pa
 
     from trtpipe.results import ResultsLog
     from trtpipe.serving.identity import record_target
+    from trtpipe.store.local import Store
 
-    # Filed under the repository digest the server reports serving, in the store that holds it.
-    target = record_target(example_repo)
+    # Filed under the repository digest the server reports serving, in the workspace of the store that holds it.
+    home = example_repo.parent.parent
+    target = record_target(example_repo, Store(home))
     assert target.digest == example_server.repository_digest
-    recorded = ResultsLog(target.home).for_digest(target.digest)
+    recorded = ResultsLog(home).for_digest(target.digest)
     assert [(r.kind, r.passed, r.gpu_class) for r in recorded] == [("bench", True, "cpu-reference")]
     assert len(recorded[0].data["runs"]) == 2 and "records" not in recorded[0].data["runs"][0]
 
@@ -97,12 +99,12 @@ def test_input_len_is_exact_in_served_tokens_at_the_engine_limit(example_server,
     """Given only the URL and --tokenizer REPO: --input-len 64 (the engine's max_input_len) makes prompts that
     the served preprocessing model counts as exactly 64 tokens, BOS included, and the engine accepts every one;
     --input-len 65 is one token too long for every prompt, and the engine refuses every one."""
-    limit = 64  # trtpipe.serving.demo.EXAMPLE_LIMITS["max_input_len"]
+    limit = 64  # tests/conftest.py EXAMPLE_LIMITS["max_input_len"]
     common = ["bench", example_server.grpc_url, "--mode", "closed", "--concurrency", "2", "--requests", "6",
               "--output-len", "2", "--ignore-eos", "--tokenizer", str(example_repo), "--seed", "11",
               "--metrics-url", example_server.metrics_url]
     json_path = tmp_path / "at-limit.json"
-    assert main([*common, "--input-len", str(limit), "--json", str(json_path)]) == 0
+    assert main([*common, "--input-len", str(limit), "--output", str(json_path)]) == 0
     result = BenchResult.model_validate_json(json_path.read_text())
     prompts = [spec.prompt for spec in result.workload.requests]
     assert [spec.input_tokens for spec in result.workload.requests] == [limit] * 6
@@ -115,7 +117,7 @@ def test_input_len_is_exact_in_served_tokens_at_the_engine_limit(example_server,
     assert "equal to the served preprocessing's count on 6 prompts" in " ".join(capsys.readouterr().out.split())
 
     over_path = tmp_path / "over-limit.json"
-    assert main([*common, "--input-len", str(limit + 1), "--json", str(over_path)]) == 1
+    assert main([*common, "--input-len", str(limit + 1), "--output", str(over_path)]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert f"6 of 6 prompts are longer than the served max_input_len {limit}" in out
     over = BenchResult.model_validate_json(over_path.read_text())
@@ -191,11 +193,15 @@ def test_cli_closed_loop_on_a_sharegpt_dataset_json_to_stdout(stream_server, tmp
     code = main([
         "bench", stream_server.grpc_url, "--model", "stream_tokens", "--mode", "closed", "--concurrency", "4",
         "--requests", "24", "--dataset", str(dataset), "--output-len", "uniform:3,9", "--seed", "5",
-        "--metrics-url", stream_server.metrics_url, "--json", "-", "--token-counting", "words",
+        "--metrics-url", stream_server.metrics_url, "--json", "--output", str(tmp_path / "raw.json"),
+        "--token-counting", "words",
     ])
     assert code == 0
     captured = capsys.readouterr()
-    result = BenchResult.model_validate_json(captured.out)  # stdout is JSON only
+    summary = json.loads(captured.out)  # stdout is JSON only: the summary a results log keeps
+    result = BenchResult.model_validate_json((tmp_path / "raw.json").read_text())  # --output: every request
+    assert summary == json.loads(json.dumps(result.summary()))
+    assert "records" not in summary["runs"][0] and summary["runs"][0]["concurrency"] == 4
     # Words were asked for (the no-work model has no tokenizer): the JSON and the table say so.
     assert result.workload.token_counting == "words" and result.workload.tokenizer is None
     assert "counted in WORDS, not tokens" in " ".join(captured.err.split())

@@ -7,13 +7,13 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from rich.console import Console
 
 from trtpipe.bench import run_bench
 from trtpipe.bench.loadgen import TokenChunk
 from trtpipe.bench.metrics import Slo
 from trtpipe.bench.plot import plot_result
-from trtpipe.bench.report import BenchResult, load_json, render_table, write_json
+from trtpipe.bench.report import BenchResult, load_json, result_table, write_json
+from trtpipe.commands.output import print_table
 from trtpipe.bench.workload import LengthDist, RequestSpec, WordCounter, synthetic_workload
 
 
@@ -25,7 +25,7 @@ def quick_sender(request: RequestSpec, deadline: float) -> Iterator[TokenChunk]:
 
 
 @pytest.mark.timeout(60)
-def test_sweep_json_table_and_plot(tmp_path: Path) -> None:
+def test_sweep_json_table_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     workload = synthetic_workload(
         25, LengthDist.parse("uniform:4,20"), LengthDist.parse("uniform:2,8"), seed=1, counter=WordCounter()
     )
@@ -39,17 +39,20 @@ def test_sweep_json_table_and_plot(tmp_path: Path) -> None:
     assert all(run.server.error for run in result.runs)  # no metrics URL: said, not hidden
 
     out = tmp_path / "result.json"
-    write_json(result, str(out))
+    write_json(result, out)
     again = load_json(out)
     assert again == result
     assert out.stat().st_mode & 0o777 == 0o644  # readable by others, unlike mkstemp's 0600
     assert [p.name for p in tmp_path.iterdir()] == ["result.json"]  # no temp file left
     assert isinstance(BenchResult.model_json_schema(), dict)
 
-    console = Console(record=True, width=200)
-    render_table(result, console)
-    text = console.export_text()
+    table = result_table(result)
+    print_table(table.title, table.columns, table.rows, caption=table.caption)
+    text = capsys.readouterr().out
     assert "40 req/s" in text and "160 req/s" in text and "25/25" in text
+    # One line per load level, every cell whole (rich stacked "mean / P50 / P90 / P99" four lines high at 80 columns).
+    rows = [line for line in text.splitlines() if line.lstrip().startswith(("40 req/s", "160 req/s"))]
+    assert len(rows) == 2 and all("25/25" in row and row.count(" / ") >= 12 for row in rows)
     assert "in words" in text and "counted in WORDS, not tokens (--token-counting words)" in " ".join(text.split())
 
     png = plot_result(result, tmp_path / "plots" / "bench.png")

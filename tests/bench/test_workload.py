@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trtpipe.bench.counting import counter_for
+from trtpipe.commands.bench import token_counter as counter_for
 from trtpipe.bench.workload import (
     HfTokenizerCounter,
     LengthDist,

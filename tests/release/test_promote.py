@@ -61,17 +61,19 @@ def test_promote_staging_then_prod_then_rollback(isolated_home, store_entry, cli
     code, out, err = cli("promote", second.key[:8], "--to", "prod")
     assert code == 0, err
     assert prod_digest(isolated_home) == second.digest
-    # The store's gc pins what channels hold and can roll back to.
-    from trtpipe.store.local import Store
+    # gc keeps what channels hold and can roll back to: the release area hands the store these pins.
+    from trtpipe.release.channels import ChannelStore
 
-    assert {first.digest, second.digest} <= Store.open(isolated_home).pinned_digests()
+    pins = ChannelStore(isolated_home).pins()
+    assert {first.digest, second.digest} <= set(pins)
+    assert pins[second.digest] == ["tiny-llama/cpu-reference/prod"]
     code, out, err = cli("rollback", "prod", "--json")
     assert code == 0, err
     record = json.loads(out)
     assert (record["action"], record["from_digest"], record["to_digest"]) == ("rollback", second.digest, first.digest)
     assert prod_digest(isolated_home) == first.digest
     code, _, err = cli("rollback", "prod")
-    assert code == 1 and "no earlier digest" in err
+    assert code == 2 and "no earlier digest" in err  # NotFound: nothing to roll back to (exit 2)
     code, out, _ = cli("channels", "--json", "--verify")
     assert code == 0
     states = {s["channel"]: s for s in json.loads(out)["channels"]}
@@ -219,8 +221,8 @@ def test_concurrent_promotions_one_wins(isolated_home, store_entry) -> None:
     ]
     outcomes = [(p.wait(timeout=90), p.stdout.read(), p.stderr.read()) for p in procs]
     codes = sorted(code for code, _, _ in outcomes)
-    assert codes == [0, 1], outcomes
-    loser_err = next(err for code, _, err in outcomes if code == 1)
+    assert codes == [0, 4], outcomes  # the loser: Conflict (exit 4), a concurrent change won
+    loser_err = next(err for code, _, err in outcomes if code == 4)
     assert "moved to" in loser_err and "nothing changed" in loser_err and "Traceback" not in loser_err
     winner = a if outcomes[0][0] == 0 else b
     loser = b if winner is a else a

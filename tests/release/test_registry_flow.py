@@ -56,7 +56,7 @@ def test_version_tag_refuses_overwrite_via_cli(registry_env, store_entry, cli) -
     url = registry_env.url("flow/immutable")
     assert cli("cache", "push", first.key, "--to", url, "--tag", "v2")[0] == 0
     code, _, err = cli("cache", "push", second.key, "--to", url, "--tag", "v2")
-    assert code == 1 and "never moved" in err
+    assert code == 4 and "never moved" in err  # Conflict: the tag already names another artifact
     client = oci.OciClient(registry_env.host)
     remote = oci.resolve_remote(client, oci.parse_oci_ref(url + ":v2"))
     assert remote.artifact_digest == first.digest
@@ -91,11 +91,11 @@ def test_remote_store_as_shared_build_cache(registry_env, store_entry, tmp_path)
     from trtpipe.store.local import Store
 
     entry = store_entry(Path(os.environ["TRTPIPE_HOME"]), "5eed5eed5eed5eed", seed="c")
-    remote = oci.RemoteStore(registry_env.url("flow/cache"))
+    remote = oci.OciRemote(registry_env.url("flow/cache"))
     runner_store = Store.open(tmp_path / "runner-store")
-    assert remote.pull_if_present("engine", entry.key, runner_store) is None
+    assert remote.find("engine", entry.key) is None
     remote.push(entry)
-    got = remote.pull_if_present("engine", entry.key, runner_store)
+    got = remote.pull(remote.find("engine", entry.key), runner_store)
     assert got is not None and got.digest == entry.digest
     assert runner_store.get("engine", entry.key, verify=True) is not None
     # Inside a build that already holds the key's lock (how the stage runner uses it).

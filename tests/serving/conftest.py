@@ -1,6 +1,6 @@
 """Serving fixtures: the tiny example built and published for real, and a real tritonserver on loopback.
 
-Other areas (bench) can build the same thing with `trtpipe.serving.demo.publish_example(tmp_dir)`
+Other areas (bench) build the same thing with the `publish_example` fixture (tests/conftest.py)
 and `trtpipe.serving.server.start_server(repo)`.
 """
 
@@ -14,10 +14,8 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def example_repo(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Path:
+def example_repo(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path, publish_example) -> Path:
     """The published repository of the tiny Llama (cpu-reference, streaming), built by the real pipeline."""
-    from trtpipe.serving.demo import publish_example
-
     return publish_example(tmp_path_factory.mktemp("serving-example"), model_dir=tiny_llama_dir)
 
 

@@ -76,9 +76,8 @@ def test_cpu_reference_repository_is_a_superset(example_repo: Path) -> None:
     _assert_superset(example_repo)
 
 
-def test_cpu_reference_non_streaming_repository_is_a_superset(example_repo: Path, tiny_llama_dir: Path) -> None:
-    from trtpipe.serving.demo import publish_example
-
+def test_cpu_reference_non_streaming_repository_is_a_superset(example_repo: Path, tiny_llama_dir: Path,
+                                                               publish_example) -> None:
     repo = publish_example(example_repo.parent.parent.parent, streaming=False, model_dir=tiny_llama_dir)
     assert "decoupled: false" in (repo / "tensorrt_llm" / "config.pbtxt").read_text()
     _assert_superset(repo)

@@ -54,11 +54,12 @@ def test_build_serve_smoke_bench_then_verify_is_clean_and_the_store_unchanged(ex
                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from trtpipe.results import ResultsLog
     from trtpipe.serving.identity import record_target
+    from trtpipe.store.local import Store
 
     home = example_repo.parent.parent
     monkeypatch.setenv("TRTPIPE_HOME", str(home))
     before = _store_files(home)
-    target = record_target(example_repo)
+    target = record_target(example_repo, Store(home))
     with served(example_repo, home) as info:
         serving_dir = Path(info["serving_dir"])
         assert info["repository_digest"] == target.digest
@@ -77,20 +78,21 @@ def test_build_serve_smoke_bench_then_verify_is_clean_and_the_store_unchanged(ex
 
 
 def test_recording_for_another_repository_than_the_served_one_is_refused(triton_server, example_repo: Path,
-                                                                        tiny_llama_dir: Path,
+                                                                        tiny_llama_dir: Path, publish_example,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    from trtpipe.serving.demo import publish_example
     from trtpipe.serving.identity import record_target
+    from trtpipe.store.local import Store
 
     # Another repository in the same store (the same engine, published non-streaming): B.
     other = publish_example(example_repo.parent.parent.parent, streaming=False, model_dir=tiny_llama_dir)
-    b = record_target(other)
+    home = other.parent.parent
+    b = record_target(other, Store(home))
     assert b.digest != triton_server.repository_digest
-    results = b.home / "results" / (b.digest.removeprefix("sha256:") + ".jsonl")
+    results = home / "results" / (b.digest.removeprefix("sha256:") + ".jsonl")
     capsys.readouterr()
-    for command in (["smoke", triton_server.grpc_url, "--record", str(other)],
+    for command in (["smoke", triton_server.grpc_url, "--record", str(other), "--store", str(home)],
                     ["bench", triton_server.grpc_url, "--mode", "closed", "--concurrency", "1", "--requests", "2",
-                     "--metrics-url", triton_server.metrics_url, "--record", str(other)]):
+                     "--metrics-url", triton_server.metrics_url, "--record", str(other), "--store", str(home)]):
         assert main(command) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "refused to record" in err and triton_server.repository_digest in err
@@ -106,7 +108,8 @@ def test_a_server_reporting_no_identity_cannot_record(repo_copy: Path, example_r
     with start_server(repo_copy, start_timeout=180) as server:
         assert server.repository_digest is None
         capsys.readouterr()
-        assert main(["smoke", server.grpc_url, "--record", str(example_repo)]) == 2
+        assert main(["smoke", server.grpc_url, "--record", str(example_repo),
+                     "--store", str(example_repo.parent.parent)]) == 2
     err = capsys.readouterr().err
     assert "reports no trtpipe_repository_digest" in err and "nothing recorded" in err
 

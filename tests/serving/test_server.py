@@ -158,17 +158,19 @@ def test_smoke_command_json_and_record(triton_server, example_repo: Path, capsys
     from trtpipe.cli import main
     from trtpipe.results import ResultsLog
     from trtpipe.serving.identity import record_target
+    from trtpipe.store.local import Store
 
-    code = main(["smoke", triton_server.grpc_url, "--json", "--record", str(example_repo)])
+    home = example_repo.parent.parent  # the workspace whose store holds the repository
+    code = main(["smoke", triton_server.grpc_url, "--json", "--record", str(example_repo), "--store", str(home)])
     result = json.loads(capsys.readouterr().out)
     assert code == 0, result
     assert result["passed"] and {c["name"] for c in result["checks"]} >= {
         "live", "ready", "models_ready", "metadata", "generate", "stream"}
-    target = record_target(example_repo)
+    target = record_target(example_repo, Store(home))
     # Recorded under what the server reports serving, which is exactly the repository's digest.
     assert result["served"]["repository_digest"] == target.digest == triton_server.repository_digest
     assert result["recorded_for"] == target.digest
-    assert any(r.kind == "smoke" and r.passed for r in ResultsLog(target.home).for_digest(target.digest))
+    assert any(r.kind == "smoke" and r.passed for r in ResultsLog(home).for_digest(target.digest))
 
 
 def test_served_models_report_the_repository_identity(triton_server, example_repo: Path) -> None:
@@ -232,10 +234,9 @@ def test_server_killed_mid_stream(example_repo: Path) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_non_streaming_deployment(example_repo: Path, tiny_llama_dir: Path) -> None:
+def test_non_streaming_deployment(example_repo: Path, tiny_llama_dir: Path, publish_example) -> None:
     """triton.streaming: false publishes a non-decoupled tensorrt_llm; unary calls work, streaming is refused."""
     from trtpipe.errors import TrtpipeError
-    from trtpipe.serving.demo import publish_example
     from trtpipe.serving.server import start_server
 
     example_dir = example_repo.parent.parent.parent  # publish_example's tmp_dir: same store, engine reused

@@ -122,8 +122,23 @@ def test_validate_command_exit_codes(example_repo: Path, repo_copy: Path, capsys
     assert out["valid"] is False and any(i["model"] == "preprocessing" for i in out["issues"])
 
 
-def test_templates_digest_is_stable_and_covers_model_code() -> None:
+def test_templates_digest_moves_when_a_model_py_or_a_template_changes(tmp_path: Path) -> None:
+    """The repository key hashes the templates: editing a served model.py (or a config.pbtxt) must change it."""
+    import shutil
+
     from trtpipe.serving.templates import TEMPLATE_ROOT, templates_digest
 
-    assert templates_digest() == templates_digest()
-    assert (TEMPLATE_ROOT / "tensorrt_llm_reference" / "1" / "model.py").is_file()
+    copy = tmp_path / "triton_repo"
+    shutil.copytree(TEMPLATE_ROOT, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    original = templates_digest()
+    assert templates_digest(copy) == original  # content only: another folder, the same digest
+    model_py = copy / "tensorrt_llm_reference" / "1" / "model.py"
+    text = model_py.read_text()
+    model_py.write_text(text + "\n# a one-line change\n")
+    edited = templates_digest(copy)
+    assert edited != original
+    model_py.write_text(text)
+    assert templates_digest(copy) == original
+    config = copy / "preprocessing" / "config.pbtxt"
+    config.write_text(config.read_text().replace("max_batch_size", "max_batch_size ", 1))
+    assert templates_digest(copy) not in (original, edited)

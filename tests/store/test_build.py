@@ -186,17 +186,20 @@ def test_cache_commands(built, tmp_path: Path, tools) -> None:
     key = built[1]["keys"]["engine"]
     shown = json.loads(tools.run_cli(home, "cache", "show", key[:10], "--json").stdout)
     assert shown["manifest"]["key"] == key and shown["digest"] == built[1]["artifacts"]["engine"]
-    # A channel pin protects an artifact from rm and gc.
-    (home / "channels").mkdir(exist_ok=True)
-    (home / "channels" / "prod.json").write_text(json.dumps({"digest": built[1]["artifacts"]["engine"]}))
-    assert tools.run_cli(home, "cache", "rm", f"engine/{key}").returncode == 1
+    # A channel pin protects an artifact from rm and gc (the pins come from the release area's channels).
+    from trtpipe.release.channels import ChannelPointer, ChannelStore
+
+    pointer = ChannelStore(home).write(ChannelPointer(channel="prod", model="tiny", target="cpu-reference",
+                                                      digest=built[1]["artifacts"]["engine"], set_at="t", set_by="test"))
+    refused = tools.run_cli(home, "cache", "rm", f"engine/{key}")
+    assert refused.returncode == 4 and "tiny/cpu-reference/prod" in refused.stderr  # Conflict: a channel pins it
     gc = json.loads(tools.run_cli(home, "cache", "gc", "--max-size", "1B", "--json").stdout)
     assert f"engine/{key}" in gc["kept_pinned"]
     assert {a["name"] for a in gc["removed"] if a["what"] == "entry"} == {
         f"checkpoint/{built[1]['keys']['checkpoint']}", f"repository/{built[1]['keys']['publish']}"
     }
     assert tools.run_cli(home, "cache", "verify").returncode == 0
-    (home / "channels" / "prod.json").unlink()
+    pointer.unlink()
     assert tools.run_cli(home, "cache", "rm", f"engine/{key}").returncode == 0
     assert json.loads(tools.run_cli(home, "cache", "ls", "--json").stdout) == []
     assert tools.run_cli(home, "cache", "show", "nope").returncode == 2

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from trtpipe.errors import UsageError
+from trtpipe.errors import NotFound, UsageError
 from trtpipe.store import gc
 from trtpipe.store.local import Store
 from trtpipe.store.objects import sha256_file
@@ -89,7 +89,7 @@ def test_an_entry_of_an_older_manifest_version_is_a_miss_and_replaced(store: Sto
     (entry.path / "manifest.json").write_text(json.dumps(manifest))
     assert store.get("engine", "old") is None  # a miss, not an error, not quarantined
     assert not (store.root / "quarantine").exists()
-    assert verify_store(store).outdated == ["engine/old"]
+    assert verify_store(store, pins={}).outdated == ["engine/old"]
     with store.building("engine", "old") as b:
         assert b.existing is None
         (b.dir / "x").write_bytes(b"1")
@@ -109,7 +109,7 @@ def test_adopt_never_links_onto_an_object_holding_other_bytes(store: Store) -> N
     assert store.objects.path_for(digest).read_bytes() == good
     assert store.objects.corrupt == [digest]
     assert (store.root / "quarantine" / "objects" / digest).read_bytes() == b"B" * 4096
-    assert verify_store(store).ok
+    assert verify_store(store, pins={}).ok
 
 
 def sha256_file_bytes(data: bytes) -> str:
@@ -177,16 +177,16 @@ def test_flipped_byte_needs_verify_and_object_is_discarded(store: Store) -> None
 def test_verify_store_reports_and_quarantines(store: Store) -> None:
     _commit(store, "checkpoint", "good", {"a.bin": b"a" * 64})
     bad = _commit(store, "engine", "bad", {"b.bin": b"b" * 64})
-    assert verify_store(store).ok
+    assert verify_store(store, pins={}).ok
     path = bad.path / "b.bin"
     path.chmod(0o644)
     path.write_bytes(b"c" * 64)
-    report = verify_store(store)
+    report = verify_store(store, pins={})
     assert not report.ok
     assert {(p.kind, p.key) for p in report.problems} >= {("engine", "bad")}
     assert report.quarantined == ["engine/bad"]
     assert store.get("checkpoint", "good", verify=True) is not None
-    assert verify_store(store).ok
+    assert verify_store(store, pins={}).ok
 
 
 def _build_same_key(root: str, queue: multiprocessing.Queue) -> None:
@@ -233,7 +233,7 @@ def test_find_by_prefix_kind_and_digest(store: Store) -> None:
     assert store.find(a.digest[:20]).key == "abcdef01"
     with pytest.raises(UsageError, match="matches 2"):
         store.find("abcd")
-    with pytest.raises(UsageError):
+    with pytest.raises(NotFound):
         store.find("zzzz")
     with pytest.raises(UsageError):
         store.entry_dir("engine", "../escape")
@@ -252,20 +252,18 @@ def test_gc_lru_by_size_and_age_never_pinned_or_in_use(store: Store) -> None:
     held = _commit(store, "checkpoint", "held", {"x": b"h" * 1000})
     for entry, age in ((old, 40 * 86400), (mid, 20 * 86400), (new, 10), (pinned, 90 * 86400), (held, 90 * 86400)):
         _age(entry, age)
-    channels = store.root / "channels" / "tiny"
-    channels.mkdir(parents=True)
-    (channels / "prod.json").write_text(json.dumps({"channel": "prod", "digest": pinned.digest}))
+    pins = {pinned.digest: ["tiny/cpu-reference/prod"]}  # what the release area's channels pin
 
     with store.lease(held):
-        dry = gc.collect(store, max_age_s=30 * 86400, dry_run=True)
+        dry = gc.collect(store, pins=pins, max_age_s=30 * 86400, dry_run=True)
         assert [a.name for a in dry.removed if a.what == "entry"] == ["engine/old"]
         assert store.peek("engine", "old") is not None  # peek: a get() counts as a use
 
-        report = gc.collect(store, max_age_s=30 * 86400)
+        report = gc.collect(store, pins=pins, max_age_s=30 * 86400)
         assert [a.name for a in report.removed if a.what == "entry"] == ["engine/old"]
         assert "engine/pinned" in report.kept_pinned and "checkpoint/held" in report.kept_in_use
 
-        report = gc.collect(store, max_size=2500)  # LRU: mid goes first, then new; pinned and held stay
+        report = gc.collect(store, pins=pins, max_size=2500)  # LRU: mid goes first, then new; pinned and held stay
         assert [a.name for a in report.removed if a.what == "entry"] == ["engine/mid", "engine/new"]
     assert {e.key for e in store.entries()} == {"pinned", "held"}
     digests_left = {d for d, _ in store.objects.iter_objects()}
@@ -278,7 +276,7 @@ def test_gc_removes_leftovers_of_killed_builds_but_not_live_ones(store: Store) -
     (stale / "rank0.engine").write_bytes(b"partial")
     with store.building("checkpoint", "live") as b:
         (b.dir / "x").write_bytes(b"writing")
-        report = gc.collect(store)
+        report = gc.collect(store, pins={})
         assert b.dir.exists()
         assert [a.name for a in report.removed if a.what == "tmp"] == ["engine-deadkey-abc123"]
     assert not stale.exists()
@@ -326,7 +324,7 @@ with store.building("repository", "r", force=True) as b:  # a forced rebuild mov
     (b.dir / "x").write_bytes(b"2")
     again = b.commit(inputs={})
 print("removed" if store.remove(again) else "kept")
-gc.collect(store)
+gc.collect(store, pins={})
 root = Path(sys.argv[1])
 print(sorted(p.name for folder in ("trash", "repository", "tmp") if (root / folder).is_dir() for p in (root / folder).iterdir()))
 """

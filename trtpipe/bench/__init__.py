@@ -95,16 +95,16 @@ def run_bench(
     """
     if mode == "open":
         if not rates or any(r <= 0 for r in rates):
-            raise UsageError("open loop needs one or more positive rates", fix="pass --rate 4 or --rates 1,2,4")
+            raise UsageError("an open loop needs one or more positive rates")
         levels: list[tuple[float | None, int | None]] = [(float(r), None) for r in rates]
     elif mode == "closed":
         if not concurrency or concurrency < 1:
-            raise UsageError("closed loop needs --concurrency of at least 1", fix="pass --concurrency 4")
+            raise UsageError("a closed loop needs a concurrency of at least 1")
         levels = [(None, concurrency)]
     else:
-        raise UsageError(f"--mode must be open or closed, got {mode!r}")
+        raise UsageError(f"the mode must be open or closed, got {mode!r}")
     if duration_s <= 0 or drain_s < 0:
-        raise UsageError("--duration must be positive and --drain not negative")
+        raise UsageError("the duration must be positive and the drain time not negative")
     slo = slo or Slo()
     seed = workload.seed if seed is None else seed
     own_sender = sender is None

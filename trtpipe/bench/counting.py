@@ -1,13 +1,13 @@
 """How `trtpipe bench` counts prompt tokens: with the served model's tokenizer, checked by the server.
 
 Where the tokenizer comes from. Triton has no API to fetch a model's files, so the tokenizer is read
-from disk: `--tokenizer PATH` (a published model repository, or a tokenizer directory), else the
-`--record REPO` repository. In a repository it is the preprocessing model's own tokenizer, found the
-way the served `preprocessing/1/model.py` finds it (its `tokenizer_dir` parameter), counted with its
-`add_special_tokens` parameter. What the disk cannot prove, the server can: before any load, bench
+from disk: a published model repository, or a tokenizer directory (the CLI picks which:
+`trtpipe.commands.bench.token_counter`). In a repository it is the preprocessing model's own tokenizer,
+found the way the served `preprocessing/1/model.py` finds it (its `tokenizer_dir` parameter), counted
+with its `add_special_tokens` parameter. What the disk cannot prove, the server can: before any load, bench
 asks the served `preprocessing` model (the model the ensemble and BLS tokenize with) for its
 parameters and has it count the first prompts (REQUEST_INPUT_LEN, the length the engine sees);
-a different count is refused. No tokenizer and no `--token-counting words`: a one-line error.
+a different count is refused (`TokenizerMismatch`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel
 
-from trtpipe.bench.workload import HfTokenizerCounter, ServerCountCheck, TokenCounter, WordCounter, Workload
+from trtpipe.bench.workload import ServerCountCheck, Workload
 from trtpipe.errors import UsageError
 
 PREPROCESSING = "preprocessing"
@@ -71,7 +71,11 @@ def served_preprocessing(url: str) -> tuple[ServedPreprocessing | None, str | No
     ), None
 
 
-def _repository_tokenizer(repo: Path, option: str) -> tuple[Path, bool | None]:
+class TokenizerMismatch(UsageError):
+    """The tokenizer given counts prompts differently from the served model."""
+
+
+def repository_tokenizer(repo: Path, option: str) -> tuple[Path, bool | None]:
     """The tokenizer.json and add_special_tokens of a published repository's preprocessing model."""
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2 as mc
@@ -90,55 +94,15 @@ def _repository_tokenizer(repo: Path, option: str) -> tuple[Path, bool | None]:
     if not tokenizer_dir.is_relative_to((repo / PREPROCESSING).resolve()):
         raise UsageError(
             f"{config_path}: parameter tokenizer_dir {params['tokenizer_dir']!r} leaves the model directory",
-            fix="republish the repository with `trtpipe build --force publish`",
+            fix="publish the repository again",
         )
     tokenizer_json = tokenizer_dir / TOKENIZER_FILE
     if not tokenizer_json.is_file():
         raise UsageError(
             f"{option}: {tokenizer_json} does not exist (the preprocessing model's tokenizer)",
-            fix="republish the repository with `trtpipe build --force publish`",
+            fix="publish the repository again",
         )
     return tokenizer_json, _bool_parameter(params.get("add_special_tokens"))
-
-
-def counter_for(
-    counting: str, tokenizer: Path | None, record: Path | None, url: str
-) -> tuple[TokenCounter, ServedPreprocessing | None, str | None]:
-    """The counter `--token-counting` asks for, and the served preprocessing parameters (or why there
-    are none). The tokenizer comes from --tokenizer, else --record; nothing is asked of the server
-    before the options are known to be usable."""
-    if counting == "words":
-        return WordCounter(), None, None
-    if counting != "tokenizer":
-        raise UsageError(f"--token-counting must be tokenizer or words, got {counting!r}", fix="pass --token-counting tokenizer")
-    source, option = (tokenizer, "--tokenizer") if tokenizer is not None else (record, "--record")
-    if source is None:
-        raise UsageError(
-            "bench counts prompt lengths in tokens of the served model's tokenizer, and none was given",
-            fix="pass --tokenizer REPO (the model repository the server serves, or its tokenizer directory) "
-            "or --record REPO; or --token-counting words to count words instead of tokens",
-        )
-    if (source / PREPROCESSING / "config.pbtxt").is_file():
-        tokenizer_json, add_special = _repository_tokenizer(source, option)
-    elif (source / TOKENIZER_FILE).is_file() or (source.is_file() and source.name == TOKENIZER_FILE):
-        tokenizer_json, add_special = (source if source.is_file() else source / TOKENIZER_FILE), None
-    else:
-        raise UsageError(
-            f"{option}: {source} is neither a model repository (preprocessing/config.pbtxt) nor a tokenizer "
-            f"directory ({TOKENIZER_FILE})",
-            fix="pass the model repository the server serves, or --token-counting words",
-        )
-    served, reason = served_preprocessing(url)
-    if add_special is None:  # a bare tokenizer: add special tokens as the server does (model.py's default: true)
-        add_special = served.add_special_tokens if served is not None else True
-    try:
-        counter = HfTokenizerCounter(tokenizer_json, add_special_tokens=add_special)
-    except Exception as err:  # noqa: BLE001 - the tokenizers library raises plain Exceptions for a bad file
-        raise UsageError(
-            f"{option}: cannot load {tokenizer_json}: {' '.join(str(err).split())[:160]}",
-            fix="pass the model repository the server serves (its tokenizer.json is what the server loads)",
-        ) from None
-    return counter, served, reason
 
 
 def server_counts(url: str, prompts: list[str], max_batch_size: int) -> list[int]:
@@ -166,7 +130,7 @@ def server_counts(url: str, prompts: list[str], max_batch_size: int) -> list[int
                 message = " ".join(str(err.message()).split())[:200]
                 raise UsageError(
                     f"the served {PREPROCESSING} model refused prompt {start} while counting its tokens: {message}",
-                    fix="shorten --input-len to the served max_input_len, or check the server",
+                    fix="shorten the prompts to the served max_input_len, or check the server",
                 ) from None
             counts.extend(int(n) for n in result.as_numpy("REQUEST_INPUT_LEN").reshape(-1))
     finally:
@@ -193,10 +157,10 @@ def check_with_server(
     counts = server_counts(url, [spec.prompt for spec in sample], served.max_batch_size)
     for spec, count in zip(sample, counts):
         if count != spec.input_tokens:
-            raise UsageError(
+            raise TokenizerMismatch(
                 f"the served {PREPROCESSING} model counts {count} tokens in request {spec.index} where "
                 f"{workload.tokenizer} counts {spec.input_tokens}: that is not the tokenizer the server serves",
-                fix="pass --tokenizer with the model repository the server serves (or --token-counting words)",
+                fix="count with the tokenizer of the model repository the server serves, or count words",
             )
     check = ServerCountCheck(
         prompts_checked=len(sample), max_input_len=served.max_input_len, prompts_over_max_input_len=over_max

@@ -156,20 +156,20 @@ class Slo(BaseModel):
     e2e: float | None = None
 
     @classmethod
-    def parse(cls, text: str | None) -> "Slo":
+    def parse(cls, text: str | None, *, option: str = "SLO") -> "Slo":
         """`"ttft=500ms,tpot=50ms"` (metrics: ttft, tpot, itl, e2e; units us, ms, s; bare = seconds)."""
         if not text:
             return cls()
         values: dict[str, float] = {}
-        fix = "write --slo like ttft=500ms,tpot=50ms (metrics: ttft, tpot, itl, e2e)"
+        fix = f"write {option} like ttft=500ms,tpot=50ms (metrics: ttft, tpot, itl, e2e)"
         for part in text.split(","):
             name, sep, amount = part.partition("=")
             name = name.strip().lower()
             if not sep or name not in SLO_METRICS:
-                raise UsageError(f"--slo: cannot read {part.strip()!r}", fix=fix)
+                raise UsageError(f"{option}: cannot read {part.strip()!r}", fix=fix)
             match = re.match(r"^\s*([0-9]*\.?[0-9]+)\s*(us|ms|s)?\s*$", amount)
             if not match:
-                raise UsageError(f"--slo: {name}: cannot read {amount.strip()!r} as a duration", fix=fix)
+                raise UsageError(f"{option}: {name}: cannot read {amount.strip()!r} as a duration", fix=fix)
             values[name] = float(match.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[match.group(2) or "s"]
         return cls(**values)
 

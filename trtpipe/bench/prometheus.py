@@ -16,15 +16,6 @@ from typing import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-COUNTERS = (
-    "nv_inference_request_success",
-    "nv_inference_request_failure",
-    "nv_inference_count",
-    "nv_inference_request_duration_us",
-    "nv_inference_queue_duration_us",
-    "nv_inference_compute_infer_duration_us",
-)
-
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?\s*$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 

@@ -1,15 +1,11 @@
-"""The result of `trtpipe bench` (pydantic, the `--json` schema) and its terminal table."""
+"""The result of `trtpipe bench` (pydantic: what `--output FILE` writes) and its table."""
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from rich.console import Console
-from rich.table import Table
 
 from trtpipe.atomic import write_text_atomically
 from trtpipe.bench.metrics import Aggregates, RequestRecord, Slo, Stats
@@ -43,7 +39,7 @@ class RunResult(BaseModel):
 
 
 class BenchResult(BaseModel):
-    """Everything `trtpipe bench` measured; `--json` writes exactly this."""
+    """Everything `trtpipe bench` measured, raw records included; `--output FILE` writes exactly this."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -71,7 +67,7 @@ class BenchResult(BaseModel):
         return True
 
     def summary(self) -> dict:
-        """The aggregates without the raw records: what a results log keeps."""
+        """The aggregates without the raw records: what a results log keeps and `--json` prints."""
         return {
             "url": self.url,
             "model": self.model,
@@ -85,15 +81,10 @@ class BenchResult(BaseModel):
         }
 
 
-def write_json(result: BenchResult, destination: str) -> None:
-    """Write the result as JSON to a file (atomically: temp file then rename) or to stdout for "-"."""
-    text = result.model_dump_json(indent=2)
-    if destination == "-":
-        sys.stdout.write(text + "\n")
-        sys.stdout.flush()
-        return
+def write_json(result: BenchResult, destination: Path) -> None:
+    """Write the whole result (raw records too) as JSON to a file, atomically (temp file, then rename)."""
     # 0644: a report is meant to be read by others.
-    write_text_atomically(Path(destination), text + "\n", mode=0o644)
+    write_text_atomically(Path(destination), result.model_dump_json(indent=2) + "\n", mode=0o644)
 
 
 def load_json(path: Path) -> BenchResult:
@@ -127,27 +118,23 @@ def counting_note(workload: Workload) -> str:
     return f"{note}, not checked by the server ({workload.server_check_skipped or 'not asked'})"
 
 
-def render_table(result: BenchResult, console: Console) -> None:
+class Table(BaseModel):
+    """A table as data (the CLI prints it: `trtpipe.commands.output.print_table`)."""
+
+    title: str
+    caption: str
+    columns: list[str]
+    rows: list[list[str]]
+
+
+def result_table(result: BenchResult) -> Table:
     """One row per load level: throughput, latencies (mean / P50 / P90 / P99 in ms), errors, server time."""
     input_column = "in words" if result.workload.token_counting == "words" else "in tok"
-    table = Table(
-        title=f"trtpipe bench  {result.model} @ {result.url}  ({result.mode} loop, {len(result.workload.requests)} requests max)",
-        caption="latencies in ms: mean / P50 / P90 / P99;  server = Triton's mean request duration for the model;  "
-        f"{input_column} = mean prompt length: {counting_note(result.workload)};  output tokens as the server reports them",
-    )
-    table.add_column("load", justify="right")
-    table.add_column("ok/sent", justify="right")
-    table.add_column("req/s", justify="right")
-    table.add_column(input_column, justify="right")
-    table.add_column("out tok/s", justify="right")
+    columns = ["load", "ok/sent", "req/s", input_column, "out tok/s"]
     if result.slo.is_set():
-        table.add_column("goodput req/s", justify="right")
-    table.add_column("TTFT", justify="right")
-    table.add_column("TPOT", justify="right")
-    table.add_column("ITL", justify="right")
-    table.add_column("E2E", justify="right")
-    table.add_column("server ms", justify="right")
-    table.add_column("errors")
+        columns.append("goodput req/s")
+    columns += ["TTFT", "TPOT", "ITL", "E2E", "server ms", "errors"]
+    rows: list[list[str]] = []
     for run in result.runs:
         agg = run.aggregates
         server_model = run.server.for_model(result.model)
@@ -162,17 +149,12 @@ def render_table(result: BenchResult, console: Console) -> None:
         ]
         if result.slo.is_set():
             row.append("-" if agg.goodput is None else f"{agg.goodput:.2f}")
-        row += [
-            _stat_ms(agg.ttft_s),
-            _stat_ms(agg.tpot_s),
-            _stat_ms(agg.itl_s),
-            _stat_ms(agg.e2e_s),
-            server_ms,
-            errors,
-        ]
-        table.add_row(*row, style="red" if agg.requests_failed else None)
-    console.print(table)
-
-
-def dumps_summary(result: BenchResult) -> str:
-    return json.dumps(result.summary(), indent=2, sort_keys=True)
+        row += [_stat_ms(agg.ttft_s), _stat_ms(agg.tpot_s), _stat_ms(agg.itl_s), _stat_ms(agg.e2e_s), server_ms, errors]
+        rows.append(row)
+    return Table(
+        title=f"trtpipe bench  {result.model} @ {result.url}  ({result.mode} loop, {len(result.workload.requests)} requests max)",
+        caption="latencies in ms: mean / P50 / P90 / P99;  server = Triton's mean request duration for the model;  "
+        f"{input_column} = mean prompt length: {counting_note(result.workload)};  output tokens as the server reports them",
+        columns=columns,
+        rows=rows,
+    )

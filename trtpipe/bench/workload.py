@@ -53,7 +53,7 @@ class LengthDist(BaseModel):
     minimum: int = 1
 
     @classmethod
-    def parse(cls, text: str, *, option: str = "--input-len") -> "LengthDist":
+    def parse(cls, text: str, *, option: str = "length") -> "LengthDist":
         raw = text.strip().lower()
         fix = f"write {option} as 128, uniform:64,256 or normal:128,32"
         kind, _, params = raw.partition(":") if ":" in raw else ("fixed", "", raw)
@@ -259,7 +259,7 @@ def synthetic_workload(
 ) -> Workload:
     """`n_requests` synthetic requests counted by `counter`; identical for identical arguments."""
     if n_requests < 1:
-        raise UsageError(f"--requests must be at least 1, got {n_requests}")
+        raise UsageError(f"the number of requests must be at least 1, got {n_requests}")
     rng = random.Random(seed)
     requests = []
     for index in range(n_requests):
@@ -307,7 +307,7 @@ def _prompt_of(record: object) -> str | None:
 def load_dataset_prompts(path: Path) -> list[str]:
     """Every usable prompt of a JSONL file, in file order (a line without a prompt is skipped)."""
     if not path.is_file():
-        raise UsageError(f"--dataset: {path} does not exist", fix="pass a JSONL file with one {\"prompt\": ...} per line")
+        raise UsageError(f"dataset {path} does not exist", fix="give a JSONL file with one {\"prompt\": ...} per line")
     prompts: list[str] = []
     with path.open(encoding="utf-8") as handle:
         for line_no, line in enumerate(handle, start=1):
@@ -325,7 +325,7 @@ def load_dataset_prompts(path: Path) -> list[str]:
                 prompts.append(prompt)
     if not prompts:
         raise UsageError(
-            f"--dataset: {path} has no usable prompt",
+            f"dataset {path} has no usable prompt",
             fix='each line needs "prompt" or ShareGPT "conversations" with a human turn',
         )
     return prompts
@@ -342,7 +342,7 @@ def dataset_workload(
     """`n_requests` prompts drawn from a JSONL file (shuffled with `seed`, cycled if the file is short),
     each counted by `counter`."""
     if n_requests < 1:
-        raise UsageError(f"--requests must be at least 1, got {n_requests}")
+        raise UsageError(f"the number of requests must be at least 1, got {n_requests}")
     prompts = load_dataset_prompts(path)
     rng = random.Random(seed)
     order = list(range(len(prompts)))

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from trtpipe.commands.output import JsonOption, StoreOption, open_workspace, print_json, print_table
 from trtpipe.errors import UsageError
+
+if TYPE_CHECKING:
+    from trtpipe.bench.counting import ServedPreprocessing
+    from trtpipe.bench.workload import TokenCounter
 
 
 def _parse_rates(rate: Optional[float], rates: Optional[str]) -> list[float] | None:
@@ -27,6 +32,54 @@ def _parse_rates(rate: Optional[float], rates: Optional[str]) -> list[float] | N
             raise UsageError(f"--rates: a rate must be positive, got {part.strip()!r}", fix="write --rates 1,2,4")
         values.append(value)
     return values
+
+
+def token_counter(
+    counting: str, tokenizer: Path | None, record: Path | None, url: str
+) -> tuple[TokenCounter, ServedPreprocessing | None, str | None]:
+    """The counter `--token-counting` asks for, and the served preprocessing parameters (or why there
+    are none). The tokenizer comes from --tokenizer, else --record; nothing is asked of the server
+    before the options are known to be usable."""
+    from trtpipe.bench.counting import (
+        PREPROCESSING,
+        TOKENIZER_FILE,
+        repository_tokenizer,
+        served_preprocessing,
+    )
+    from trtpipe.bench.workload import HfTokenizerCounter, WordCounter
+
+    if counting == "words":
+        return WordCounter(), None, None
+    if counting != "tokenizer":
+        raise UsageError(f"--token-counting must be tokenizer or words, got {counting!r}", fix="pass --token-counting tokenizer")
+    source, option = (tokenizer, "--tokenizer") if tokenizer is not None else (record, "--record")
+    if source is None:
+        raise UsageError(
+            "bench counts prompt lengths in tokens of the served model's tokenizer, and none was given",
+            fix="pass --tokenizer REPO (the model repository the server serves, or its tokenizer directory) "
+            "or --record REPO; or --token-counting words to count words instead of tokens",
+        )
+    if (source / PREPROCESSING / "config.pbtxt").is_file():
+        tokenizer_json, add_special = repository_tokenizer(source, option)
+    elif (source / TOKENIZER_FILE).is_file() or (source.is_file() and source.name == TOKENIZER_FILE):
+        tokenizer_json, add_special = (source if source.is_file() else source / TOKENIZER_FILE), None
+    else:
+        raise UsageError(
+            f"{option}: {source} is neither a model repository (preprocessing/config.pbtxt) nor a tokenizer "
+            f"directory ({TOKENIZER_FILE})",
+            fix="pass the model repository the server serves, or --token-counting words",
+        )
+    served, reason = served_preprocessing(url)
+    if add_special is None:  # a bare tokenizer: add special tokens as the server does (model.py's default: true)
+        add_special = served.add_special_tokens if served is not None else True
+    try:
+        counter = HfTokenizerCounter(tokenizer_json, add_special_tokens=add_special)
+    except Exception as err:  # noqa: BLE001 - the tokenizers library raises plain Exceptions for a bad file
+        raise UsageError(
+            f"{option}: cannot load {tokenizer_json}: {' '.join(str(err).split())[:160]}",
+            fix="pass the model repository the server serves (its tokenizer.json is what the server loads)",
+        ) from None
+    return counter, served, reason
 
 
 def bench(
@@ -58,7 +111,8 @@ def bench(
     metrics_url: Optional[str] = typer.Option(
         None, "--metrics-url", help="Triton metrics endpoint (default: port 8002 when URL uses 8001)"
     ),
-    json_out: Optional[str] = typer.Option(None, "--json", help="write the full result as JSON to FILE, or - for stdout"),
+    output: Optional[Path] = typer.Option(None, "--output", help="write the whole result, raw request records included, "
+                                          "as JSON to FILE"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write throughput-latency and TTFT plots to FILE.png"),
     record: Optional[Path] = typer.Option(
         None, "--record", help="store the result for this repository's artifact digest; refused unless the server "
@@ -67,18 +121,21 @@ def bench(
     gpu_class: Optional[str] = typer.Option(
         None, "--gpu-class", help="GPU class to file the recorded result under (default: the repository's target)"
     ),
+    store: StoreOption = None,
+    json_out: JsonOption = False,
 ) -> None:
     """Load a Triton LLM endpoint over streaming gRPC; report TTFT, TPOT, ITL, E2E, throughput and goodput.
 
+    --json prints the summary (what --record stores) on stdout; --output FILE keeps every request.
     Exits 1 when any request failed (or missed an SLO given with --slo), else 0.
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from trtpipe.bench import default_metrics_url, run_bench
-    from trtpipe.bench.counting import check_with_server, counter_for
+    from trtpipe.bench.counting import TokenizerMismatch, check_with_server
     from trtpipe.bench.metrics import Slo
-    from trtpipe.bench.report import render_table, write_json
+    from trtpipe.bench.report import result_table, write_json
     from trtpipe.bench.workload import (
         LengthDist,
         dataset_workload,
@@ -95,17 +152,22 @@ def bench(
         raise UsageError("--rate/--rates apply to --mode open", fix="use --concurrency with --mode closed")
     if mode == "closed" and not concurrency:
         raise UsageError("--mode closed needs --concurrency", fix="pass --concurrency 4")
+    if requests < 1:
+        raise UsageError(f"--requests must be at least 1, got {requests}")
     duration_s = parse_duration_s(duration, option="--duration")
     drain_s = parse_duration_s(timeout, option="--timeout")
-    slo_limits = Slo.parse(slo)
+    slo_limits = Slo.parse(slo, option="--slo")
+    if dataset is not None and not dataset.is_file():
+        raise UsageError(f"--dataset: {dataset} does not exist", fix="pass a JSONL file with one {\"prompt\": ...} per line")
+    workspace = open_workspace(store)
     recording = None
     if record is not None:
         # Before any load is sent: what the server serves must be exactly what --record names.
         from trtpipe.serving.identity import check_recording, read_served_identity, record_target
 
-        recording = record_target(record)
+        recording = record_target(record, workspace.store)
         check_recording(read_served_identity(url, timeout=drain_s or 30), recording, url, record)
-    counter, served, not_asked = counter_for(token_counting, tokenizer, record, url)
+    counter, served, not_asked = token_counter(token_counting, tokenizer, record, url)
     out_len = LengthDist.parse(output_len, option="--output-len")
     if dataset is not None:
         workload = dataset_workload(dataset, requests, out_len, seed=seed, counter=counter)
@@ -113,16 +175,23 @@ def bench(
         workload = synthetic_workload(
             requests, LengthDist.parse(input_len, option="--input-len"), out_len, seed=seed, counter=counter
         )
-    workload = check_with_server(url, workload, served, not_asked)
+    try:
+        workload = check_with_server(url, workload, served, not_asked)
+    except TokenizerMismatch as err:
+        raise UsageError(err.message, fix="pass --tokenizer with the model repository the server serves "
+                                          "(or --token-counting words)") from None
 
-    # With --json -, stdout carries only JSON: the table and progress go to stderr.
-    console = Console(stderr=json_out == "-")
+    # With --json, stdout carries only JSON: the table, notes and progress go to stderr.
+    console = Console(stderr=True)
     check = workload.server_check
+    notes: list[str] = []
     if check is not None and check.prompts_over_max_input_len:
-        console.print(
-            f"[yellow]note: {check.prompts_over_max_input_len} of {len(workload.requests)} prompts are longer than "
-            f"the served max_input_len {check.max_input_len}; the server will refuse them[/yellow]"
+        notes.append(
+            f"note: {check.prompts_over_max_input_len} of {len(workload.requests)} prompts are longer than "
+            f"the served max_input_len {check.max_input_len}; the server will refuse them"
         )
+    for note in notes:
+        typer.echo(note, err=json_out)
     levels = len(sweep) if sweep else 1
     with Progress(
         TextColumn("[progress.description]{task.description}"),
@@ -152,30 +221,31 @@ def bench(
             on_progress=lambda level, _record: progress.advance(tasks[min(level, levels - 1)]),
         )
 
-    render_table(result, console)
+    table = result_table(result)
+    print_table(table.title, table.columns, table.rows, caption=table.caption, err=json_out)
+    lines: list[str] = []
     for run in result.runs:
         lag = run.aggregates.schedule_lag_s
         # Latencies are measured from the actual send, so lateness does not inflate them, but the
         # offered load was lower than asked: say so when it is more than a rounding error.
         if run.mode == "open" and lag.p99 is not None and run.rate and lag.p99 > max(0.05, 0.5 / run.rate):
-            console.print(
-                f"[yellow]note: at {run.label} the generator sent requests up to {lag.p99 * 1e3:.0f} ms late "
-                "(P99); the host is short of CPU, so the offered load was below the asked rate[/yellow]"
+            lines.append(
+                f"note: at {run.label} the generator sent requests up to {lag.p99 * 1e3:.0f} ms late "
+                "(P99); the host is short of CPU, so the offered load was below the asked rate"
             )
-    if json_out:
-        write_json(result, json_out)
+    if output is not None:
+        write_json(result, output)
+        lines.append(f"result written to {output}")
     if plot is not None:
         from trtpipe.bench.plot import plot_result
 
         plot_result(result, plot)
-        console.print(f"plot written to {plot}")
+        lines.append(f"plot written to {plot}")
     if recording is not None:
-        from trtpipe.results import ResultsLog
-
         # Promotion gates compare bench results of one GPU class: default to the repository's target.
         filed_under = gpu_class or recording.target
-        ResultsLog(recording.home).record(recording.digest, "bench", result.passed, result.summary(), filed_under)
-        console.print(
+        workspace.results.record(recording.digest, "bench", result.passed, result.summary(), filed_under)
+        lines.append(
             f"bench result recorded for {recording.digest} on {filed_under or 'no GPU class'} "
             f"({'passed' if result.passed else 'failed'})"
         )
@@ -183,14 +253,15 @@ def bench(
     if failed:
         sent = sum(run.aggregates.requests_sent for run in result.runs)
         first = failed[0]
-        console.print(
-            f"[red]{len(failed)} of {sent} requests failed; first: {first.error_kind}: {first.error_message}[/red]",
-            soft_wrap=True,
-        )
+        lines.append(f"{len(failed)} of {sent} requests failed; first: {first.error_kind}: {first.error_message}")
+    for line in lines:
+        typer.echo(line, err=json_out)
+    if json_out:
+        print_json(result.summary())
     if not result.passed:
         raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the trtpipe app."""
-    app.command("bench")(bench)
+    app.command("bench", rich_help_panel="Serve")(bench)

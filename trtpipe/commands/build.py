@@ -2,16 +2,47 @@
 
 from __future__ import annotations
 
+import json
+import os
+import time
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
+from trtpipe.commands.output import JsonOption, StoreOption, open_workspace
+from trtpipe.errors import Interrupted
+
+
+def _stored_by_this_run(root: Path, since: float) -> list[str]:
+    """`kind digest` of every stage this process built and stored since `since` (the store's builds.log)."""
+    stored: list[str] = []
+    try:
+        lines = (root / "builds.log").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return stored
+    for line in lines:
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if item.get("pid") != os.getpid():
+            continue
+        at = item.get("at")
+        try:
+            when = datetime.fromisoformat(at).timestamp() if isinstance(at, str) else 0.0
+        except ValueError:
+            continue
+        if when >= since:
+            stored.append(f"{item.get('kind')} {item.get('digest')}")
+    return stored
+
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the trtpipe app."""
 
-    @app.command("build")
+    @app.command("build", rich_help_panel="Build")
     def build(
         spec: Annotated[Path, typer.Argument(help="Build spec YAML.")],
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Print each stage's key and whether it would run.")] = False,
@@ -20,14 +51,33 @@ def register(app: typer.Typer) -> None:
             typer.Option("--force", help="Rebuild this stage even if cached: checkpoint, engine, publish or all."),
         ] = None,
         verify: Annotated[bool, typer.Option("--verify", help="Check every reused file's sha256, not only sizes.")] = False,
-        json_out: Annotated[bool, typer.Option("--json", help="Print the build report as JSON.")] = False,
-        store: Annotated[Optional[str], typer.Option("--store", help="Store root (default $TRTPIPE_HOME), or oci://HOST/REPO to share a build cache through a registry (default $TRTPIPE_STORE).")] = None,
+        json_out: JsonOption = False,
+        store: StoreOption = None,
     ) -> None:
         """Run resolve -> plan -> checkpoint -> engine -> publish, reusing every stage already built."""
         from trtpipe.pipeline import run_build
 
-        report = run_build(spec, dry_run=dry_run, force=tuple(force or ()), verify=verify, store=store,
-                           progress=not json_out)
+        workspace = open_workspace(store)
+        started = time.time()
+        try:
+            report = run_build(spec, dry_run=dry_run, force=tuple(force or ()), verify=verify, store=workspace.store,
+                               remote=workspace.remote, progress=not json_out)
+        except KeyboardInterrupt as interrupt:
+            # The runner may hand over its report (what it stored or reused so far); else the store's log says
+            # which stages this process built.
+            report = getattr(interrupt, "report", None)
+            artifacts = getattr(report, "artifacts", None) or {}
+            kept = [f"{kind} {digest}" for kind, digest in artifacts.items()]
+            if not kept and not dry_run:
+                kept = _stored_by_this_run(workspace.root, started)
+            raise Interrupted(
+                "interrupted: nothing half-written (a stage is published by one rename or not at all); "
+                + (f"stages stored: {', '.join(kept)}; the next build reuses them" if kept
+                   else "no stage was stored by this run; stages stored earlier are kept"),
+                kept=kept,
+            ) from None
+        finally:
+            workspace.close()
         if json_out:
             typer.echo(report.model_dump_json(indent=2))
             return

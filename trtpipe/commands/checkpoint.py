@@ -11,9 +11,8 @@ import tempfile
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
+from trtpipe.commands.output import JsonOption, print_table
 from trtpipe.errors import UsageError
 
 EXAMPLE_HELP = (
@@ -55,7 +54,7 @@ def example_model_command(
     directory: Path = typer.Argument(..., help="Folder to create (must not exist or be empty)."),
     arch: str = typer.Option("llama", "--arch", help="llama, qwen2 (QKV bias) or mistral."),
     force: bool = typer.Option(False, "--force", help="Replace DIR if it is not empty."),
-    as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
+    as_json: JsonOption = False,
 ) -> None:
     from trtpipe.checkpoint.example_model import write_example_model
 
@@ -67,17 +66,15 @@ def example_model_command(
     if as_json:
         print(json.dumps({"path": str(path), "arch": arch, "files": files}, indent=2))
         return
-    console = Console()
-    console.print(f"wrote {arch} example model to [bold]{path}[/bold]")
-    for f in files:
-        console.print(f"  {f['name']:<26} {f['bytes']:>10,} B  {f['sha256'][:16]}")
+    print_table(f"wrote {arch} example model to {path}", ["file", "bytes", "sha256"],
+                [[f["name"], f"{f['bytes']:,}", f["sha256"]] for f in files])
 
 
 def convert_command(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="Build spec (YAML)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Checkpoint folder to create."),
     force: bool = typer.Option(False, "--force", help="Replace --out if it is not empty."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON (files, bytes, time, memory, digests)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout (files, bytes, time, memory, digests)."),
 ) -> None:
     from trtpipe.checkpoint.convert import convert_checkpoint
     from trtpipe.resolve import resolve
@@ -99,15 +96,9 @@ def convert_command(
     if as_json:
         print(summary.model_dump_json(indent=2))
         return
-    console = Console()
-    table = Table(title=f"checkpoint {out}")
-    for column in ("file", "bytes", "sha256"):
-        table.add_column(column)
-    for f in summary.files:
-        table.add_row(f.name, f"{f.bytes:,}", f.sha256[:16])
-    console.print(table)
+    print_table(f"checkpoint {out}", ["file", "bytes", "sha256"], [[f.name, f"{f.bytes:,}", f.sha256] for f in summary.files])
     kv = f", KV {summary.kv_cache_quant_algo}" if summary.kv_cache_quant_algo else ""
-    console.print(
+    typer.echo(
         f"{summary.architecture} {summary.dtype}, {summary.quant_algo or 'unquantized'}{kv}, "
         f"tp={summary.tp} pp={summary.pp}: {summary.total_bytes / 1e6:.1f} MB in {summary.seconds:.1f} s, "
         f"peak RSS {summary.peak_rss_bytes / 2**30:.2f} GiB"
@@ -116,5 +107,5 @@ def convert_command(
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the trtpipe app."""
-    app.command("example-model", help=EXAMPLE_HELP)(example_model_command)
-    app.command("convert", help=CONVERT_HELP)(convert_command)
+    app.command("example-model", help=EXAMPLE_HELP, rich_help_panel="Build")(example_model_command)
+    app.command("convert", help=CONVERT_HELP, rich_help_panel="Build")(convert_command)

@@ -7,18 +7,19 @@ from pathlib import Path
 
 import typer
 
-from trtpipe.errors import UsageError
+from trtpipe.commands.output import JsonOption, print_table
+from trtpipe.errors import NotFound
 
 
 def doctor(
     logfile: Path = typer.Argument(..., help="A build or server log to diagnose."),
-    as_json: bool = typer.Option(False, "--json", help="Print the diagnoses as JSON."),
+    as_json: JsonOption = False,
 ) -> None:
     """Recognize known TensorRT / TensorRT-LLM / Triton failures in a log and print cause and fix."""
     from trtpipe.engine.doctor import diagnose
 
     if not logfile.is_file():
-        raise UsageError(f"{logfile}: no such file", fix="give the path of a build or server log")
+        raise NotFound(f"{logfile}: no such file", what="log", ref=str(logfile), fix="give the path of a build or server log")
     diagnoses = diagnose(logfile.read_text(encoding="utf-8", errors="replace"))
     if as_json:
         typer.echo(json.dumps({"log": str(logfile), "diagnoses": [d.model_dump() for d in diagnoses]}, indent=2))
@@ -39,7 +40,7 @@ def engine_plan(
     checkpoint_dir: str = typer.Option("<checkpoint>", "--checkpoint-dir", help="Checkpoint path to render."),
     output_dir: str = typer.Option("<engine>", "--output-dir", help="Engine output path to render."),
     docker: bool = typer.Option(False, "--docker", help="Also print the docker container spec."),
-    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+    as_json: JsonOption = False,
 ) -> None:
     """Print the engine build plan, each setting's reason, and the exact trtllm-build command."""
     from trtpipe.engine.plan import make_build_plan
@@ -61,27 +62,18 @@ def engine_plan(
             payload["container"] = container.model_dump(mode="json") | {"docker_cli": container.docker_cli()}
         typer.echo(json.dumps(payload, indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    table = Table(title=f"{spec.name}: {plan.profile} profile, {plan.family} ({plan.target_gpu}), {plan.toolchain}")
-    table.add_column("setting")
-    table.add_column("value")
-    table.add_column("why")
-    for key, value in plan.limits.items():
-        table.add_row(key, "(not passed)" if value is None else str(value), plan.why.get(key, ""))
-    for key, value in plan.plugin_config.items():
-        table.add_row(key, str(value), plan.why.get(key, ""))
-    console.print(table)
-    console.print(" ".join(command), markup=False, highlight=False, soft_wrap=True)
+    rows = [[key, "(not passed)" if value is None else str(value), plan.why.get(key, "")] for key, value in plan.limits.items()]
+    rows += [[key, str(value), plan.why.get(key, "")] for key, value in plan.plugin_config.items()]
+    print_table(f"{spec.name}: {plan.profile} profile, {plan.family} ({plan.target_gpu}), {plan.toolchain}",
+                ["setting", "value", "why"], rows)
+    typer.echo(" ".join(command))
     if container is not None:
-        console.print(" ".join(container.docker_cli()), markup=False, highlight=False, soft_wrap=True)
+        typer.echo(" ".join(container.docker_cli()))
     elif docker and not plan.is_reference:
-        console.print(f"(no container pinned for {plan.toolchain} in build_configs/toolchains.yaml)", markup=False)
+        typer.echo(f"(no container pinned for {plan.toolchain} in build_configs/toolchains.yaml)")
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the trtpipe app."""
-    app.command("doctor")(doctor)
-    app.command("engine-plan")(engine_plan)
+    app.command("doctor", rich_help_panel="Build")(doctor)
+    app.command("engine-plan", rich_help_panel="Plan")(engine_plan)

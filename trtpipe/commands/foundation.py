@@ -6,10 +6,9 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from trtpipe.atomic import write_text_atomically
+from trtpipe.commands.output import JsonOption, print_table
 from trtpipe.errors import UsageError
 
 CHECK_HELP = (
@@ -41,7 +40,7 @@ def _fmt_bytes(n: int | float) -> str:
 
 def check_command(
     spec: Path | None = typer.Option(None, "--spec", "-s", help="Build spec to compare this host with."),
-    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    as_json: JsonOption = False,
     recorded_probe: Path | None = typer.Option(
         None, "--recorded-probe", help="Replay a recorded NVML answer (JSON) of another host instead of probing."
     ),
@@ -64,28 +63,20 @@ def check_command(
     if as_json:
         print(json.dumps(report.model_dump(mode="json"), indent=2))
     else:
-        console = Console()
-        title = f"trtpipe check: {report.spec or 'this host'} (toolchain {report.toolchain})"
-        table = Table(title=title, show_lines=False)
-        for column in ("status", "item", "found", "expected", "fix"):
-            table.add_column(column, overflow="fold")
-        colour = {"OK": "green", "WARN": "yellow", "FAIL": "red"}
-        for row in report.rows:
-            table.add_row(
-                f"[{colour[row.status]}]{row.status}[/]", row.item, row.found, row.expected or "", row.fix or ""
-            )
-        console.print(table)
+        print_table(f"trtpipe check: {report.spec or 'this host'} (toolchain {report.toolchain})",
+                    ["status", "item", "found", "expected", "fix"],
+                    [[row.status, row.item, row.found, row.expected or "", row.fix or ""] for row in report.rows])
         for line in report.possible_here:
-            console.print(f"[green]possible here[/]: {line}")
+            typer.echo(f"possible here: {line}")
         for line in report.not_possible_here:
-            console.print(f"[yellow]not possible here[/]: {line}")
-        console.print(f"exit {report.exit_code}: {report.exit_meaning}")
+            typer.echo(f"not possible here: {line}")
+        typer.echo(f"exit {report.exit_code}: {report.exit_meaning}")
     raise typer.Exit(report.exit_code)
 
 
 def plan_command(
     spec: Path = typer.Argument(..., help="Build spec (YAML)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
+    as_json: JsonOption = False,
 ) -> None:
     from trtpipe.plan import memory_plan
     from trtpipe.resolve import resolve
@@ -95,11 +86,7 @@ def plan_command(
     if as_json:
         print(json.dumps(plan.model_dump(mode="json"), indent=2))
     else:
-        console = Console()
         m = plan.model
-        table = Table(title=f"memory plan: {plan.spec_name} on {plan.gpu_count} x {plan.target}", show_header=False)
-        table.add_column("what")
-        table.add_column("value", overflow="fold")
         rows = [
             ("model", f"{m.architecture}: {_fmt_count(m.total_params)} params, {m.layers} layers, "
              f"{m.attention_heads} heads / {m.kv_heads} KV heads x {m.head_dim}"),
@@ -119,34 +106,25 @@ def plan_command(
             ("decode TPOT floor", f"{plan.tpot_floor_ms:.2f} ms (weights per GPU / {plan.memory_bandwidth_gbs:g} GB/s)"
              if plan.tpot_floor_ms is not None else "n/a"),
         ]
-        for what, value in rows:
-            table.add_row(what, value)
-        console.print(table)
-        colour = "green" if plan.fits else "red"
-        console.print(f"[{colour}]verdict: {plan.verdict}[/]: {plan.reason}")
+        print_table(f"memory plan: {plan.spec_name} on {plan.gpu_count} x {plan.target}", ["what", "value"], rows)
+        typer.echo(f"verdict: {plan.verdict}: {plan.reason}")
         for note in plan.notes:
-            console.print(f"note: {note}")
+            typer.echo(f"note: {note}")
         if plan.suggestions:
-            changes = Table(title="changes that would help")
-            for column in ("change", "weights/GPU", "KV tokens", "seqs @ max_seq_len", "GPUs", "fits"):
-                changes.add_column(column, overflow="fold")
-            for s in plan.suggestions:
-                changes.add_row(
-                    s.change,
-                    _fmt_bytes(s.weight_bytes_per_gpu),
-                    f"{s.kv_tokens:,}",
-                    f"{s.sequences_at_max_seq_len} x {s.max_seq_len}",
-                    str(s.gpu_count),
-                    "yes" if s.fits else "no",
-                )
-            console.print(changes)
+            print_table(
+                "changes that would help",
+                ["change", "weights/GPU", "KV tokens", "seqs @ max_seq_len", "GPUs", "fits"],
+                [[s.change, _fmt_bytes(s.weight_bytes_per_gpu), f"{s.kv_tokens:,}",
+                  f"{s.sequences_at_max_seq_len} x {s.max_seq_len}", str(s.gpu_count), "yes" if s.fits else "no"]
+                 for s in plan.suggestions],
+            )
     raise typer.Exit(0 if plan.fits else 1)
 
 
 def spec_check_command(
     spec: Path = typer.Argument(..., help="Build spec (YAML)."),
     weights: bool = typer.Option(False, "--weights", help="Also require the model's weights (as a build does)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the resolved facts as JSON."),
+    as_json: JsonOption = False,
 ) -> None:
     """Validate a spec (shape and every cross-field rule). Exit 0 valid, 2 invalid (one line: file:line:col)."""
     from trtpipe.resolve import resolve
@@ -171,6 +149,6 @@ def spec_check_command(
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the trtpipe app."""
-    app.command("check", help=CHECK_HELP)(check_command)
-    app.command("plan", help=PLAN_HELP)(plan_command)
-    app.command("spec-check")(spec_check_command)
+    app.command("check", help=CHECK_HELP, rich_help_panel="Plan")(check_command)
+    app.command("spec-check", rich_help_panel="Plan")(spec_check_command)
+    app.command("plan", help=PLAN_HELP, rich_help_panel="Plan")(plan_command)

@@ -14,32 +14,16 @@ from typing import Any, Optional
 
 import typer
 
+from trtpipe.commands.output import JsonOption, StoreOption, open_workspace, print_table
+from trtpipe.commands.output import print_json as _print_json
 from trtpipe.errors import UsageError
-
-
-def _home() -> Path:
-    from trtpipe.store.local import default_root
-
-    return default_root()
-
-
-def _print_json(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2, sort_keys=True))
-
-
-def _short(digest: str | None) -> str:
-    return digest[:19] if digest else "-"
-
-
-def _hex12(digest: str | None) -> str:
-    return digest.removeprefix("sha256:")[:12] if digest else "-"
 
 
 # --------------------------------------------------------------------------- promote / rollback / channels
 
 
 def promote_command(
-    ref: str = typer.Argument(..., help="Artifact: oci://HOST/REPO:TAG|@DIGEST, a local kind/key, key prefix or sha256 digest."),
+    ref: str = typer.Argument(..., help="Artifact: oci://HOST/REPO:TAG|@DIGEST, a stored kind/key, key prefix or sha256 digest."),
     to: str = typer.Option(..., "--to", help="Channel to promote into (dev, staging, prod, ...)."),
     force: bool = typer.Option(False, "--force", help="Promote even if gates fail (needs --reason; recorded)."),
     reason: Optional[str] = typer.Option(None, "--reason", help="Why (required with --force; recorded in the audit)."),
@@ -47,20 +31,24 @@ def promote_command(
     model: Optional[str] = typer.Option(None, "--model", help="Model name (default: from the artifact's manifest)."),
     target: Optional[str] = typer.Option(None, "--target", help="Target GPU (default: from the artifact's manifest)."),
     expect_from: Optional[str] = typer.Option(None, "--expect-from", help="Refuse unless the channel is now at this digest ('none' = empty)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the outcome as JSON."),
+    store: StoreOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Point a channel at an artifact whose recorded results pass the channel's gates."""
     from trtpipe.release.promote import UNSET, promote
 
+    if force and not (reason and reason.strip()):
+        raise UsageError("--force needs --reason", fix='say why, e.g. --force --reason "hotfix for incident 123, smoke run by hand"')
+    workspace = open_workspace(store)
     outcome = promote(
-        _home(), ref, to, force=force, reason=reason, spec_path=spec, model=model, target=target,
-        expect_from=UNSET if expect_from is None else expect_from,
+        workspace.root, ref, to, force=force, reason=reason, spec_path=spec, model=model, target=target,
+        expect_from=UNSET if expect_from is None else expect_from, settings=workspace.settings,
     )
     if as_json:
         _print_json(outcome.as_dict())
         return
     verb = {"unchanged": "already at", "force-promote": "force-promoted to", "promote": "promoted to"}[outcome.action]
-    typer.echo(f"{outcome.model}/{outcome.target} {outcome.channel}: {_short(outcome.from_digest)} -> {outcome.to_digest} ({verb} {outcome.channel})")
+    typer.echo(f"{outcome.model}/{outcome.target} {outcome.channel}: {outcome.from_digest or '-'} -> {outcome.to_digest} ({verb} {outcome.channel})")
     for gate in outcome.gates:
         typer.echo(f"  {gate.gate:<28} {gate.status:<8} {gate.detail}")
     typer.echo(f"  gates from: {outcome.gates_source}" + (f"; registry tag: {outcome.tag}" if outcome.tag else ""))
@@ -68,15 +56,17 @@ def promote_command(
 
 def rollback_command(
     channel: str = typer.Argument(..., help="Channel to roll back."),
-    model: Optional[str] = typer.Option(None, "--model"),
-    target: Optional[str] = typer.Option(None, "--target"),
+    model: Optional[str] = typer.Option(None, "--model", help="The channel's model (needed when several models have it)."),
+    target: Optional[str] = typer.Option(None, "--target", help="The channel's target GPU (needed when several targets have it)."),
     reason: Optional[str] = typer.Option(None, "--reason", help="Why (recorded)."),
-    as_json: bool = typer.Option(False, "--json"),
+    store: StoreOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Move a channel back to the digest it held before its latest promotion."""
     from trtpipe.release.promote import rollback
 
-    record = rollback(_home(), channel, model=model, target=target, reason=reason)
+    workspace = open_workspace(store)
+    record = rollback(workspace.root, channel, model=model, target=target, reason=reason, settings=workspace.settings)
     if as_json:
         _print_json(record.model_dump())
         return
@@ -85,31 +75,26 @@ def rollback_command(
 
 def channels_command(
     verify: bool = typer.Option(False, "--verify", help="Check the audit trail's hash chain; non-zero exit if broken."),
-    as_json: bool = typer.Option(False, "--json"),
+    store: StoreOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Show every channel: model, target, digest, who set it, and what it rolls back to."""
     from trtpipe.release.audit import verify_audit
     from trtpipe.release.promote import channel_states
 
-    home = _home()
+    home = open_workspace(store).root
     states = channel_states(home)
     problems = verify_audit(home) if verify else None
     if as_json:
         _print_json({"channels": states, "audit_problems": problems})
     else:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(title=f"channels in {home}")
-        for column in ("channel", "model / target", "digest", "previous", "set by", "set at (UTC)", "last action"):
-            table.add_column(column, no_wrap=column != "last action")
-        for s in states:
-            table.add_row(s["channel"], f"{s['model']} / {s['target']}", _hex12(s["digest"]), _hex12(s["previous"]), s["set_by"],
-                          s["set_at"][:19].replace("T", " "), (s["last_action"] or "-") + (f": {s['last_reason']}" if s["last_reason"] else ""))
-        import shutil
-
-        # Digests and names do not fit 80 columns; pipes and CI logs get a wide table, not a truncated one.
-        Console(width=max(shutil.get_terminal_size((160, 24)).columns, 140)).print(table)
+        print_table(
+            f"channels in {home}",
+            ["channel", "model", "target", "digest", "previous", "set by", "set at (UTC)", "last action"],
+            [[s["channel"], s["model"], s["target"], s["digest"], s["previous"] or "-", s["set_by"],
+              s["set_at"][:19].replace("T", " "),
+              (s["last_action"] or "-") + (f": {s['last_reason']}" if s["last_reason"] else "")] for s in states],
+        )
         if problems is not None:
             typer.echo("audit chain: intact" if not problems else "audit chain BROKEN:\n  " + "\n  ".join(problems))
     if problems:
@@ -129,21 +114,20 @@ def results_record_command(
     passed: bool = typer.Option(..., "--passed/--failed", help="Outcome."),
     data: Optional[str] = typer.Option(None, "--data", help="JSON object, or @FILE with one (e.g. bench --json output)."),
     gpu_class: Optional[str] = typer.Option(None, "--gpu-class", help="GPU class the result was measured on (bench)."),
-    as_json: bool = typer.Option(False, "--json"),
+    store: StoreOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Record a result for an artifact digest (CI uses this when a step ran outside trtpipe)."""
-    from trtpipe.results import ResultsLog
-
     payload: dict[str, Any] = {}
     if data:
-        text = Path(data[1:]).read_text(encoding="utf-8") if data.startswith("@") else data
+        text = _read_data_file(data[1:]) if data.startswith("@") else data
         try:
             payload = json.loads(text)
         except ValueError:
             raise UsageError(f"--data {data[:40]!r} is not JSON", fix="give a JSON object or @FILE") from None
         if not isinstance(payload, dict):
             raise UsageError("--data must be a JSON object", fix='e.g. --data \'{"ttft_p99_ms": 120}\'')
-    record = ResultsLog(_home()).record(digest, kind, passed, payload, gpu_class=gpu_class)
+    record = open_workspace(store).results.record(digest, kind, passed, payload, gpu_class=gpu_class)
     if as_json:
         _print_json(record.model_dump())
     else:
@@ -151,16 +135,28 @@ def results_record_command(
 
 
 @results_app.command("show")
-def results_show_command(digest: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json")) -> None:
+def results_show_command(
+    digest: str = typer.Argument(..., help="Artifact digest (sha256:...)."),
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+) -> None:
     """Show the results recorded for one artifact digest."""
-    from trtpipe.results import ResultsLog, dump_records
+    from trtpipe.results import dump_records
 
-    records = ResultsLog(_home()).for_digest(digest)
+    records = open_workspace(store).results.for_digest(digest)
     if as_json:
         _print_json(dump_records(records))
         return
-    for r in records:
-        typer.echo(f"{r.recorded_at}  {r.kind:<7} {'passed' if r.passed else 'FAILED':<7} {r.gpu_class or '-':<14} {r.recorded_by or '-'}")
+    print_table(f"results for {digest}", ["recorded at", "kind", "outcome", "GPU class", "recorded by"],
+                [[r.recorded_at, r.kind, "passed" if r.passed else "FAILED", r.gpu_class or "-", r.recorded_by or "-"]
+                 for r in records])
+
+
+def _read_data_file(name: str) -> str:
+    try:
+        return Path(name).read_text(encoding="utf-8")
+    except OSError as err:
+        raise UsageError(f"--data @{name}: {err.strerror}", fix="give @FILE of an existing JSON file") from None
 
 
 # --------------------------------------------------------------------------- cache push / pull
@@ -182,26 +178,26 @@ def _byte_progress(label: str, total: int, *, quiet: bool) -> Iterator[Callable[
 
 
 def cache_push_command(
-    ref: str = typer.Argument(..., help="Local artifact: kind/key, key prefix or sha256 digest."),
-    to: Optional[str] = typer.Option(None, "--to", help="oci://HOST/REPOSITORY (default: $TRTPIPE_STORE if it is oci://)."),
+    ref: str = typer.Argument(..., help="Stored artifact: kind/key, key prefix or sha256 digest."),
+    to: Optional[str] = typer.Option(None, "--to", help="Remote cache oci://HOST/REPOSITORY (default: the remote --store or $TRTPIPE_STORE names)."),
     tag: list[str] = typer.Option([], "--tag", help="Extra version tag(s); a pushed tag never moves to another digest."),
-    as_json: bool = typer.Option(False, "--json"),
+    store: StoreOption = None,
+    as_json: JsonOption = False,
 ) -> None:
-    """Push a local artifact to an OCI registry (files individually, verified on pull)."""
-    import os
+    """Push a stored artifact to a remote cache (files individually, verified on pull)."""
+    from trtpipe.store.remote import open_remote
 
-    from trtpipe.store import oci
-    from trtpipe.store.local import Store
-
-    url = to or os.environ.get("TRTPIPE_STORE", "")
-    if not oci.is_oci_url(url):
-        raise UsageError("no registry to push to", fix="pass --to oci://HOST/REPOSITORY or set TRTPIPE_STORE=oci://HOST/REPOSITORY")
-    entry = Store.open(_home()).find(ref)
+    workspace = open_workspace(store)
+    remote = open_remote(to, workspace.settings) if to else workspace.remote
+    if remote is None:
+        raise UsageError("no remote to push to", fix="pass --to oci://HOST/REPOSITORY or set TRTPIPE_STORE=oci://HOST/REPOSITORY")
+    entry = workspace.store.find(ref)
     with _byte_progress(f"push {entry.kind}/{entry.key[:12]}", entry.size, quiet=as_json) as advance:
-        result = oci.RemoteStore(url).push(entry, tags=tuple(tag), progress=advance)
+        result = remote.push(entry, tags=tuple(tag), progress=advance)
     if as_json:
-        _print_json({"ref": str(result.ref), "oci_digest": result.oci_digest, "artifact_digest": result.artifact_digest,
-                     "tags": list(result.tags), "files": result.files, "bytes": result.bytes})
+        _print_json({"ref": str(result.ref), "oci_digest": getattr(result, "oci_digest", None),
+                     "artifact_digest": result.artifact_digest, "tags": list(result.tags), "files": result.files,
+                     "bytes": result.bytes})
     else:
         typer.echo(f"pushed {entry.kind}/{entry.key} ({result.files} files, {result.bytes} bytes) -> {result.ref}")
         typer.echo(f"  artifact digest {result.artifact_digest}; tags: {', '.join(result.tags)}")
@@ -209,35 +205,31 @@ def cache_push_command(
 
 def cache_pull_command(
     ref: str = typer.Argument(..., help="oci://HOST/REPOSITORY:TAG or @sha256:DIGEST."),
-    as_json: bool = typer.Option(False, "--json"),
+    store: StoreOption = None,
+    as_json: JsonOption = False,
 ) -> None:
-    """Pull an artifact into the local store; every blob and the manifest are verified before use."""
-    from trtpipe.store import oci
-    from trtpipe.store.local import Store
+    """Pull an artifact into the store; every blob and the manifest are verified before use."""
+    from trtpipe.store.remote import open_remote_for_ref
 
-    parsed = oci.parse_oci_ref(ref)
-    client = oci.OciClient(parsed.host)
-    remote = oci.resolve_remote(client, parsed)
-    total = sum(int(layer.get("size", 0)) for layer in remote.manifest.get("layers") or [])
-    with _byte_progress(f"pull {remote.kind}/{remote.key[:12]}", total, quiet=as_json) as advance:
-        entry = oci.install_pulled(client, remote, Store.open(_home()), progress=advance)
+    workspace = open_workspace(store)
+    remote = open_remote_for_ref(ref, workspace.settings)
+    found = remote.resolve(ref)
+    with _byte_progress(f"pull {found.kind}/{found.key[:12]}", found.size, quiet=as_json) as advance:
+        entry = remote.pull(found, workspace.store, progress=advance)
     if as_json:
-        _print_json({"kind": entry.kind, "key": entry.key, "path": str(entry.path), "artifact_digest": entry.digest, "oci_ref": str(remote.ref)})
+        _print_json({"kind": entry.kind, "key": entry.key, "path": str(entry.path), "artifact_digest": entry.digest,
+                     "oci_ref": str(found.ref)})
     else:
-        typer.echo(f"pulled {remote.ref} -> {entry.kind}/{entry.key} (artifact digest {entry.digest})")
+        typer.echo(f"pulled {found.ref} -> {entry.kind}/{entry.key} (artifact digest {entry.digest})")
 
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the trtpipe app."""
-    app.command("promote")(promote_command)
-    app.command("rollback")(rollback_command)
-    app.command("channels")(channels_command)
-    app.add_typer(results_app, name="results")
-    from trtpipe.commands import store as store_commands
+    app.command("promote", rich_help_panel="Release")(promote_command)
+    app.command("rollback", rich_help_panel="Release")(rollback_command)
+    app.command("channels", rich_help_panel="Release")(channels_command)
+    app.add_typer(results_app, name="results", rich_help_panel="Release")
+    from trtpipe.commands.store import cache_app
 
-    cache_app = getattr(store_commands, "cache_app", None)
-    if cache_app is None:  # the store area has not added its `cache` group yet
-        cache_app = typer.Typer(help="The artifact cache.", no_args_is_help=True)
-        app.add_typer(cache_app, name="cache")
     cache_app.command("push")(cache_push_command)
     cache_app.command("pull")(cache_pull_command)

@@ -11,23 +11,22 @@ from typing import Optional
 
 import typer
 
-from trtpipe.errors import UsageError
+from trtpipe.commands.output import JsonOption, StoreOption, open_workspace, print_table
+from trtpipe.errors import NotFound, UsageError
 
 
 def _existing_dir(path: Path) -> Path:
     if not path.is_dir():
-        raise UsageError(f"{path} is not a directory", fix="pass the model repository folder that publish wrote")
+        raise NotFound(f"{path} is not a directory", what="repository", ref=str(path),
+                       fix="give the model repository folder a build published")
     return path
 
 
 def validate_command(
     repo: Path = typer.Argument(..., help="A published Triton model repository."),
-    as_json: bool = typer.Option(False, "--json", help="Print the issues as JSON."),
+    as_json: JsonOption = False,
 ) -> None:
     """Check a model repository: configs, ensemble wiring, engine limits, tokenizer, container."""
-    from rich.console import Console
-    from rich.table import Table
-
     from trtpipe.serving.validate import errors_only, validate_repository
 
     issues = validate_repository(_existing_dir(repo))
@@ -37,10 +36,8 @@ def validate_command(
     elif not issues:
         typer.echo(f"{repo}: valid")
     else:
-        table = Table("severity", "model", "field", "problem", "fix")
-        for issue in issues:
-            table.add_row(issue.severity, issue.model, issue.field, issue.message, issue.fix)
-        Console().print(table)
+        print_table(None, ["severity", "model", "field", "problem", "fix"],
+                    [[i.severity, i.model, i.field, i.message, i.fix] for i in issues])
     if errors:
         raise typer.Exit(1)
 
@@ -49,10 +46,10 @@ def serve_command(
     repo: Path = typer.Argument(..., help="A published Triton model repository."),
     print_only: bool = typer.Option(False, "--print", help="Print the server command instead of running it."),
     grpc_port: Optional[int] = typer.Option(None, "--grpc-port", help="gRPC port (default: a free port; 8001 in a container)."),
-    http_port: Optional[int] = typer.Option(None, "--http-port"),
-    metrics_port: Optional[int] = typer.Option(None, "--metrics-port"),
+    http_port: Optional[int] = typer.Option(None, "--http-port", help="HTTP port (default: a free port; 8000 in a container)."),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Prometheus metrics port (default: a free port; 8002 in a container)."),
     start_timeout: float = typer.Option(120, "--start-timeout", help="Seconds to wait for every model to be ready."),
-    as_json: bool = typer.Option(False, "--json", help="Print the server's addresses as JSON once ready."),
+    as_json: bool = typer.Option(False, "--json", help="Print the server's addresses as JSON on stdout once ready."),
 ) -> None:
     """Serve a repository: tritonserver on loopback (cpu-reference) or the Triton container (GPU).
 
@@ -76,7 +73,7 @@ def serve_command(
         return
     if print_only:
         raise UsageError("--print is for GPU targets (a docker command)",
-                         fix=f"run `trtpipe serve {repo}` to start the CPU reference server")
+                         fix=f"run `trtpipe serve {repo}` without --print to start the CPU reference server")
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -109,9 +106,10 @@ def smoke_command(
                                           "on the spec's model converted afresh (never the stored bytes the server loads)."),
     record: Optional[Path] = typer.Option(None, "--record", help="Record the result for this repository's artifact digest; "
                                           "refused unless the server reports serving exactly that digest."),
-    max_tokens: int = typer.Option(16, "--max-tokens"),
+    max_tokens: int = typer.Option(16, "--max-tokens", help="Tokens to generate per request."),
     timeout: float = typer.Option(60, "--timeout", help="Seconds per request."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    store: StoreOption = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Smoke-test a running server: health, models, metadata, generate, stream [, parity]."""
     import contextlib
@@ -123,11 +121,12 @@ def smoke_command(
     if parity is not None and not parity.is_file():
         raise UsageError(f"--parity {parity}: no such spec file", fix="pass the build spec YAML")
     target = None
+    workspace = open_workspace(store)
     if record is not None:
         # Before any check runs: what the server serves must be exactly what --record names.
         from trtpipe.serving.identity import check_recording, read_served_identity, record_target
 
-        target = record_target(record)
+        target = record_target(record, workspace.store)
         check_recording(read_served_identity(url, timeout=timeout), target, url, record)
     with contextlib.ExitStack() as stack:
         reference = None
@@ -137,7 +136,7 @@ def smoke_command(
             reference = stack.enter_context(converted_afresh(parity))
         result = run_smoke(url, model=model, parity_engine=reference, max_tokens=max_tokens, timeout=timeout)
     if target is not None:
-        result.recorded_for = record_smoke(result, target)
+        result.recorded_for = record_smoke(result, target, workspace.results)
     if as_json:
         typer.echo(result.model_dump_json(indent=2))
     else:
@@ -150,6 +149,6 @@ def smoke_command(
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the trtpipe app."""
-    app.command("validate")(validate_command)
-    app.command("serve")(serve_command)
-    app.command("smoke")(smoke_command)
+    app.command("validate", rich_help_panel="Serve")(validate_command)
+    app.command("serve", rich_help_panel="Serve")(serve_command)
+    app.command("smoke", rich_help_panel="Serve")(smoke_command)

@@ -12,17 +12,12 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-cache_app = typer.Typer(name="cache", help="Inspect, verify and clean the local artifact store.", no_args_is_help=True)
+from trtpipe.commands.output import JsonOption, StoreOption, open_workspace, print_table
+from trtpipe.errors import Conflict
 
-StoreOption = Annotated[Optional[Path], typer.Option("--store", help="Artifact store root (default $TRTPIPE_HOME).")]
-JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+cache_app = typer.Typer(name="cache", help="Inspect, verify, share and clean the artifact store.", no_args_is_help=True)
+
 EntryArgument = Annotated[str, typer.Argument(help="kind/key, a key prefix or an artifact digest.")]
-
-
-def _open(store: Path | None):
-    from trtpipe.store.local import Store
-
-    return Store.open(store)
 
 
 def _human(size: int) -> str:
@@ -54,31 +49,20 @@ def _entry_row(entry: Any, pinned: set[str]) -> dict[str, Any]:
     }
 
 
-def _table(title: str, columns: list[str], rows: list[list[str]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title)
-    for column in columns:
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*row)
-    Console().print(table)
-
-
 @cache_app.command("ls")
 def cache_ls(store: StoreOption = None, json_out: JsonOption = False) -> None:
-    """List stored artifacts."""
-    opened = _open(store)
-    pinned = opened.pinned_digests()
+    """List stored artifacts (full keys and digests: the table is never cut in a pipe or CI log)."""
+    workspace = open_workspace(store)
+    opened = workspace.store
+    pinned = set(workspace.pins())
     rows = [_entry_row(e, pinned) for e in opened.entries()]
     if json_out:
         typer.echo(json.dumps(rows, indent=2))
         return
-    _table(
+    print_table(
         f"artifacts in {opened.root}",
-        ["kind", "key", "model", "target", "size", "files", "last used", "pinned"],
-        [[r["kind"], r["key"][:16], str(r["model"] or "-"), str(r["target"] or "-"), _human(r["size"]),
+        ["kind", "key", "digest", "model", "target", "size", "files", "last used", "pinned"],
+        [[r["kind"], r["key"], r["digest"], str(r["model"] or "-"), str(r["target"] or "-"), _human(r["size"]),
           str(r["files"]), _when(r["last_used"]), "yes" if r["pinned"] else ""] for r in rows],
     )
 
@@ -90,10 +74,10 @@ def cache_show(
     json_out: JsonOption = False,
 ) -> None:
     """Show one artifact's manifest."""
-    opened = _open(store)
-    entry = opened.find(key)
+    workspace = open_workspace(store)
+    entry = workspace.store.find(key)
     data = {"path": str(entry.path), "digest": entry.digest, "manifest": entry.manifest,
-            "pinned": entry.digest in opened.pinned_digests()}
+            "pinned": entry.digest in workspace.pins()}
     if json_out:
         typer.echo(json.dumps(data, indent=2))
         return
@@ -105,18 +89,18 @@ def cache_show(
 def cache_verify(
     key: Annotated[Optional[str], typer.Argument(help="One artifact (default: all, and every object).")] = None,
     repair: Annotated[bool, typer.Option("--repair", help="Restore every damaged artifact to exactly its digest: "
-                                         "from --store oci://... if given, else rebuilt from the spec its build record holds.")] = False,
-    store: Annotated[Optional[str], typer.Option("--store", help="Artifact store root (default $TRTPIPE_HOME), or "
-                                                 "oci://HOST/REPO: a registry to restore from with --repair.")] = None,
+                                         "from the remote cache (--store oci://...) if there is one, else rebuilt from the "
+                                         "spec its build record holds.")] = False,
+    store: StoreOption = None,
     json_out: JsonOption = False,
 ) -> None:
     """Re-hash stored files; corrupt artifacts are moved aside with their manifest (restorable). A damaged
     artifact a channel pins is named with its channels. Exit 1 unless everything is (or was restored) intact."""
     from trtpipe.store.verify import verify_store
 
-    remote = store if store is not None and store.startswith("oci://") else None
-    opened = _open(None if remote is not None or store is None else Path(store))
-    result = verify_store(opened, ref=key)
+    workspace = open_workspace(store)
+    opened = workspace.store
+    result = verify_store(opened, pins=workspace.pins(), ref=key)
     outcomes = []
     if repair:
         from trtpipe.repair import Damaged
@@ -127,7 +111,7 @@ def cache_verify(
                    for k, key_, d, _ in opened.quarantined]
         damaged += [Damaged(kind=p.kind, key=p.key, digest=p.digest, channels=p.channels)
                     for p in result.pinned if p.digest not in {d.digest for d in damaged}]
-        outcomes = run_repair(opened, damaged, remote_url=remote)
+        outcomes = run_repair(opened, damaged, remote=workspace.remote)
         for p in result.pinned:
             p.restored = any(o.restored and o.digest == p.digest for o in outcomes)
     unrepaired = [o for o in outcomes if not o.restored]
@@ -137,17 +121,19 @@ def cache_verify(
                                "repairs": [o.model_dump() for o in outcomes]}, indent=2))
     else:
         for problem in result.problems:
-            where = f"{problem.kind}/{problem.key[:16]}" if problem.key else problem.kind
+            where = f"{problem.kind}/{problem.key}" if problem.key else problem.kind
             typer.echo(f"CORRUPT {where} {problem.file or ''}: {problem.reason}", err=True)
         for p in result.pinned:
             state = "restored" if p.restored else "NOT restored"
-            typer.echo(f"PINNED {p.kind}/{p.key[:16]} ({p.digest}) is damaged and pinned by channel "
+            typer.echo(f"PINNED {p.kind}/{p.key} ({p.digest}) is damaged and pinned by channel "
                        f"{', '.join(p.channels)}; files: {', '.join(p.files)}; kept in {p.quarantine or 'quarantine'}; "
                        f"{state}" + ("" if p.restored or repair else "; restore it with `trtpipe cache verify --repair`"),
                        err=True)
         for o in outcomes:
             how = f"restored ({o.how})" if o.restored else f"NOT restored: {o.detail}"
-            typer.echo(f"repair {o.kind}/{o.key[:16]} {o.digest}: {how}", err=not o.restored)
+            if not o.restored and workspace.remote_url is None:
+                how += "; from a registry: `trtpipe cache verify --repair --store oci://HOST/REPO`"
+            typer.echo(f"repair {o.kind}/{o.key} {o.digest}: {how}", err=not o.restored)
         for name in result.outdated:
             typer.echo(f"outdated {name}: written by an older trtpipe; the next build rebuilds it")
         typer.echo(f"verified {result.entries} artifacts and {result.objects} objects: "
@@ -171,17 +157,18 @@ def cache_gc(
 
     size = parse_size(max_size) if max_size else None
     age = parse_age(max_age) if max_age else None
-    report = collect(_open(store), max_size=size, max_age_s=age, dry_run=dry_run)
+    workspace = open_workspace(store)
+    report = collect(workspace.store, pins=workspace.pins(), max_size=size, max_age_s=age, dry_run=dry_run)
     if json_out:
         typer.echo(report.model_dump_json(indent=2))
         return
     verb = "would remove" if dry_run else "removed"
     for action in report.removed:
-        typer.echo(f"{verb} {action.what} {action.name[:40]} ({_human(action.bytes)}): {action.reason}")
+        typer.echo(f"{verb} {action.what} {action.name} ({_human(action.bytes)}): {action.reason}")
     for name in report.kept_pinned:
-        typer.echo(f"kept {name[:40]}: pinned by a channel")
+        typer.echo(f"kept {name}: pinned by a channel")
     for name in report.kept_in_use:
-        typer.echo(f"kept {name[:40]}: in use by a running build")
+        typer.echo(f"kept {name}: in use by a running build")
     typer.echo(f"{verb} {len(report.removed)} item(s), {_human(report.freed_bytes)}; "
                f"artifacts now {_human(report.entries_bytes_after)}")
 
@@ -193,15 +180,17 @@ def cache_rm(
     json_out: JsonOption = False,
 ) -> None:
     """Remove one artifact (refused while a channel pins it or a build uses it)."""
-    from trtpipe.errors import TrtpipeError
-
-    opened = _open(store)
+    workspace = open_workspace(store)
+    opened = workspace.store
     entry = opened.find(key)
-    if entry.digest in opened.pinned_digests():
-        raise TrtpipeError(f"{entry.kind}/{entry.key[:16]} is pinned by a channel",
-                           fix="promote another artifact into that channel first")
+    pins = workspace.pins()
+    if entry.digest in pins:
+        raise Conflict(f"{entry.kind}/{entry.key} is pinned by channel {', '.join(pins[entry.digest])}",
+                       resource=f"{entry.kind}/{entry.key}",
+                       fix="promote another artifact into that channel (and past its rollback history) first")
     if not opened.remove(entry):
-        raise TrtpipeError(f"{entry.kind}/{entry.key[:16]} is in use by a running build", fix="retry when it ends")
+        raise Conflict(f"{entry.kind}/{entry.key} is in use by a running build", resource=f"{entry.kind}/{entry.key}",
+                       fix="retry when it ends")
     if json_out:
         typer.echo(json.dumps({"removed": f"{entry.kind}/{entry.key}", "digest": entry.digest}))
     else:
@@ -210,9 +199,9 @@ def cache_rm(
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the trtpipe app."""
-    app.add_typer(cache_app, name="cache")
+    app.add_typer(cache_app, name="cache", rich_help_panel="Store")
 
-    @app.command("history")
+    @app.command("history", rich_help_panel="Store")
     def history(
         model: Annotated[Optional[str], typer.Option("--model", help="Only builds of this model (artifact name).")] = None,
         target: Annotated[Optional[str], typer.Option("--target", help="Only builds for this target GPU.")] = None,
@@ -221,40 +210,33 @@ def register(app: typer.Typer) -> None:
         json_out: JsonOption = False,
     ) -> None:
         """Build records, newest first (or a channel's audit trail with --channel)."""
-        opened = _open(store)
+        workspace = open_workspace(store)
         if channel is not None:
-            _channel_history(opened.root, channel, json_out)
+            _channel_history(workspace.root, channel, json_out)
             return
         from trtpipe.build_record import read_records
 
-        records = read_records(opened.root, model=model, target=target)
+        records = read_records(workspace.root, model=model, target=target)
         if json_out:
             typer.echo(json.dumps([r.model_dump(mode="json") for r in records], indent=2))
             return
         def outcome(record: Any, stage: str) -> str:
             return next((s.outcome for s in record.stages if s.name == stage), "-")
 
-        _table(
-            f"builds recorded in {opened.root}",
+        print_table(
+            f"builds recorded in {workspace.root}",
             ["when (UTC)", "model", "target", "status", "checkpoint", "engine", "publish", "secs", "repository"],
-            [[r.started_at[5:19].replace("T", " "), str(r.model or "-"), str(r.target or "-"), r.status,
+            [[r.started_at[:19].replace("T", " "), str(r.model or "-"), str(r.target or "-"), r.status,
               outcome(r, "checkpoint"), outcome(r, "engine"), outcome(r, "publish"), f"{r.seconds:.2f}",
-              (r.artifacts.get("repository") or "-").removeprefix("sha256:")[:12]] for r in records],
+              r.artifacts.get("repository") or "-"] for r in records],
         )
 
 
 def _channel_history(home: Path, channel: str, json_out: bool) -> None:
-    import importlib.util
-
-    from trtpipe.errors import TrtpipeError
-
-    if importlib.util.find_spec("trtpipe.release.audit") is None:
-        raise TrtpipeError("channel history needs trtpipe.release.audit, which is not installed",
-                           fix="update trtpipe, or run `trtpipe history` without --channel")
     from trtpipe.release.audit import read_audit
 
     records = read_audit(home, channel=channel)
-    rows = [r.model_dump(mode="json") if hasattr(r, "model_dump") else dict(r) for r in records]
+    rows = [r.model_dump(mode="json") for r in records]
     rows.reverse()  # the audit trail is oldest first; history reads newest first
     if json_out:
         typer.echo(json.dumps(rows, indent=2))
@@ -263,9 +245,8 @@ def _channel_history(home: Path, channel: str, json_out: bool) -> None:
         typer.echo(f"no audit records for channel {channel}")
         return
     columns = ["at", "action", "who", "model", "target", "from_digest", "to_digest", "reason"]
-    _table(
+    print_table(
         f"channel {channel}: promotions and rollbacks",
         columns,
-        [[str(row.get(c) if row.get(c) is not None else "-")[:40 if "digest" not in c else 19] for c in columns]
-         for row in rows],
+        [[str(row.get(c) if row.get(c) is not None else "-") for c in columns] for row in rows],
     )

@@ -119,7 +119,7 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         "build-timeout",
         _p(r"\[trtpipe\] killed after timeout"),
         "the build took longer than the executor's timeout",
-        "raise the timeout (trtpipe build --timeout) or build on a faster/larger GPU host",
+        "raise the spec's engine.timeout (engine.conversion_timeout for the conversion) or build on a faster/larger GPU host",
     ),
 )
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from trtpipe.errors import TrtpipeError
+from trtpipe.errors import IntegrityError
 
 AuditAction = Literal["promote", "force-promote", "rollback", "refused", "conflict"]
 GENESIS = "sha256:" + "0" * 64
@@ -91,7 +91,8 @@ def read_audit(home: Path, channel: str | None = None) -> list[AuditRecord]:
         try:
             record = AuditRecord.model_validate_json(line)
         except (ValidationError, ValueError):
-            raise TrtpipeError(f"{path}:{number}: audit record is not valid", fix="run `trtpipe channels --verify`; the trail was edited by hand") from None
+            raise IntegrityError(f"{path}:{number}: audit record is not valid (the trail was edited by hand)",
+                                 path=str(path)) from None
         if channel is None or record.channel == channel:
             out.append(record)
     return out

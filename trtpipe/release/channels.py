@@ -1,8 +1,8 @@
 """Channel pointers: `<home>/channels/<model>/<target>/<channel>.json`, each naming one artifact digest.
 
 A pointer file holds the current `digest` and the stack of earlier ones (`history`, newest last) that
-`rollback` returns to. Every digest in these files sits under a `"digest"` key, so the store's gc can
-pin every digest it finds anywhere in them. Writes are atomic (temp file + os.replace) and happen
+`rollback` returns to. `pins()` names every one of them: what the store's gc and verify must keep
+(the store is handed the pins; it never reads these files). Writes are atomic (temp file + os.replace) and happen
 under one release lock (`channels/.lock`), which promote and rollback hold across their
 compare-and-swap and the audit append.
 """
@@ -19,7 +19,7 @@ from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trtpipe.atomic import write_text_atomically
-from trtpipe.errors import TrtpipeError, UsageError
+from trtpipe.errors import IntegrityError, TimedOut, UsageError
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 LOCK_TIMEOUT_S = 60.0
@@ -96,8 +96,9 @@ class ChannelStore:
         try:
             lock.acquire()
         except Timeout:
-            raise TrtpipeError(
+            raise TimedOut(
                 f"another promotion or rollback has held {self.root / '.lock'} for {LOCK_TIMEOUT_S:g} s",
+                operation="waiting for the release lock", seconds=LOCK_TIMEOUT_S,
                 fix="wait for it to finish and try again",
             ) from None
         try:
@@ -117,9 +118,9 @@ class ChannelStore:
         try:
             return ChannelPointer.model_validate_json(path.read_text(encoding="utf-8"))
         except (ValidationError, ValueError):
-            raise TrtpipeError(
-                f"{path}: channel pointer is corrupt",
-                fix="restore it from the audit trail (`trtpipe history --channel NAME`) or remove it and promote again",
+            raise IntegrityError(
+                f"{path}: channel pointer is corrupt", path=str(path),
+                fix="restore it from the audit trail, or remove it and promote again",
             ) from None
 
     def write(self, pointer: ChannelPointer) -> Path:
@@ -141,10 +142,12 @@ class ChannelStore:
             if p.channel == channel and (model is None or p.model == model) and (target is None or p.target == target)
         ]
 
-    def pinned_digests(self) -> set[str]:
-        """Every digest a channel holds or can roll back to (what gc must keep)."""
-        out: set[str] = set()
+    def pins(self) -> dict[str, list[str]]:
+        """Every digest a channel holds or can roll back to (what gc must keep) -> the channels naming it,
+        as `model/target/channel`. A corrupt pointer file is an error, never "pins nothing"."""
+        out: dict[str, list[str]] = {}
         for pointer in self.all():
-            out.add(pointer.digest)
-            out.update(h.digest for h in pointer.history)
+            label = f"{pointer.model}/{pointer.target}/{pointer.channel}"
+            for digest in dict.fromkeys([pointer.digest, *(h.digest for h in pointer.history)]):
+                out.setdefault(digest, []).append(label)
         return out

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from trtpipe.results import ResultRecord
-from trtpipe.spec import CPU_REFERENCE, BuildSpec, ChannelGates
+from trtpipe.spec import CPU_REFERENCE, ChannelGates
 
 LATENCY_METRICS = ("ttft_p99_ms", "tpot_p99_ms", "e2e_p99_ms")
 THROUGHPUT_METRIC = "output_tokens_per_s"
@@ -33,12 +33,6 @@ class GateResult(BaseModel):
     @property
     def passed(self) -> bool:
         return self.status == "passed"
-
-
-def gates_for_channel(spec: BuildSpec | None, channel: str) -> ChannelGates:
-    if spec is not None and channel in spec.release.gates:
-        return spec.release.gates[channel]
-    return ChannelGates()
 
 
 _RUN_STATS = {"ttft_p99_ms": "ttft_s", "tpot_p99_ms": "tpot_s", "e2e_p99_ms": "e2e_s"}

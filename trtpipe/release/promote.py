@@ -19,19 +19,20 @@ nothing. `expect_from` makes the expected digest explicit (CI passes what it tes
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from trtpipe.errors import TrtpipeError, UsageError
+from trtpipe.errors import Conflict, GateRefused, IntegrityError, NotFound, UsageError
 from trtpipe.release.audit import AuditRecord, append_audit, read_audit
 from trtpipe.release.channels import ChannelPointer, ChannelScope, ChannelStore, PointerTarget, check_name, now_iso
 from trtpipe.release.gates import GateResult, evaluate_gates
 from trtpipe.results import ResultRecord, ResultsLog, current_user, normalize_digest
+from trtpipe.settings import Settings
 from trtpipe.spec import ChannelGates
+from trtpipe.store.remote import RemoteCache, is_remote_url, open_remote_for_ref
 
 UNSET = "__unset__"
 
@@ -43,11 +44,9 @@ class ResolvedArtifact:
     digest: str
     model: str
     target: str
-    ref: str | None  # "kind/key" in the local store, or a pinned oci:// reference
+    ref: str | None  # "kind/key" in the local store, or a remote reference pinned by digest
     manifest: dict[str, Any] = field(default_factory=dict)
-    oci_manifest_bytes: bytes | None = None  # set for oci:// refs: what a channel tag is pointed at
-    oci_base: Any = None  # OciRef of the repository (oci:// refs)
-    oci_client: Any = None
+    remote: RemoteCache | None = None  # the remote `ref` lives in (its channel tags move with the channel)
 
 
 @dataclass
@@ -93,48 +92,37 @@ def recorded_release(manifest: dict[str, Any]) -> tuple[str | None, str | None, 
 
 def _scope_from(manifest: dict[str, Any], model: str | None, target: str | None, ref: str) -> tuple[str, str]:
     recorded_name, recorded_target, _ = recorded_release(manifest)
-    for what, given, recorded in (("--model", model, recorded_name), ("--target", target, recorded_target)):
+    for what, given, recorded in (("model", model, recorded_name), ("target", target, recorded_target)):
         if given is not None and recorded is not None and given != recorded:
             raise UsageError(
-                f"{what} {given} contradicts {ref}, which was built as {recorded}",
-                fix=f"drop {what}: an artifact is promoted under the name and target it was built with",
+                f"the {what} {given} contradicts {ref}, which was built as {recorded}",
+                fix=f"leave the {what} out: an artifact is promoted under the name and target it was built with",
             )
     model = recorded_name or model
     target = recorded_target or target
     if not model or not target:
         raise UsageError(
             f"cannot tell which model and target {ref} is for (its manifest does not say)",
-            fix="promote the repository artifact `trtpipe build` printed, or pass --model NAME --target GPU",
+            fix="promote the repository artifact the build published, or name the model and target",
         )
     return check_name("model", model), check_name("target", target)
 
 
-def resolve_artifact(home: Path, ref: str, *, model: str | None = None, target: str | None = None) -> ResolvedArtifact:
-    """REF: `oci://host/repo:tag|@digest`, a local `kind/key`, key prefix, or artifact digest."""
-    from trtpipe.store import oci
-
-    if oci.is_oci_url(ref):
-        base = oci.parse_oci_ref(ref)
-        client = oci.OciClient(base.host)
-        remote = oci.resolve_remote(client, base)
-        if not remote.artifact_digest:
-            raise TrtpipeError(f"{ref} carries no {oci.ARTIFACT_DIGEST_ANNOTATION} annotation", fix="push it with `trtpipe cache push`")
-        config = remote.manifest["config"]
-        config_bytes = client.fetch_blob_bytes(base.repository, config["digest"], int(config["size"]))
-        if oci.sha256_bytes(config_bytes) != remote.artifact_digest:
-            raise TrtpipeError(f"{ref}: its manifest config does not match its artifact digest annotation; refused")
-        manifest = json.loads(config_bytes)
-        m, t = _scope_from(manifest, model, target, ref)
-        return ResolvedArtifact(
-            digest=remote.artifact_digest, model=m, target=t, ref=str(remote.ref), manifest=manifest,
-            oci_manifest_bytes=remote.manifest_bytes, oci_base=base, oci_client=client,
-        )
+def resolve_artifact(home: Path, ref: str, *, model: str | None = None, target: str | None = None,
+                     settings: Settings | None = None) -> ResolvedArtifact:
+    """REF: a remote reference (`oci://host/repo:tag|@digest`), a local `kind/key`, key prefix, or artifact digest."""
+    if is_remote_url(ref):
+        remote = open_remote_for_ref(ref, settings)
+        described = remote.describe(ref)
+        m, t = _scope_from(described.manifest, model, target, ref)
+        return ResolvedArtifact(digest=described.artifact_digest, model=m, target=t, ref=described.pinned,
+                                manifest=described.manifest, remote=remote)
     from trtpipe.store.local import Store
 
     store = Store.open(home)
     try:
         entry = store.find(ref)
-    except UsageError:
+    except NotFound:
         full = ref.removeprefix("sha256:")
         if len(full) == 64 and model and target:
             # Not in this store (results were recorded for it elsewhere): promote the bare digest.
@@ -153,16 +141,16 @@ def load_gates(spec_path: Path | None, manifest: dict[str, Any], channel: str) -
         spec = load_spec(spec_path).spec
         if release is None:
             raise UsageError(
-                f"--spec {spec_path}: the artifact records no release gates (it is not a repository artifact), so "
+                f"{spec_path}: the artifact records no release gates (it is not a repository artifact), so "
                 "the spec's gates cannot be checked against it",
-                fix="promote the repository artifact that `trtpipe build` published for this spec",
+                fix="promote the repository artifact the build of this spec published",
             )
         if spec.artifact_name != name or spec.release.model_dump(mode="json") != release:
             differs = "name" if spec.artifact_name != name else "release.gates"
             raise UsageError(
-                f"--spec {spec_path} differs from the artifact in {differs} ({spec.artifact_name!r} vs {name!r} "
+                f"{spec_path} differs from the artifact in {differs} ({spec.artifact_name!r} vs {name!r} "
                 "or other gates): an artifact is promoted only under the name and gates it was built with",
-                fix="promote the artifact built from this spec (trtpipe build SPEC), or drop --spec",
+                fix="promote the artifact built from this spec, or check against no spec",
             )
     if release is None:
         return ChannelGates(), "default (the artifact records no release gates: smoke required)"
@@ -172,8 +160,8 @@ def load_gates(spec_path: Path | None, manifest: dict[str, Any], channel: str) -
     try:
         return ChannelGates.model_validate(gates[channel]), "artifact"
     except ValidationError as exc:
-        raise TrtpipeError(f"the gates the artifact records for {channel} are invalid: {exc.errors()[0]['msg']}",
-                           fix="rebuild the artifact from a valid spec") from None
+        raise IntegrityError(f"the gates the artifact records for {channel} are invalid: {exc.errors()[0]['msg']}",
+                             fix="rebuild the artifact from a valid spec") from None
 
 
 # --------------------------------------------------------------------------- results
@@ -192,9 +180,9 @@ def results_for(home: Path, digest: str) -> list[ResultRecord]:
 
 
 def channel_tag(model: str, target: str, channel: str) -> str:
-    from trtpipe.store.oci import sanitize_tag
-
-    return sanitize_tag(f"{model}.{target}.{channel}")
+    """The remote tag that follows a channel: `<model>.<target>.<channel>`, at most 128 characters (the
+    names are plain, `check_name`, so it is a valid OCI tag as it is)."""
+    return f"{model}.{target}.{channel}"[:128]
 
 
 def _gate_summary(gates: list[GateResult]) -> str:
@@ -212,12 +200,13 @@ def promote(
     model: str | None = None,
     target: str | None = None,
     expect_from: str | None = UNSET,
+    settings: Settings | None = None,
 ) -> PromotionOutcome:
     """Point `channel` (of the artifact's model and target) at REF's digest if its gates pass."""
     check_name("channel", channel)
     if force and not (reason and reason.strip()):
-        raise UsageError("--force needs --reason", fix='say why, e.g. --force --reason "hotfix for incident 123, smoke run by hand"')
-    art = resolve_artifact(home, ref, model=model, target=target)
+        raise UsageError("a forced promotion needs a reason", fix='say why, e.g. "hotfix for incident 123, smoke run by hand"')
+    art = resolve_artifact(home, ref, model=model, target=target, settings=settings)
     gates, gates_source = load_gates(spec_path, art.manifest, channel)
     channels = ChannelStore(home)
     scope = ChannelScope(model=art.model, target=art.target)
@@ -239,25 +228,25 @@ def promote(
         if now_digest != expected:
             append_audit(home, at=now_iso(), who=who, action="conflict", from_digest=now_digest, to_digest=art.digest,
                          reason=reason, detail=f"expected {channel} at {expected or 'empty'}, found {now_digest or 'empty'}", **common)
-            raise TrtpipeError(
+            raise Conflict(
                 f"channel {channel} of {scope} moved to {now_digest or 'empty'} while this promotion expected {expected or 'empty'}; nothing changed",
-                fix="look at `trtpipe history --channel " + channel + "` and promote again if still wanted",
+                resource=f"channel {scope}/{channel}",
+                fix="look at the channel's audit trail and promote again if still wanted",
             )
         if failed and not force:
             append_audit(home, at=now_iso(), who=who, action="refused", from_digest=now_digest, to_digest=art.digest,
                          reason=None, detail="gates not met: " + ", ".join(f"{g.gate} {g.status}" for g in failed), **common)
-            raise TrtpipeError(
+            raise GateRefused(
                 f"refused to promote {art.digest} to {channel} of {scope}: gates not met: {_gate_summary(failed)}",
-                fix='record passing results (trtpipe smoke / bench) for exactly this digest, or use --force --reason "..."',
+                channel=channel, digest=art.digest, failed=[g.gate for g in failed],
+                fix="record passing results for exactly this digest",
             )
         if now_digest == art.digest:
             return PromotionOutcome(channel, art.model, art.target, now_digest, art.digest, "unchanged", gate_results, gates_source, None)
         tag = None
-        if art.oci_client is not None:
-            from trtpipe.store.oci import move_tag
-
+        if art.remote is not None and art.ref is not None:
             tag = channel_tag(art.model, art.target, channel)
-            move_tag(art.oci_client, art.oci_base.repository, tag, art.oci_manifest_bytes)
+            art.remote.point_tag(art.ref, tag)
         history = list(now.history) if now else []
         if now is not None:
             history.append(PointerTarget(digest=now.digest, ref=now.ref, set_at=now.set_at, set_by=now.set_by))
@@ -276,33 +265,30 @@ def pick_channel(channels: ChannelStore, channel: str, model: str | None, target
     check_name("channel", channel)
     found = channels.find(channel, model=model, target=target)
     if not found:
-        raise UsageError(f"no channel {channel!r}" + (f" for {model or '*'}/{target or '*'}" if model or target else ""), fix="see `trtpipe channels`")
+        raise NotFound(f"no channel {channel!r}" + (f" for {model or '*'}/{target or '*'}" if model or target else ""),
+                       what="channel", ref=channel, fix="name a channel that exists")
     if len(found) > 1:
         names = ", ".join(f"{p.model}/{p.target}" for p in found)
-        raise UsageError(f"channel {channel!r} exists for several models/targets ({names})", fix="pass --model and --target")
+        raise UsageError(f"channel {channel!r} exists for several models/targets ({names})",
+                         fix="name the model and the target too")
     return found[0]
 
 
-def rollback(home: Path, channel: str, *, model: str | None = None, target: str | None = None, reason: str | None = None) -> AuditRecord:
+def rollback(home: Path, channel: str, *, model: str | None = None, target: str | None = None, reason: str | None = None,
+             settings: Settings | None = None) -> AuditRecord:
     """Move `channel` back to the digest it held before its latest promotion (recorded)."""
     channels = ChannelStore(home)
     chosen = pick_channel(channels, channel, model, target)
     with channels.lock():
         now = channels.get(chosen.scope, channel)
         if now is None or not now.history:
-            raise TrtpipeError(f"channel {channel} of {chosen.scope} has no earlier digest to roll back to", fix="promote the wanted artifact instead")
+            raise NotFound(f"channel {channel} of {chosen.scope} has no earlier digest to roll back to",
+                           what="earlier digest", ref=channel, fix="promote the wanted artifact instead")
         previous = now.history[-1]
         tag = None
-        if previous.ref and previous.ref.startswith("oci://"):
-            from trtpipe.store import oci
-
-            pinned = oci.parse_oci_ref(previous.ref)
-            client = oci.OciClient(pinned.host)
-            body = client.get_manifest(pinned.repository, pinned.digest or "")
-            if body is None:
-                raise TrtpipeError(f"{previous.ref} is gone from the registry; cannot move the channel tag back", fix="push it again, then roll back")
+        if previous.ref and is_remote_url(previous.ref):
             tag = channel_tag(now.model, now.target, channel)
-            oci.move_tag(client, pinned.repository, tag, body)
+            open_remote_for_ref(previous.ref, settings).point_tag(previous.ref, tag)
         who = current_user()
         channels.write(ChannelPointer(channel=channel, model=now.model, target=now.target, digest=previous.digest, ref=previous.ref,
                                       set_at=now_iso(), set_by=who, history=now.history[:-1]))

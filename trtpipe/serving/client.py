@@ -20,7 +20,7 @@ import tritonclient.grpc as grpcclient
 from pydantic import BaseModel, Field
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from trtpipe.errors import TrtpipeError
+from trtpipe.errors import InvalidInput, RemoteError, TrtpipeError, UsageError
 
 OUTPUTS = ("text_output", "output_ids", "sequence_length", "cum_log_probs", "output_log_probs")
 
@@ -41,11 +41,11 @@ class StreamChunk(BaseModel):
     is_final: bool
 
 
-class TritonRequestError(TrtpipeError):
+class TritonRequestError(InvalidInput):
     """The server answered a request with an error (too long a prompt, a bad parameter ...)."""
 
 
-class TritonConnectionError(TrtpipeError):
+class TritonConnectionError(RemoteError):
     """The server could not be reached, or went away mid-request."""
 
 
@@ -161,8 +161,8 @@ class TritonLLMClient:
         if isinstance(err, InferenceServerException) and err.status() not in transport:
             return TritonRequestError(f"{self.model} at {self.url} refused the request: {err.message()}",
                                       fix="check the prompt and parameters against the engine's limits")
-        return TritonConnectionError(f"Triton at {self.url} failed while {doing}: {err}",
-                                     fix="check that the server is running (trtpipe serve) and reachable")
+        return TritonConnectionError(f"Triton at {self.url} failed while {doing}: {err}", remote=self.url,
+                                     fix="check that the server is running and reachable")
 
     def is_decoupled(self) -> bool:
         if self._decoupled is None:
@@ -204,8 +204,8 @@ class TritonLLMClient:
     def stream(self, prompt: str, max_tokens: int, **sampling: Any) -> Iterator[StreamChunk]:
         """Token-by-token text deltas (stream=true); needs a decoupled (streaming) deployment."""
         if not self.is_decoupled():
-            raise TrtpipeError(f"{self.model} at {self.url} is not decoupled, so it cannot stream",
-                               fix="publish with triton.streaming: true, or call generate()")
+            raise UsageError(f"{self.model} at {self.url} is not decoupled, so it cannot stream",
+                             fix="publish with triton.streaming: true, or call generate()")
         for t_received, text, ids, _cum, _lp, final in self._stream_results(prompt, max_tokens, stream=True, **sampling):
             yield StreamChunk(text=text, token_ids=ids, t_received=t_received, is_final=final)
 
@@ -239,6 +239,7 @@ class TritonLLMClient:
                 except queue.Empty:
                     raise TritonConnectionError(
                         f"no response from {self.model} at {self.url} within {self.timeout:g}s",
+                        remote=self.url,
                         fix="check the server (it may have died or be overloaded); raise the client timeout if it is just slow",
                     ) from None
                 if error is not None:
@@ -259,17 +260,6 @@ class TritonLLMClient:
         closer.start()
         closer.join(timeout=self.timeout)
         _quietly(client.close)
-
-    # --- health --------------------------------------------------------------------------
-    def health(self) -> dict[str, bool]:
-        client = self._client()
-        try:
-            return {"live": client.is_server_live(client_timeout=self.timeout),
-                    "ready": client.is_server_ready(client_timeout=self.timeout)}
-        except InferenceServerException as err:
-            raise self._connection_error(err, "checking health") from None
-        finally:
-            client.close()
 
 
 def _quietly(fn: Any, **kwargs: Any) -> None:

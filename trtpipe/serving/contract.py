@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from trtpipe.errors import TrtpipeError
+from trtpipe.errors import IntegrityError, MissingCapability
 
 CONTRACT_FILE = "triton_contracts/inflight_batcher_llm.yaml"
 RESHAPE_MATTERS = ("tensorrt_llm",)
@@ -94,21 +94,21 @@ def load_contract(path: Path | None = None) -> Contract:
     try:
         data = read_yaml(path)
     except FileNotFoundError:
-        raise TrtpipeError(f"Triton contract table {path} is missing", fix="restore it from git") from None
+        raise IntegrityError(f"Triton contract table {path} is missing", path=str(path), fix="restore it from git") from None
     except yaml.YAMLError as exc:
-        raise TrtpipeError(f"Triton contract table {path} is not valid YAML: {exc}", fix="restore it from git") from None
+        raise IntegrityError(f"Triton contract table {path} is not valid YAML: {exc}", path=str(path), fix="restore it from git") from None
     try:
         contract = Contract.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         loc = ".".join(str(p) for p in first["loc"])
-        raise TrtpipeError(f"{path}: {loc}: {first['msg']}", fix="fix the entry or restore the file from git") from None
+        raise IntegrityError(f"{path}: {loc}: {first['msg']}", path=str(path), fix="fix the entry or restore the file from git") from None
     for model, table in contract.models.items():
         for tensor in [*table.inputs, *table.outputs]:
             unknown = set(tensor.at) - set(table.readings)
             if unknown:
-                raise TrtpipeError(f"{path}: models.{model}: {tensor.name} cites readings not listed for the model: "
-                                   f"{', '.join(sorted(unknown))}", fix="restore the file from git")
+                raise IntegrityError(f"{path}: models.{model}: {tensor.name} cites readings not listed for the model: "
+                                     f"{', '.join(sorted(unknown))}", path=str(path), fix="restore the file from git")
     return contract
 
 
@@ -116,7 +116,7 @@ def contract_for(toolchain: str, contract: Contract | None = None) -> Contract:
     """The contract a repository published with `toolchain` must satisfy."""
     contract = contract or load_contract()
     if toolchain not in contract.toolchains:
-        raise TrtpipeError(
+        raise MissingCapability(
             f"no upstream Triton contract for toolchain {toolchain!r} in {CONTRACT_FILE}",
             fix=f"add it there from its pinned templates (known: {', '.join(contract.toolchains)})",
         )

@@ -21,15 +21,19 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from trtpipe.errors import TrtpipeError, UsageError
+from trtpipe.errors import IntegrityError, NotFound, UsageError
 
 ENGINE_DIGEST = "trtpipe_engine_digest"
 REPOSITORY_KEY = "trtpipe_repository_key"
 REPOSITORY_DIGEST = "trtpipe_repository_digest"
 IDENTITY_PARAMETERS = (ENGINE_DIGEST, REPOSITORY_KEY, REPOSITORY_DIGEST)
+
+if TYPE_CHECKING:
+    from trtpipe.store.local import Store
 
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9:._-]*$")
 
@@ -49,8 +53,8 @@ def add_parameters(config_text: str, values: dict[str, str], *, where: str) -> s
     """`config_text` with `values` appended as parameters; refuses one that is already there."""
     for key in values:
         if re.search(rf'key:\s*"{re.escape(key)}"', config_text):
-            raise TrtpipeError(f"{where} already sets the parameter {key}",
-                               fix="publish the repository again with trtpipe (never hand-edit identity parameters)")
+            raise IntegrityError(f"{where} already sets the parameter {key} (identity parameters are never hand-edited)",
+                                 path=where, fix="publish the repository again")
     if not config_text.endswith("\n"):
         config_text += "\n"
     return config_text + parameter_block(values)
@@ -77,8 +81,8 @@ def read_served_identity(url: str, *, timeout: float = 30) -> ServedIdentity:
         try:
             index = client.get_model_repository_index(as_json=True, client_timeout=timeout).get("models", [])
         except Exception as err:  # unreachable server, or not Triton: one line from tritonclient
-            raise TrtpipeError(f"cannot ask {url} what it serves: {str(err).splitlines()[0] if str(err) else err}",
-                               fix="start the server first (trtpipe serve REPO) and pass its gRPC address") from None
+            raise NotFound(f"cannot ask {url} what it serves: {str(err).splitlines()[0] if str(err) else err}",
+                           what="server", ref=url, fix="start the server first and give its gRPC address") from None
         names = sorted({m["name"] for m in index if m.get("state", "READY") == "READY"})
         seen: dict[str, dict[str, str | None]] = {}
         for name in names:
@@ -92,38 +96,40 @@ def read_served_identity(url: str, *, timeout: float = 30) -> ServedIdentity:
         distinct = {v[key] for v in seen.values()}
         if len(distinct) > 1:
             detail = ", ".join(f"{m}={v[key]}" for m, v in sorted(seen.items()))
-            raise TrtpipeError(f"the models at {url} disagree on {key} ({detail}): one server, several artifacts",
-                               fix="serve one published repository per server (trtpipe serve REPO)")
+            raise UsageError(f"the models at {url} disagree on {key} ({detail}): one server, several artifacts",
+                             fix="serve one published repository per server")
         values[key] = distinct.pop() if distinct else None
     return ServedIdentity(repository_digest=values[REPOSITORY_DIGEST], repository_key=values[REPOSITORY_KEY],
                           engine_digest=values[ENGINE_DIGEST], models=list(seen))
 
 
 class RecordTarget(BaseModel):
-    """Where `--record REPO` files a result: the store holding REPO and REPO's artifact digest."""
+    """What `--record REPO` files a result under: REPO's artifact digest (and the target it was built for)."""
 
-    home: Path
     digest: str
     kind: str
     key: str
     target: str | None
 
 
-def record_target(repo: Path) -> RecordTarget:
-    """The repository artifact `repo` names (a repository directory in a trtpipe store)."""
+def record_target(repo: Path, store: Store) -> RecordTarget:
+    """The repository artifact `repo` names; it must be an entry of `store` (the workspace's), where the
+    results go and where promote looks for the artifact."""
     from trtpipe.store.local import MANIFEST, Store
 
-    path = Path(repo).expanduser().resolve()
-    if not (path / MANIFEST).is_file() or path.parent.name != "repository":
-        raise UsageError(f"--record {repo}: not a repository in a trtpipe store (no {MANIFEST})",
-                         fix="pass the repository path that `trtpipe build` printed (repository_path in --json)")
-    store = Store(path.parent.parent)
-    entry = store.peek("repository", path.name)
-    if entry is None or not entry.current:
-        raise UsageError(f"--record {repo}: written by an older trtpipe (no current manifest)",
-                         fix="rebuild it: trtpipe build SPEC (then serve the new repository)")
-    target = (entry.manifest.get("inputs", {}).get("target") or {}).get("gpu")
-    return RecordTarget(home=store.root, digest=entry.digest, kind=entry.kind, key=entry.key, target=target)
+    found = Store.holding(Path(repo))
+    if found is None or found[1].kind != "repository":
+        raise UsageError(f"{repo} is not a repository in a trtpipe store (no {MANIFEST})",
+                         fix="give the repository path the build printed (repository_path in its JSON report)")
+    holder, entry = found
+    if holder.root.resolve() != Path(store.root).expanduser().resolve():
+        raise UsageError(f"{repo} is an artifact of the store {holder.root}, not of this workspace's store {store.root}; "
+                         "nothing recorded", fix=f"record into the store that holds it ({holder.root})")
+    if not entry.current:
+        raise UsageError(f"{repo} was written by an older trtpipe (no current manifest)",
+                         fix="rebuild it from its spec, then serve the new repository")
+    target = (entry.inputs.get("target") or {}).get("gpu")
+    return RecordTarget(digest=entry.digest, kind=entry.kind, key=entry.key, target=target)
 
 
 def check_recording(identity: ServedIdentity, wanted: RecordTarget, url: str, repo: Path) -> None:
@@ -132,11 +138,11 @@ def check_recording(identity: ServedIdentity, wanted: RecordTarget, url: str, re
         raise UsageError(
             f"refused to record: the server at {url} reports no {REPOSITORY_DIGEST}, so what it serves is unknown; "
             "nothing recorded",
-            fix=f"serve the repository with `trtpipe serve {repo}` (it writes the identity into the serving copy)",
+            fix=f"serve {repo} through trtpipe (it writes the identity into the serving copy)",
         )
     if identity.repository_digest != wanted.digest:
         raise UsageError(
             f"refused to record: the server at {url} serves {identity.repository_digest}, not {repo} "
             f"({wanted.digest}); nothing recorded",
-            fix="pass --record the repository that server serves, or serve this one",
+            fix="record for the repository that server serves, or serve this one",
         )

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from trtpipe.errors import TrtpipeError
+from trtpipe.errors import IntegrityError, InternalError, InvalidInput, NotFound, UsageError
 from trtpipe.serving import identity, templates
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,6 @@ TOKENIZER_FILES = (
 )
 REQUIRED_TOKENIZER_FILE = "tokenizer.json"
 MODELS_WITH_TOKENIZER = ("preprocessing", "postprocessing", "tensorrt_llm_bls")
-MODELS_WITH_PYTHON_CODE = ("preprocessing", "postprocessing", "tensorrt_llm_bls")
 
 # The artifact store's per-entry manifest (trtpipe.store.local.MANIFEST): not an engine file.
 STORE_MANIFEST = "manifest.json"
@@ -84,17 +83,18 @@ def read_engine_facts(engine_dir: Path) -> EngineFacts:
     try:
         config = json.loads(config_path.read_text())
     except FileNotFoundError:
-        raise TrtpipeError(f"{config_path} not found", fix="pass the directory of a built engine") from None
+        raise IntegrityError(f"{config_path} not found: not a built engine", path=str(config_path),
+                             fix="rebuild the engine") from None
     except json.JSONDecodeError as err:
-        raise TrtpipeError(f"{config_path}: not valid JSON ({err})", fix="rebuild the engine") from None
+        raise IntegrityError(f"{config_path}: not valid JSON ({err})", path=str(config_path), fix="rebuild the engine") from None
     build = config.get("build_config") or {}
     pretrained = config.get("pretrained_config") or {}
     mapping = pretrained.get("mapping") or {}
     missing = [k for k in ("max_batch_size", "max_input_len", "max_seq_len") if k not in build]
     if missing:
-        raise TrtpipeError(
-            f"{config_path}: build_config lacks {', '.join(missing)}",
-            fix="rebuild the engine with trtpipe build",
+        raise IntegrityError(
+            f"{config_path}: build_config lacks {', '.join(missing)}", path=str(config_path),
+            fix="rebuild the engine",
         )
     return EngineFacts(
         trtllm_version=config.get("version"),
@@ -119,7 +119,7 @@ def template_values(resolved: Any, engine: EngineFacts) -> dict[str, str]:
     reference = spec.target.is_cpu_reference
     batch = triton.max_batch_size if triton.max_batch_size is not None else engine.max_batch_size
     if batch > engine.max_batch_size:
-        raise TrtpipeError(
+        raise InvalidInput(
             f"triton.max_batch_size {batch} exceeds the engine's max_batch_size {engine.max_batch_size}",
             fix=f"set triton.max_batch_size <= {engine.max_batch_size} or rebuild with a larger engine.max_batch_size",
         )
@@ -182,11 +182,11 @@ def place_engine(engine_dir: Path, dest: Path) -> tuple[Placement, list[str]]:
         if not src.is_file() or src.name == STORE_MANIFEST:
             continue  # the store's own bookkeeping is not part of the engine
         if src.name == "model.py":
-            raise TrtpipeError(f"{src}: an engine dir must not contain model.py", fix="rebuild the engine")
+            raise IntegrityError(f"{src}: an engine dir must not contain model.py", path=str(src), fix="rebuild the engine")
         placements.add(place_file(src, dest / src.name))
         names.append(src.name)
     if not names:
-        raise TrtpipeError(f"{engine_dir} holds no engine files", fix="rebuild the engine")
+        raise IntegrityError(f"{engine_dir} holds no engine files", path=str(engine_dir), fix="rebuild the engine")
     # The weakest placement is the one to report.
     for kind in ("copy", "reflink", "hardlink"):
         if kind in placements:
@@ -196,7 +196,7 @@ def place_engine(engine_dir: Path, dest: Path) -> tuple[Placement, list[str]]:
 
 def copy_tokenizer(tokenizer_dir: Path, dest: Path) -> list[str]:
     if not (tokenizer_dir / REQUIRED_TOKENIZER_FILE).is_file():
-        raise TrtpipeError(
+        raise InvalidInput(
             f"{tokenizer_dir}: no {REQUIRED_TOKENIZER_FILE} (the serving models read it with the tokenizers library)",
             fix="point model.tokenizer at a directory with a fast tokenizer (save it with tokenizer.save_pretrained)",
         )
@@ -229,7 +229,7 @@ def _write_models(
     placement, engine_files = place_engine(engine_dir, root / ENGINE_SUBDIR)
     tokenizer_dir = resolved.tokenizer_dir or resolved.model_dir
     if tokenizer_dir is None:
-        raise TrtpipeError(
+        raise InvalidInput(
             "the spec names no tokenizer and no local model directory",
             fix="set model.tokenizer to a local tokenizer directory",
         )
@@ -297,7 +297,7 @@ def publish_repository(
 
     `resolved` is a `trtpipe.resolve.ResolvedSpec`; `repository_key` the store key the repository is
     published under (written into every config.pbtxt with the engine digest). Returns `out_dir`.
-    Raises TrtpipeError naming the model, field and fix when the result does not validate.
+    Raises a TrtpipeError naming the model, field and fix when the result does not validate.
     """
     from trtpipe.serving.validate import validate_repository
 
@@ -306,14 +306,14 @@ def publish_repository(
     engine = read_engine_facts(engine_dir)
     if engine.reference != resolved.spec.target.is_cpu_reference:
         kind = "a reference engine" if engine.reference else "a TensorRT engine"
-        raise TrtpipeError(
+        raise InvalidInput(
             f"{engine_dir} is {kind} but the spec targets {resolved.spec.target.gpu}",
             fix="publish the engine built for this spec's target",
         )
     values = template_values(resolved, engine)
 
     if out_dir.exists() and any(out_dir.iterdir()):
-        raise TrtpipeError(f"{out_dir} is not empty", fix="publish into a new or empty directory")
+        raise UsageError(f"{out_dir} is not empty", fix="publish into a new or empty directory")
     # Write next to the destination, then rename: a reader never sees half a repository.
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
@@ -328,7 +328,8 @@ def publish_repository(
         (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         issues = [i for i in validate_repository(staging) if i.severity == "error"]
         if issues:
-            raise TrtpipeError(f"published repository does not validate: {issues[0].one_line()}")
+            raise InternalError(f"published repository does not validate: {issues[0].one_line()}",
+                                fix="report this bug with the spec that produced it")
         staging.chmod(0o755)
         if out_dir.exists():
             out_dir.rmdir()  # empty (checked above); the store hands us its own empty build dir
@@ -344,6 +345,7 @@ def read_manifest(repo: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise TrtpipeError(f"{path} not found", fix="pass a repository that `trtpipe build` published (its path ends the build output)") from None
+        raise NotFound(f"{path} not found: {repo} is not a repository trtpipe published", what="repository", ref=str(repo),
+                       fix="give the repository path a build printed (repository_path in its JSON report)") from None
     except json.JSONDecodeError as err:
-        raise TrtpipeError(f"{path}: not valid JSON ({err})", fix="publish the repository again") from None
+        raise IntegrityError(f"{path}: not valid JSON ({err})", path=str(path), fix="publish the repository again") from None

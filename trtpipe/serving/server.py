@@ -27,7 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from trtpipe.errors import MissingCapability, TrtpipeError
+from trtpipe.errors import CheckFailed, InvalidInput, MissingCapability
 
 log = logging.getLogger(__name__)
 
@@ -273,12 +273,13 @@ def start_server(
     if not manifest.get("reference"):
         raise MissingCapability(
             f"{repo} serves a {manifest.get('target')} engine, which needs its Triton container on a GPU host",
-            fix=f"run `trtpipe serve {repo} --print` for the docker command",
+            fix="serve it with its Triton container on a GPU host",
         )
     if validate:
         errors = errors_only(validate_repository(repo))
         if errors:
-            raise TrtpipeError(f"{repo} does not validate: {errors[0].one_line()}")
+            raise InvalidInput(f"{repo} does not validate: {errors[0].one_line()}",
+                               fix="publish the repository again from its spec")
     if host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("binding tritonserver to %s, not loopback", host)
     home = tritonserver_home()
@@ -346,9 +347,9 @@ def _start(serving: Any, *, host: str, start_timeout: float, ports: tuple[int | 
             break
         log.info("tritonserver port clash (attempt %d); retrying on other ports", attempt + 1)
     hint = "pass free ports (or none, to pick free ones); " if "already in use" in last_error else ""
-    raise TrtpipeError(
-        f"tritonserver did not become ready on {serving.source} ({last_error})",
-        fix=f"{hint}see the server log {log_seen}; check the repository with `trtpipe validate {serving.source}`",
+    raise CheckFailed(
+        f"tritonserver did not become ready on {serving.source} ({last_error})", check="ready",
+        fix=f"{hint}see the server log {log_seen}",
     )
 
 
@@ -414,7 +415,7 @@ def start_container(repo: Path, manifest: dict[str, Any], **ports: int) -> Any:
     except Exception:
         raise MissingCapability(
             "no Docker daemon reachable (GPU targets serve inside the toolchain's Triton container)",
-            fix=f"run on a GPU host with Docker and the NVIDIA container toolkit, or use `trtpipe serve {repo} --print`",
+            fix="run on a GPU host with Docker and the NVIDIA container toolkit, or print the docker command and run it there",
         ) from None
     ports = {"grpc_port": 8001, "http_port": 8000, "metrics_port": 8002, **ports}
     argv = docker_command(repo, manifest, **ports)

@@ -30,12 +30,11 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trtpipe.errors import TrtpipeError
+from trtpipe.errors import IntegrityError, InvalidInput
 from trtpipe.serving import identity
 
 REPOSITORY_MANIFEST = "trtpipe.json"
 ENGINE_SUBDIR = "tensorrt_llm/1"
-STORE_MANIFEST = "manifest.json"
 
 
 @dataclass
@@ -78,13 +77,14 @@ class ServingDir:
 
 
 def _store_entry(repo: Path):
-    """(store, entry) when `repo` is a repository entry of a trtpipe store, else (None, None)."""
+    """(store, entry) when `repo` is a repository entry of a trtpipe store, else (None, None). A serving
+    directory lives in the store that holds the entry (its engine files are hard links into it)."""
     from trtpipe.store.local import Store
 
-    if not (repo / STORE_MANIFEST).is_file() or repo.parent.name != "repository":
+    found = Store.holding(repo)
+    if found is None or found[1].kind != "repository":
         return None, None
-    store = Store(repo.parent.parent)
-    return store, store.peek("repository", repo.name)
+    return found
 
 
 def _engine_files(repo: Path) -> set[str]:
@@ -108,15 +108,15 @@ def prepare(repo: Path, *, kept: bool = False) -> ServingDir:
     store, entry = _store_entry(repo)
     if store is not None and entry is not None:
         if not entry.current:
-            raise TrtpipeError(f"{repo} was published by an older trtpipe (old manifest format)",
-                               fix="rebuild it with `trtpipe build SPEC` and serve the new repository")
+            raise InvalidInput(f"{repo} was published by an older trtpipe (old manifest format)",
+                               fix="rebuild it from its spec and serve the new repository")
         problems = store.verify_entry(entry)
         if problems:
             store.quarantine(entry, problems)
-            raise TrtpipeError(
+            raise IntegrityError(
                 f"{repo} failed verification ({problems[0].file}: {problems[0].reason}); it was moved to quarantine "
-                "and not served",
-                fix="rebuild it with `trtpipe build SPEC` (or `trtpipe cache verify --repair`)",
+                "and not served", path=str(repo), in_store=True,
+                fix="rebuild it from its spec, or restore it to its digest",
             )
         files = {item["path"]: item["mode"] for item in entry.files}
         base, label, digest = serving_root(store.root), entry.digest.removeprefix("sha256:")[:12], entry.digest

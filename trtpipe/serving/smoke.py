@@ -16,11 +16,14 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from trtpipe.errors import TrtpipeError
+from trtpipe.errors import CheckFailed, TrtpipeError
+
+if TYPE_CHECKING:
+    from trtpipe.results import ResultsLog
 
 DEFAULT_PROMPTS = ("Once upon a time", "The cat sat on the", "In the beginning")
 REQUIRED_INPUTS = ("text_input", "max_tokens")
@@ -130,22 +133,22 @@ def run_smoke(
     try:
         def live() -> str:
             if not raw.is_server_live(client_timeout=timeout):
-                raise TrtpipeError("server is not live")
+                raise CheckFailed("server is not live", check="live")
             return "live"
 
         def ready() -> str:
             if not raw.is_server_ready(client_timeout=timeout):
-                raise TrtpipeError("server is not ready")
+                raise CheckFailed("server is not ready", check="ready")
             return "ready"
 
         def models_ready() -> str:
             index = raw.get_model_repository_index(as_json=True, client_timeout=timeout).get("models", [])
             names = sorted({m["name"] for m in index})
             if model not in names:
-                raise TrtpipeError(f"the repository has no model {model!r} (it has {', '.join(names)})")
+                raise CheckFailed(f"the repository has no model {model!r} (it has {', '.join(names)})", check="models_ready")
             not_ready = [n for n in names if not raw.is_model_ready(n, client_timeout=timeout)]
             if not_ready:
-                raise TrtpipeError(f"models not ready: {', '.join(not_ready)}")
+                raise CheckFailed(f"models not ready: {', '.join(not_ready)}", check="models_ready")
             return f"{len(names)} ready: {', '.join(names)}"
 
         def metadata() -> str:
@@ -153,10 +156,10 @@ def run_smoke(
             names = {t["name"] for t in meta.get("inputs", [])}
             missing = [n for n in REQUIRED_INPUTS if n not in names]
             if missing:
-                raise TrtpipeError(f"{model} lacks inputs {', '.join(missing)}")
+                raise CheckFailed(f"{model} lacks inputs {', '.join(missing)}", check="metadata")
             outputs = {t["name"] for t in meta.get("outputs", [])}
             if "text_output" not in outputs:
-                raise TrtpipeError(f"{model} lacks the text_output output")
+                raise CheckFailed(f"{model} lacks the text_output output", check="metadata")
             return f"{len(names)} inputs, {len(outputs)} outputs"
 
         client = TritonLLMClient(url, model=model, timeout=timeout)
@@ -165,7 +168,7 @@ def run_smoke(
         def non_streaming() -> str:
             gen = client.generate(prompts[0], max_tokens, top_k=1)
             if not gen.output_token_ids:
-                raise TrtpipeError("no tokens generated")
+                raise CheckFailed("no tokens generated", check="generate")
             generated["text"] = gen.text
             return f"{len(gen.output_token_ids)} tokens in {gen.latency_s:.2f}s: {gen.text[:60]!r}"
 
@@ -174,10 +177,10 @@ def run_smoke(
                 return "skipped: the deployment is not decoupled (triton.streaming: false)"
             chunks = list(client.stream(prompts[0], max_tokens, top_k=1))
             if not chunks or not chunks[-1].is_final:
-                raise TrtpipeError("the stream ended without a final response")
+                raise CheckFailed("the stream ended without a final response", check="stream")
             text = "".join(c.text for c in chunks)
             if "text" in generated and text != generated["text"]:
-                raise TrtpipeError(f"streamed text {text!r} differs from the non-streaming text {generated['text']!r}")
+                raise CheckFailed(f"streamed text {text!r} differs from the non-streaming text {generated['text']!r}", check="stream")
             return f"{sum(len(c.token_ids) for c in chunks)} tokens in {len(chunks)} responses"
 
         ok = _check(checks, "live", live) and _check(checks, "ready", ready)
@@ -195,9 +198,10 @@ def run_smoke(
                         result.parity = report
                         if report["mismatches"]:
                             bad = next(r for r in report["rows"] if not r["equal"])
-                            raise TrtpipeError(
+                            raise CheckFailed(
                                 f"{report['mismatches']}/{report['prompts']} prompts differ from the reference runtime, "
-                                f"e.g. {bad['prompt']!r}: triton {bad['triton']} vs reference {bad['reference']}"
+                                f"e.g. {bad['prompt']!r}: triton {bad['triton']} vs reference {bad['reference']}",
+                                check="parity",
                             )
                         return f"{report['prompts']} prompts equal to the reference runtime (greedy)"
 
@@ -216,12 +220,9 @@ def run_smoke(
     return result
 
 
-def record_smoke(result: SmokeResult, target: Any) -> str:
-    """File the result (and its parity) under `target` (a `trtpipe.serving.identity.RecordTarget` the
-    caller checked against what the server reports). Returns the digest recorded for."""
-    from trtpipe.results import ResultsLog
-
-    log = ResultsLog(target.home)
+def record_smoke(result: SmokeResult, target: Any, log: ResultsLog) -> str:
+    """File the result (and its parity) in `log` under `target` (a `trtpipe.serving.identity.RecordTarget`
+    the caller checked against what the server reports). Returns the digest recorded for."""
     log.record(target.digest, "smoke", result.passed, result.model_dump(mode="json"))
     if result.parity is not None:
         log.record(target.digest, "parity", not result.parity["mismatches"], result.parity)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from trtpipe.errors import TrtpipeError
+from trtpipe.errors import InternalError, MissingCapability
 
 # triton_repo/ sits beside the trtpipe package in the source tree (editable install).
 TEMPLATE_ROOT = Path(__file__).resolve().parents[2] / "triton_repo"
@@ -25,7 +25,7 @@ REFERENCE_SOURCES = {**GPU_SOURCES, "tensorrt_llm": "tensorrt_llm_reference"}
 
 def template_root() -> Path:
     if not (TEMPLATE_ROOT / "ensemble" / "config.pbtxt").is_file():
-        raise TrtpipeError(
+        raise MissingCapability(
             f"Triton templates not found under {TEMPLATE_ROOT}",
             fix="install trtpipe from its source tree (pip install -e .) so triton_repo/ is present",
         )
@@ -44,29 +44,29 @@ def render(text: str, values: dict[str, str], *, source: str) -> str:
     """Fill every `${name}` from `values`; refuse a missing value or a leftover placeholder."""
     missing = [name for name in placeholders(text) if name not in values]
     if missing:
-        raise TrtpipeError(
+        raise InternalError(
             f"{source}: template variables without a value: {', '.join(missing)}",
             fix="give publish a value for each (trtpipe.serving.publish.template_values)",
         )
     rendered = PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
     left = placeholders(rendered)
     if left:
-        raise TrtpipeError(
+        raise InternalError(
             f"{source}: a value itself contains a template variable: {', '.join(left)}",
             fix="values must be literal text",
         )
     return rendered
 
 
-def templates_digest() -> str:
-    """sha256 over every template and model.py under triton_repo/ (path and bytes, sorted).
+def templates_digest(root: Path | None = None) -> str:
+    """sha256 over every template and model.py under triton_repo/ (or `root`): path and bytes, sorted.
 
     What a published repository is made of besides the engine, spec and tokenizer: the store's
-    repository key should include it, so a changed template or model.py republishes.
+    repository key includes it, so a changed template or model.py republishes.
     """
     import hashlib
 
-    root = template_root()
+    root = root if root is not None else template_root()
     digest = hashlib.sha256()
     for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0")

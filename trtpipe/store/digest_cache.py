@@ -47,7 +47,6 @@ class DigestCache:
         self.db_path = db_path
         self._conn: sqlite3.Connection | None = None
         self.hashed_bytes = 0  # bytes actually read by this instance (the benchmark reports it)
-        self.hits = 0
 
     def _connect(self) -> sqlite3.Connection:
         if self._conn is None:
@@ -88,7 +87,6 @@ class DigestCache:
             (real, *_ident(st)),
         ).fetchone()
         if row is not None:
-            self.hits += 1
             return row[0]
         value = sha256_file(Path(real))
         self.hashed_bytes += st.st_size
@@ -108,10 +106,6 @@ class DigestCache:
                 "INSERT OR REPLACE INTO file_digests(path, size, mtime_ns, ctime_ns, inode, sha256) VALUES (?,?,?,?,?,?)",
                 (real, *_ident(st), value),
             )
-
-    def remember(self, path: Path, value: str, st: os.stat_result) -> None:
-        """Record a digest computed elsewhere from the file as `st` describes it (same rules as `digest`)."""
-        self._remember(str(Path(path).resolve()), value, st)
 
     def restamp(self, path: Path, before: os.stat_result) -> bool:
         """After our own link or unlink of `path`'s inode: move its row to the new ctime.

@@ -13,8 +13,6 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any
-
 from pydantic import BaseModel
 
 from trtpipe.errors import UsageError
@@ -112,13 +110,16 @@ class _InodeBook:
 
 
 def collect(
-    store: Store, *, max_size: int | None = None, max_age_s: float | None = None, dry_run: bool = False
+    store: Store, *, pins: dict[str, list[str]], max_size: int | None = None, max_age_s: float | None = None,
+    dry_run: bool = False,
 ) -> GcReport:
+    """Collect garbage. `pins`: each digest a channel pins (or can roll back to) -> the channels naming
+    it, from the release area (`trtpipe.release.channels.ChannelStore.pins`): the store reads no channel."""
     report = GcReport(dry_run=dry_run)
     now = time.time()
-    _clean_leftovers(store, report, now, dry_run)
+    _clean_leftovers(store, report, now, dry_run, pins)
 
-    pinned = store.pinned_digests()
+    pinned = set(pins)
     entries = sorted(store.entries(), key=lambda e: e.last_used)  # least recently used first
     book = _InodeBook()
     for entry in entries:
@@ -174,7 +175,7 @@ def collect(
     return report
 
 
-def _clean_leftovers(store: Store, report: GcReport, now: float, dry_run: bool) -> None:
+def _clean_leftovers(store: Store, report: GcReport, now: float, dry_run: bool, pins: dict[str, list[str]]) -> None:
     tmp = store.root / "tmp"
     if tmp.is_dir():
         for child in sorted(tmp.iterdir()):
@@ -189,7 +190,6 @@ def _clean_leftovers(store: Store, report: GcReport, now: float, dry_run: bool) 
                     remove_tree(child)
                 report.add(GcAction(what="tmp", name=child.name, bytes=size, reason="leftover of an interrupted build"))
     # A quarantined entry a channel pins stays until a healthy entry of its digest is back.
-    pins = store.pins()
     keep: set[str] = set()
     for item in store.quarantined_entries():
         if item["digest"] in pins and store.healthy(item["kind"], item["key"], item["digest"]) is None:
@@ -227,11 +227,3 @@ def _clean_serving_dirs(store: Store, report: GcReport, dry_run: bool) -> None:
             if not path.name.endswith(LOCK_SUFFIX):
                 path.with_name(path.name + LOCK_SUFFIX).unlink(missing_ok=True)
         report.add(GcAction(what="serving", name=path.name, bytes=size, reason="serving directory of a stopped server"))
-
-
-def summary(store: Store) -> dict[str, Any]:
-    entries = list(store.entries())
-    book = _InodeBook()
-    for entry in entries:
-        book.add(entry)
-    return {"entries": len(entries), "bytes": book.total}

@@ -1,6 +1,7 @@
 """The local artifact store.
 
-Layout under the store root (`$TRTPIPE_HOME`, else the user cache dir):
+Layout under the store root (the workspace's, `trtpipe.workspace`: --store, $TRTPIPE_STORE, $TRTPIPE_HOME,
+else the user cache dir):
 
     objects/sha256/ab/cdef...     content-addressed files, stored once, read-only (0444)
     <kind>/<key>/                 an entry: the artifact's files (hard links to objects) + manifest.json;
@@ -14,7 +15,8 @@ Layout under the store root (`$TRTPIPE_HOME`, else the user cache dir):
     serving/                      serving directories `trtpipe serve` gives Triton (trtpipe.serving.serving_dir)
     builds.log                    one JSON line per stage actually built (audit and tests)
     digests.sqlite                the digest cache
-    channels/**.json              channel pointers (Release area); any "digest" found there is pinned
+    channels/, results/, audit/   the release area's (`trtpipe.release`): the store takes the digests
+                                  channels pin as an argument (gc, verify) and never reads them itself
 
 An entry's manifest.json is content only, canonical JSON (sorted keys, no whitespace):
     {"manifest_version": 2, "kind", "key", "inputs": <the key document>,
@@ -39,7 +41,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from trtpipe.errors import TrtpipeError, UsageError
+from trtpipe.errors import IntegrityError, InternalError, InvalidInput, NotFound, UsageError
 from trtpipe.store.digest_cache import DigestCache
 from trtpipe.store.keys import canonical_json
 from trtpipe.store.locking import KeyLocks
@@ -51,15 +53,6 @@ MANIFEST = "manifest.json"
 # Bump when the manifest's shape changes: entries of another version are misses (rebuilt), never errors.
 MANIFEST_VERSION = 2
 _KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-def default_root() -> Path:
-    home = os.environ.get("TRTPIPE_HOME")
-    if home:
-        return Path(home).expanduser()
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("trtpipe"))
 
 
 def _check_kind_key(kind: str, key: str) -> None:
@@ -183,23 +176,40 @@ class Store:
 
     # -- opening ---------------------------------------------------------------------------
     @classmethod
-    def open(cls, root: Path | str | None = None) -> Store:
-        store = cls(Path(root).expanduser() if root is not None else default_root())
+    def open(cls, root: Path | str) -> Store:
+        """The store at `root`, created if missing (the workspace decides where: `trtpipe.workspace`)."""
+        store = cls(Path(root).expanduser())
         try:
             for sub in ("objects", "tmp", "locks", "records"):
                 (store.root / sub).mkdir(parents=True, exist_ok=True)
         except OSError as err:
-            raise TrtpipeError(
+            raise InvalidInput(
                 f"cannot create the artifact store at {store.root}: {err.strerror}",
-                fix="set TRTPIPE_HOME to a writable directory",
+                fix="choose a writable directory for the store (TRTPIPE_HOME, TRTPIPE_STORE)",
             ) from err
         return store
+
+    @classmethod
+    def holding(cls, path: Path) -> tuple[Store, Entry] | None:
+        """(the store, the entry) when `path` is an entry directory of a trtpipe store, else None.
+        The entry may be of an older manifest format (check `entry.current`)."""
+        path = Path(path).expanduser().resolve()
+        if path.parent.name not in KINDS or not (path / MANIFEST).is_file() or not _KEY_RE.match(path.name):
+            return None
+        store = cls(path.parent.parent)
+        entry = store.peek(path.parent.name, path.name)
+        return (store, entry) if entry is not None else None
 
     @property
     def digests(self) -> DigestCache:
         if self._digests is None:
             self._digests = DigestCache(self.root / "digests.sqlite")
         return self._digests
+
+    def close(self) -> None:
+        """Close the digest cache's database connection, if one was opened."""
+        if self._digests is not None:
+            self._digests.close()
 
     def entry_dir(self, kind: str, key: str) -> Path:
         _check_kind_key(kind, key)
@@ -313,7 +323,8 @@ class Store:
             elif entry.key.startswith(key):
                 matches.append(entry)
         if not matches:
-            raise UsageError(f"no artifact matches {ref!r}", fix="list artifacts with `trtpipe cache ls`")
+            raise NotFound(f"no artifact in {self.root} matches {ref!r}", what="artifact", ref=ref,
+                           fix="give a key, key prefix or digest of a stored artifact")
         if len(matches) > 1:
             names = ", ".join(f"{e.kind}/{e.key[:12]}" for e in matches[:5])
             raise UsageError(f"{ref!r} matches {len(matches)} artifacts ({names})", fix="give more of the key or kind/key")
@@ -359,15 +370,14 @@ class Store:
     def _publish(self, kind: str, key: str, tmp_dir: Path, inputs: dict[str, Any]) -> Entry:
         """Hash what a stage wrote, write the content-only manifest, freeze and rename into place."""
         if (tmp_dir / MANIFEST).exists():
-            raise TrtpipeError(
-                f"the {kind} stage wrote a file named {MANIFEST}, which the store reserves",
-                fix="rename that file in the stage output",
-            )
+            raise InternalError(f"the {kind} stage wrote a file named {MANIFEST}, which the store reserves",
+                                fix="report this bug: a stage must not write that file")
         files: list[dict[str, Any]] = []
         for path in _walk_files(tmp_dir):
             rel = path.relative_to(tmp_dir).as_posix()
             if path.is_symlink():
-                raise TrtpipeError(f"the {kind} stage wrote a symlink {rel}", fix="write regular files only")
+                raise InternalError(f"the {kind} stage wrote a symlink {rel}",
+                                    fix="report this bug: a stage writes regular files only")
             st = path.stat()
             files.append({"path": rel, "mode": normalized_mode(st.st_mode), "size": st.st_size,
                           "sha256": sha256_file(path)})
@@ -389,40 +399,40 @@ class Store:
         try:
             manifest = json.loads(raw)
         except ValueError:
-            raise TrtpipeError(f"{where} is not JSON; refused") from None
+            raise IntegrityError(f"{where} is not JSON; refused") from None
         if not isinstance(manifest, dict) or manifest.get("manifest_version") != MANIFEST_VERSION:
             version = manifest.get("manifest_version") if isinstance(manifest, dict) else None
-            raise TrtpipeError(
+            raise IntegrityError(
                 f"{where} has manifest version {version!r}, not {MANIFEST_VERSION}; refused",
                 fix="rebuild it with this trtpipe (older artifacts are rebuilt, never reused)",
             )
         if canonical_json(manifest) != raw:
-            raise TrtpipeError(f"{where} is not canonical JSON (so its digest is not its content's); refused")
+            raise IntegrityError(f"{where} is not canonical JSON (so its digest is not its content's); refused")
         if (manifest.get("kind"), manifest.get("key")) != (kind, key):
-            raise TrtpipeError(f"{where} names {manifest.get('kind')}/{manifest.get('key')}; refused")
+            raise IntegrityError(f"{where} names {manifest.get('kind')}/{manifest.get('key')}; refused")
         files = manifest.get("files")
         if not isinstance(files, list):
-            raise TrtpipeError(f"{where} lists no files; refused")
+            raise IntegrityError(f"{where} lists no files; refused")
         listed: dict[str, dict[str, Any]] = {}
         for item in files:
             rel = item.get("path") if isinstance(item, dict) else None
             if not isinstance(rel, str) or rel in listed:
-                raise TrtpipeError(f"{where} lists {rel!r} twice or malformed; refused")
+                raise IntegrityError(f"{where} lists {rel!r} twice or malformed; refused")
             listed[rel] = item
         present = {p.relative_to(tmp_dir).as_posix(): p for p in _walk_files(tmp_dir)}
         if set(present) != set(listed) or set(verified) != set(listed):
             odd = sorted(set(present) ^ set(listed) | set(verified) ^ set(listed))
-            raise TrtpipeError(f"{where} and the files received differ ({', '.join(odd[:3])}); refused")
+            raise IntegrityError(f"{where} and the files received differ ({', '.join(odd[:3])}); refused")
         for rel, item in listed.items():
             path = present[rel]
             if item.get("sha256") != verified[rel] or item.get("size") != path.stat().st_size:
-                raise TrtpipeError(
+                raise IntegrityError(
                     f"{where} lists {rel} as sha256:{str(item.get('sha256'))[:12]}..., but its bytes are "
                     f"sha256:{verified[rel][:12]}...; refused",
                     fix="the artifact was tampered with; push it again from a good copy",
                 )
             if item.get("mode") not in ("0644", "0755"):
-                raise TrtpipeError(f"{where} gives {rel} the mode {item.get('mode')!r}; refused")
+                raise IntegrityError(f"{where} gives {rel} the mode {item.get('mode')!r}; refused")
         entry = self._install(kind, key, tmp_dir, raw, manifest)
         handle.entry = entry  # tells `building` the staging dir was consumed
         return entry
@@ -535,42 +545,6 @@ class Store:
             os.write(fd, line + b"\n")
         finally:
             os.close(fd)
-
-    def pinned_digests(self) -> set[str]:
-        """Artifact digests that a channel pointer names (`<root>/channels/**.json`, any "digest" value)."""
-        return set(self.pins())
-
-    def pins(self) -> dict[str, list[str]]:
-        """Each pinned artifact digest -> the channel pointers naming it (`model/target/channel`, relative
-        to `<root>/channels`, without `.json`). Read generically: the store knows no release code."""
-        pins: dict[str, list[str]] = {}
-        channels = self.root / "channels"
-        if not channels.is_dir():
-            return pins
-        for path in sorted(channels.rglob("*.json")):
-            try:
-                data = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            found: set[str] = set()
-            _collect_digests(data, found)
-            label = path.relative_to(channels).with_suffix("").as_posix()
-            for digest in found:
-                digest = digest if digest.startswith("sha256:") else f"sha256:{digest}"
-                pins.setdefault(digest, []).append(label)
-        return pins
-
-
-def _collect_digests(value: Any, found: set[str]) -> None:
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if k == "digest" and isinstance(v, str):
-                found.add(v)
-            else:
-                _collect_digests(v, found)
-    elif isinstance(value, list):
-        for v in value:
-            _collect_digests(v, found)
 
 
 def _inside(root: Path, path: Path) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import stat
 import uuid
 from collections.abc import Callable
@@ -152,8 +151,3 @@ def _same_bytes(a: Path, b: Path, block: int = 1024 * 1024) -> bool:
                 return False
             if not left:
                 return True
-
-
-def copy_file(src: Path, dst: Path) -> None:
-    """Copy bytes (used only where a hard link fails)."""
-    shutil.copyfile(src, dst)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
 import re
 import shutil
 import tempfile
@@ -32,7 +31,18 @@ from typing import Any
 
 import requests
 
-from trtpipe.errors import TrtpipeError, UsageError
+from trtpipe.errors import (
+    AccessDenied,
+    Conflict,
+    IntegrityError,
+    InvalidInput,
+    MissingCapability,
+    NotFound,
+    RemoteError,
+    TimedOut,
+    UsageError,
+)
+from trtpipe.settings import Settings, from_env
 
 OCI_MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
 FILE_MEDIA_TYPE = "application/vnd.trtpipe.file.v1"
@@ -88,13 +98,9 @@ class OciRef:
         return self.base
 
 
-def is_oci_url(text: str) -> bool:
-    return text.startswith("oci://")
-
-
 def parse_oci_ref(text: str) -> OciRef:
     """Parse `oci://host/repo[:tag|@digest]`; raise a UsageError naming what is wrong."""
-    if not is_oci_url(text):
+    if not text.startswith("oci://"):
         raise UsageError(f"{text!r} is not an OCI reference", fix="write it as oci://HOST[:PORT]/REPOSITORY[:TAG|@sha256:DIGEST]")
     rest = text[len("oci://") :]
     if "/" not in rest:
@@ -142,24 +148,19 @@ class Credentials:
         return f"Credentials(username={self.username!r}, source={self.source!r})"
 
 
-def docker_config_path() -> Path:
-    base = os.environ.get("DOCKER_CONFIG")
-    return Path(base) / "config.json" if base else Path.home() / ".docker" / "config.json"
-
-
-def resolve_credentials(host: str) -> Credentials | None:
+def resolve_credentials(host: str, settings: Settings | None = None) -> Credentials | None:
     """Credentials for `host`: $TRTPIPE_REGISTRY_USERNAME/PASSWORD, else the Docker config's `auths`."""
-    user = os.environ.get("TRTPIPE_REGISTRY_USERNAME")
-    password = os.environ.get("TRTPIPE_REGISTRY_PASSWORD")
+    settings = settings if settings is not None else from_env()
+    user, password = settings.registry_username, settings.registry_password
     if user and password is not None:
         return Credentials(user, password, "TRTPIPE_REGISTRY_USERNAME/TRTPIPE_REGISTRY_PASSWORD")
-    path = docker_config_path()
+    path = settings.docker_config_file()
     if not path.is_file():
         return None
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        raise TrtpipeError(f"{path} is not valid JSON", fix="repair it or set TRTPIPE_REGISTRY_USERNAME/PASSWORD") from None
+        raise InvalidInput(f"{path} is not valid JSON", fix="repair it or set TRTPIPE_REGISTRY_USERNAME/PASSWORD") from None
     auths = config.get("auths", {}) if isinstance(config, dict) else {}
     helper = (config.get("credHelpers") or {}).get(host) or config.get("credsStore")
     for name in (host, f"https://{host}", f"http://{host}", f"https://{host}/v1/", f"https://{host}/v2/"):
@@ -171,7 +172,7 @@ def resolve_credentials(host: str) -> Credentials | None:
                 decoded = base64.b64decode(entry["auth"]).decode("utf-8")
                 u, p = decoded.split(":", 1)
             except (ValueError, UnicodeDecodeError):
-                raise TrtpipeError(f"{path}: auths.{name}.auth is not base64 of user:password", fix="run `docker login` again") from None
+                raise InvalidInput(f"{path}: auths.{name}.auth is not base64 of user:password", fix="run `docker login` again") from None
             return Credentials(u, p, str(path))
         if entry.get("username") and entry.get("password") is not None:
             return Credentials(entry["username"], entry["password"], str(path))
@@ -185,32 +186,35 @@ def _from_credential_helper(helper: str, host: str) -> Credentials | None:
     import subprocess
 
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", helper):
-        raise TrtpipeError(f"Docker config names an invalid credential helper {helper!r}")
+        raise InvalidInput(f"the Docker config names an invalid credential helper {helper!r}",
+                           fix="name a docker-credential-* helper in credsStore/credHelpers")
     binary = shutil.which(f"docker-credential-{helper}")
     if binary is None:
-        raise TrtpipeError(
+        raise MissingCapability(
             f"the Docker config uses credential helper {helper!r} but docker-credential-{helper} is not on PATH",
             fix="install it, or set TRTPIPE_REGISTRY_USERNAME and TRTPIPE_REGISTRY_PASSWORD",
         )
     try:
         proc = subprocess.run([binary, "get"], input=host, capture_output=True, text=True, timeout=30)
     except subprocess.TimeoutExpired:
-        raise TrtpipeError(f"docker-credential-{helper} did not answer within 30 s") from None
+        raise TimedOut(f"docker-credential-{helper} did not answer within 30 s", operation=f"docker-credential-{helper} get",
+                       seconds=30, fix="check the credential helper, or set TRTPIPE_REGISTRY_USERNAME/PASSWORD") from None
     if proc.returncode != 0:
         return None  # the helper holds nothing for this host
     try:
         data = json.loads(proc.stdout)
         return Credentials(str(data["Username"]), str(data["Secret"]), f"docker-credential-{helper}")
     except (ValueError, KeyError, TypeError):
-        raise TrtpipeError(f"docker-credential-{helper} returned an unreadable answer") from None
+        raise InvalidInput(f"docker-credential-{helper} returned an unreadable answer",
+                           fix="check the credential helper, or set TRTPIPE_REGISTRY_USERNAME/PASSWORD") from None
 
 
-def _insecure(host: str) -> bool:
+def _insecure(host: str, settings: Settings) -> bool:
     """Plain HTTP for loopback registries or when the user says so; TLS everywhere else."""
     name = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0] + "]"
     if name in ("localhost", "127.0.0.1", "[::1]"):
         return True
-    allowed = [h.strip() for h in os.environ.get("TRTPIPE_REGISTRY_INSECURE", "").split(",") if h.strip()]
+    allowed = settings.registry_insecure
     return host in allowed or "*" in allowed
 
 
@@ -232,14 +236,17 @@ class _BoundedSession(requests.Session):
 class OciClient:
     """A thin, bounded, verifying client for one registry host, over oras-py."""
 
-    def __init__(self, host: str, credentials: Credentials | None = None, *, timeout: float | tuple[float, float] = REQUEST_TIMEOUT_S) -> None:
+    def __init__(self, host: str, credentials: Credentials | None = None, *, timeout: float | tuple[float, float] = REQUEST_TIMEOUT_S,
+                 settings: Settings | None = None) -> None:
         import oras.provider
         from http.cookiejar import DefaultCookiePolicy
 
+        settings = settings if settings is not None else from_env()
         self.host = host
-        self.insecure = _insecure(host)
+        self.insecure = _insecure(host, settings)
         self.scheme = "http" if self.insecure else "https"
-        self.credentials = credentials if credentials is not None else resolve_credentials(host)
+        self.credentials = credentials if credentials is not None else resolve_credentials(host, settings)
+        self._docker_config = settings.docker_config_file()
         # oras' "basic" backend (its token backend fails against htpasswd registries). Registries that
         # answer with a Bearer challenge (GHCR, ECR, Docker Hub, Harbor with token auth) get the
         # standard token exchange below, done by us so it too is bounded and never logs a secret.
@@ -257,22 +264,24 @@ class OciClient:
         self._probed = False
 
     # -- errors -------------------------------------------------------------------------
-    def _fail(self, what: str, reason: str) -> TrtpipeError:
+    def _fail(self, what: str, reason: str) -> RemoteError:
         reason = " ".join(reason.split())
         secrets = [self.credentials.password] if self.credentials is not None and self.credentials.password else []
         secrets += [v for v in (self._basic, *self._tokens.values()) if v]
         for secret in secrets:
             reason = reason.replace(secret, "***")
-        return TrtpipeError(f"registry {self.host}: {what}: {reason}")
+        return RemoteError(f"registry {self.host}: {what}: {reason}", remote=self.host,
+                           fix="check that the registry is up and accepts this request")
 
-    def _unauthorized(self, what: str = "") -> TrtpipeError:
+    def _unauthorized(self, what: str = "") -> AccessDenied:
         if self.credentials is None:
-            return TrtpipeError(
-                f"registry {self.host} requires credentials and none were found",
-                fix=f"set TRTPIPE_REGISTRY_USERNAME and TRTPIPE_REGISTRY_PASSWORD, or add an auths entry for {self.host} to {docker_config_path()} (docker login {self.host})",
+            return AccessDenied(
+                f"registry {self.host} requires credentials and none were found", resource=self.host,
+                fix=f"set TRTPIPE_REGISTRY_USERNAME and TRTPIPE_REGISTRY_PASSWORD, or add an auths entry for {self.host} to {self._docker_config} (docker login {self.host})",
             )
-        return TrtpipeError(
+        return AccessDenied(
             f"registry {self.host} rejected the credentials of user {self.credentials.username!r} (401 Unauthorized; from {self.credentials.source})",
+            resource=self.host,
             fix="check the username and password (or token) for this registry" + (f"; and that it may {what}" if what else ""),
         )
 
@@ -330,7 +339,8 @@ class OciClient:
         if response.status_code == 401:
             raise self._unauthorized("pull" if not write else "push")
         if response.status_code == 403:
-            raise TrtpipeError(f"registry {self.host}: {what}: access denied (403)", fix="ask for push/pull rights on this repository")
+            raise AccessDenied(f"registry {self.host}: {what}: access denied (403)", resource=self.host,
+                               fix="ask for push/pull rights on this repository")
         return response
 
     def probe(self) -> None:
@@ -341,13 +351,13 @@ class OciClient:
         try:
             response = self.reg.session.request("GET", self._url("/v2/"), headers=headers, timeout=PROBE_TIMEOUT_S, verify=not self.insecure)
         except requests.exceptions.SSLError:
-            raise TrtpipeError(
-                f"registry {self.host}: TLS handshake failed",
+            raise RemoteError(
+                f"registry {self.host}: TLS handshake failed", remote=self.host,
                 fix=f"use a registry with a valid certificate, or for a test registry set TRTPIPE_REGISTRY_INSECURE={self.host}",
             ) from None
         except requests.RequestException as exc:
-            raise TrtpipeError(
-                f"registry {self.host} is unreachable ({type(exc).__name__})",
+            raise RemoteError(
+                f"registry {self.host} is unreachable ({type(exc).__name__})", remote=self.host,
                 fix="check the host and port, and that the registry is running",
             ) from None
         if response.status_code == 401:
@@ -375,8 +385,9 @@ class OciClient:
         if _DIGEST_RE.match(reference):
             actual = "sha256:" + hashlib.sha256(body).hexdigest()
             if actual != reference:
-                raise TrtpipeError(
+                raise IntegrityError(
                     f"registry {self.host}: manifest {repository}@{reference} has digest {actual}: the registry returned tampered or wrong content",
+                    path=f"{self.host}/{repository}@{reference}",
                     fix="nothing was used; report it to the registry's operator and push the artifact again",
                 )
         return body
@@ -390,26 +401,6 @@ class OciClient:
         if response.status_code not in (200, 201, 202):
             raise self._fail(f"put manifest {repository}:{reference}", _oci_error_text(response))
         return "sha256:" + hashlib.sha256(body).hexdigest()
-
-    def delete_manifest(self, repository: str, digest: str) -> None:
-        response = self._request("DELETE", f"/v2/{repository}/manifests/{digest}", what=f"delete {repository}@{digest}", repository=repository)
-        if response.status_code not in (200, 202, 404):
-            raise self._fail(f"delete {repository}@{digest}", _oci_error_text(response))
-
-    def list_tags(self, repository: str) -> list[str]:
-        tags: list[str] = []
-        path = f"/v2/{repository}/tags/list?n=1000"
-        while path:
-            response = self._request("GET", path, what=f"list tags of {repository}", repository=repository)
-            if response.status_code == 404:
-                return []
-            if response.status_code != 200:
-                raise self._fail(f"list tags of {repository}", _oci_error_text(response))
-            tags.extend(response.json().get("tags") or [])
-            link = response.headers.get("Link", "")
-            match = re.match(r"<([^>]+)>", link)
-            path = match.group(1) if match else ""
-        return sorted(tags)
 
     # -- blobs --------------------------------------------------------------------------
     def blob_exists(self, repository: str, digest: str) -> bool:
@@ -468,14 +459,16 @@ class OciClient:
         if written != size or actual != digest:
             dest.unlink(missing_ok=True)
             got = f"more than {size} bytes" if written > size else f"{written} bytes, {actual}"
-            raise TrtpipeError(
+            raise IntegrityError(
                 f"registry {self.host}: blob {digest} of {repository} failed verification (expected {size} bytes, got {got}); nothing was installed",
+                path=f"{self.host}/{repository}@{digest}",
                 fix="the registry's copy is corrupt or tampered; push the artifact again from a good copy",
             )
 
     def fetch_blob_bytes(self, repository: str, digest: str, size: int, limit: int = 64 * 1024 * 1024) -> bytes:
         if size > limit:
-            raise TrtpipeError(f"registry {self.host}: blob {digest} is {size} bytes, more than a config may be")
+            raise IntegrityError(f"registry {self.host}: blob {digest} is {size} bytes, more than a config may be; refused",
+                                 path=f"{self.host}/{repository}@{digest}")
         with tempfile.TemporaryDirectory(prefix="trtpipe-cfg-") as tmp:
             dest = Path(tmp) / "blob"
             self.fetch_blob(repository, digest, size, dest)
@@ -555,12 +548,16 @@ class RemoteArtifact:
     def artifact_digest(self) -> str:
         return self.annotations.get(ARTIFACT_DIGEST_ANNOTATION, "")
 
+    @property
+    def size(self) -> int:
+        return sum(int(layer.get("size", 0)) for layer in self.manifest.get("layers") or [])
+
 
 def _iter_files(root: Path) -> Iterator[tuple[str, Path]]:
     """(posix relative path, path) of every regular file, sorted, `manifest.json` excluded (it is the config)."""
     for path in sorted(root.rglob("*")):
         if path.is_symlink():
-            raise TrtpipeError(f"{path}: symlinks cannot be pushed", fix="store entries hold regular files only")
+            raise IntegrityError(f"{path}: symlinks cannot be pushed (store entries hold regular files only)", path=str(path))
         if not path.is_file():
             continue
         rel = path.relative_to(root).as_posix()
@@ -607,12 +604,13 @@ def push_artifact(client: OciClient, base: OciRef, artifact: LocalArtifact, *, t
                   progress: Callable[[str, int], None] | None = None) -> PushResult:
     """Push an entry's files and manifest; tag it `<kind>-<key>` plus `tags` (version tags never move)."""
     if not artifact.manifest_path.is_file():
-        raise TrtpipeError(f"{artifact.path}: no manifest.json", fix="push a committed store entry")
+        raise IntegrityError(f"{artifact.path}: no manifest.json; only a committed store entry can be pushed",
+                             path=str(artifact.path))
     config = artifact.manifest_path.read_bytes()
     try:
         store_manifest = json.loads(config)
     except ValueError:
-        raise TrtpipeError(f"{artifact.manifest_path}: not valid JSON", fix="run `trtpipe cache verify`") from None
+        raise IntegrityError(f"{artifact.manifest_path}: not valid JSON", path=str(artifact.manifest_path)) from None
     repository = base.repository
     files = list(_iter_files(artifact.path))
     total = sum(p.stat().st_size for _, p in files) + len(config)
@@ -656,17 +654,18 @@ def put_immutable_tag(client: OciClient, repository: str, tag: str, body: bytes)
         current = "sha256:" + hashlib.sha256(existing).hexdigest()
         if current == digest:
             return
-        raise TrtpipeError(
+        raise Conflict(
             f"tag {repository}:{tag} already points at {current}; a pushed version tag is never moved (refused to point it at {digest})",
-            fix="push under a new version tag",
+            resource=f"{client.host}/{repository}:{tag}", fix="push under a new version tag",
         )
     client.put_manifest(repository, tag, body)
     # Registries have no compare-and-swap on tags: detect a concurrent push of the same tag. (Where the
     # registry offers it, e.g. Harbor's tag immutability rules, enable it for version tags as well.)
     after = client.get_manifest(repository, tag)
     if after is not None and sha256_bytes(after) != digest:
-        raise TrtpipeError(
+        raise Conflict(
             f"tag {repository}:{tag} was pushed concurrently and now points at {sha256_bytes(after)}, not {digest}",
+            resource=f"{client.host}/{repository}:{tag}",
             fix="version tags must be unique per artifact; push under a new version tag",
         )
 
@@ -682,23 +681,25 @@ def resolve_remote(client: OciClient, ref: OciRef) -> RemoteArtifact:
         raise UsageError(f"{ref} names no tag or digest", fix=f"append :TAG or @sha256:DIGEST, e.g. {ref.base}:prod")
     body = client.get_manifest(ref.repository, ref.reference)
     if body is None:
-        raise TrtpipeError(f"{ref} not found in the registry", fix="check the repository and tag (`trtpipe cache push` first)")
+        raise NotFound(f"{ref} not found in the registry", what="remote artifact", ref=str(ref),
+                       fix="check the repository and tag, and that the artifact was pushed there")
     oci_digest = "sha256:" + hashlib.sha256(body).hexdigest()
     try:
         manifest = json.loads(body)
     except ValueError:
-        raise TrtpipeError(f"{ref}: manifest is not JSON") from None
+        raise IntegrityError(f"{ref}: manifest is not JSON; refused", path=str(ref)) from None
     config = manifest.get("config") or {}
     media_type = str(config.get("mediaType", ""))
     if not (media_type.startswith("application/vnd.trtpipe.") and media_type.endswith(".manifest.v1+json")):
-        raise TrtpipeError(f"{ref} is not a trtpipe artifact (config media type {media_type!r})", fix="pull artifacts pushed by `trtpipe cache push`")
+        raise InvalidInput(f"{ref} is not a trtpipe artifact (config media type {media_type!r})",
+                           fix="name an artifact that trtpipe pushed")
     return RemoteArtifact(ref.with_digest(oci_digest), oci_digest, body, manifest)
 
 
 def _safe_relpath(title: str) -> PurePosixPath:
     rel = PurePosixPath(title)
     if not title or rel.is_absolute() or ".." in rel.parts or "\\" in title or rel.as_posix() in (".", "manifest.json"):
-        raise TrtpipeError(f"artifact layer title {title!r} escapes the entry directory; refused")
+        raise IntegrityError(f"artifact layer title {title!r} escapes the entry directory; refused", path=title)
     return rel
 
 
@@ -718,20 +719,20 @@ def download_verified(client: OciClient, remote: RemoteArtifact, dest: Path, *,
     try:
         store_manifest = json.loads(config_bytes)
     except ValueError:
-        raise TrtpipeError(f"{remote.ref}: its trtpipe manifest is not JSON; refused") from None
+        raise IntegrityError(f"{remote.ref}: its trtpipe manifest is not JSON; refused", path=str(remote.ref)) from None
     seen: set[str] = set()
     verified: dict[str, str] = {}
     for layer in remote.manifest.get("layers") or []:
         title = (layer.get("annotations") or {}).get(TITLE_ANNOTATION, "")
         rel = _safe_relpath(title)
         if rel.as_posix() in seen:
-            raise TrtpipeError(f"{remote.ref}: file {title!r} appears twice; refused")
+            raise IntegrityError(f"{remote.ref}: file {title!r} appears twice; refused", path=str(remote.ref))
         seen.add(rel.as_posix())
         target = dest.joinpath(*rel.parts)
         target.parent.mkdir(parents=True, exist_ok=True)
         digest = str(layer["digest"])
         if not _DIGEST_RE.match(digest):
-            raise TrtpipeError(f"{remote.ref}: layer {title!r} has no sha256 digest; refused")
+            raise IntegrityError(f"{remote.ref}: layer {title!r} has no sha256 digest; refused", path=str(remote.ref))
         client.fetch_blob(repository, digest, int(layer["size"]), target)  # verifies size and sha256
         verified[rel.as_posix()] = digest.removeprefix("sha256:")
         if progress is not None:
@@ -753,15 +754,16 @@ def _check_store_manifest(remote: RemoteArtifact, store_manifest: dict[str, Any]
     for rel, info in listed.items():
         path = dest.joinpath(*_safe_relpath(rel).parts)
         if not path.is_file():
-            raise TrtpipeError(f"{remote.ref}: file {rel} listed in its manifest is missing; refused")
+            raise IntegrityError(f"{remote.ref}: file {rel} listed in its manifest is missing; refused", path=str(remote.ref))
         size = info.get("size")
         if size is not None and path.stat().st_size != int(size):
-            raise TrtpipeError(f"{remote.ref}: file {rel} has the wrong size; refused")
+            raise IntegrityError(f"{remote.ref}: file {rel} has the wrong size; refused", path=str(remote.ref))
         want = info.get("digest") or info.get("sha256")
         if want:
             want = want if str(want).startswith("sha256:") else f"sha256:{want}"
             if _sha256_file(path) != want:
-                raise TrtpipeError(f"{remote.ref}: file {rel} does not match its manifest digest; refused")
+                raise IntegrityError(f"{remote.ref}: file {rel} does not match its manifest digest; refused",
+                                     path=str(remote.ref))
 
 
 def sha256_bytes(body: bytes) -> str:
@@ -785,7 +787,7 @@ def install_pulled(client: OciClient, remote: RemoteArtifact, store: Any, *, pro
 
     kind, key = remote.kind, remote.key
     if kind not in KINDS:
-        raise TrtpipeError(f"{remote.ref}: unknown artifact kind {kind!r}; refused")
+        raise IntegrityError(f"{remote.ref}: unknown artifact kind {kind!r}; refused", path=str(remote.ref))
     with store.building(kind, key) as handle:
         if handle.existing is not None:
             return handle.existing
@@ -802,41 +804,50 @@ def install_into(client: OciClient, remote: RemoteArtifact, store: Any, handle: 
     (`Store.install_verified`), so a crafted artifact can never plant bytes behind a stock digest."""
     kind, key = remote.kind, remote.key
     if (handle.kind, handle.key) != (kind, key):
-        raise TrtpipeError(f"{remote.ref} holds {kind}/{key}, not {handle.kind}/{handle.key}; refused")
+        raise IntegrityError(f"{remote.ref} holds {kind}/{key}, not {handle.kind}/{handle.key}; refused", path=str(remote.ref))
     raw, verified = download_verified(client, remote, Path(handle.dir), progress=progress, write_manifest=False)
     if sha256_bytes(raw) != remote.artifact_digest:
-        raise TrtpipeError(
+        raise IntegrityError(
             f"{remote.ref}: its trtpipe manifest hashes to {sha256_bytes(raw)}, not the annotated artifact digest {remote.artifact_digest}; refused",
-            fix="push the artifact again from a good copy",
+            path=str(remote.ref), fix="push the artifact again from a good copy",
         )
     try:
         return store.install_verified(handle, raw, verified)
-    except TrtpipeError as err:
-        raise TrtpipeError(f"{remote.ref}: {err.message}", fix=err.fix) from None
+    except IntegrityError as err:
+        raise IntegrityError(f"{remote.ref}: {err.message}", path=str(remote.ref), fix=err.fix) from None
 
 
-class RemoteStore:
-    """An OCI repository used as a shared build cache: `trtpipe build --store oci://host/repo`.
+@dataclass(frozen=True)
+class Described:
+    """What a reference names: the artifact digest, its store manifest, and the reference pinned by digest."""
+
+    artifact_digest: str
+    manifest: dict[str, Any]
+    pinned: str
+
+
+class OciRemote:
+    """An OCI repository as a remote cache (`trtpipe.store.remote.RemoteCache`): `oci://HOST/REPOSITORY`.
 
     Entries are found by their immutable `<kind>-<key>` tag; a hit is pulled, verified and
     installed into the local store; a built entry is pushed after the build.
     """
 
-    def __init__(self, url: str, *, credentials: Credentials | None = None) -> None:
+    def __init__(self, url: str, *, credentials: Credentials | None = None, settings: Settings | None = None) -> None:
         self.base = parse_oci_ref(url)
         if self.base.reference is not None:
-            raise UsageError(f"--store {url} names a tag or digest", fix=f"give the repository only, e.g. {self.base.base}")
-        self.client = OciClient(self.base.host, credentials)
+            raise UsageError(f"{url} names a tag or digest, not a repository", fix=f"give the repository only, e.g. {self.base.base}")
+        self.url = self.base.base
+        self.client = OciClient(self.base.host, credentials, settings=settings)
 
     def __str__(self) -> str:
-        return self.base.base
+        return self.url
 
-    def pull_if_present(self, kind: str, key: str, local_store: Any) -> Any | None:
-        """The entry from the registry, installed locally, or None if the registry does not hold it."""
-        remote = self.find(kind, key)
-        if remote is None:
-            return None
-        return install_pulled(self.client, remote, local_store)
+    def _ref(self, ref: str) -> OciRef:
+        parsed = parse_oci_ref(ref)
+        if parsed.base != self.url:
+            raise UsageError(f"{ref} is not in {self.url}", fix=f"name an artifact of {self.url}")
+        return parsed
 
     def find(self, kind: str, key: str) -> RemoteArtifact | None:
         """The registry's verified manifest of `kind/key`, or None (nothing downloaded)."""
@@ -845,7 +856,8 @@ class RemoteStore:
             return None
         remote = resolve_remote(self.client, self.base.with_digest(sha256_bytes(body)))
         if remote.kind != kind or remote.key != key:
-            raise TrtpipeError(f"{self.base}:{key_tag(kind, key)} holds {remote.kind}/{remote.key}; refused")
+            raise IntegrityError(f"{self.base}:{key_tag(kind, key)} holds {remote.kind}/{remote.key}; refused",
+                                 path=f"{self.base}:{key_tag(kind, key)}")
         return remote
 
     def pull_into(self, handle: Any, *, progress: Callable[[str, int], None] | None = None) -> Any | None:
@@ -858,3 +870,32 @@ class RemoteStore:
 
     def push(self, entry: Any, *, tags: tuple[str, ...] = (), progress: Callable[[str, int], None] | None = None) -> PushResult:
         return push_artifact(self.client, self.base, artifact_from_entry(entry), tags=tags, progress=progress)
+
+    def resolve(self, ref: str) -> RemoteArtifact:
+        """The verified manifest `ref` (oci://HOST/REPO:TAG or @DIGEST in this repository) names."""
+        return resolve_remote(self.client, self._ref(ref))
+
+    def pull(self, ref: str | RemoteArtifact, store: Any, *, progress: Callable[[str, int], None] | None = None) -> Any:
+        remote = self.resolve(ref) if isinstance(ref, str) else ref
+        return install_pulled(self.client, remote, store, progress=progress)
+
+    def describe(self, ref: str) -> Described:
+        remote = self.resolve(ref)
+        if not remote.artifact_digest:
+            raise InvalidInput(f"{ref} carries no {ARTIFACT_DIGEST_ANNOTATION} annotation",
+                               fix="name an artifact that trtpipe pushed")
+        config = remote.manifest["config"]
+        config_bytes = self.client.fetch_blob_bytes(self.base.repository, config["digest"], int(config["size"]))
+        if sha256_bytes(config_bytes) != remote.artifact_digest:
+            raise IntegrityError(f"{ref}: its manifest config does not match its artifact digest annotation; refused",
+                                 path=ref)
+        return Described(artifact_digest=remote.artifact_digest, manifest=json.loads(config_bytes), pinned=str(remote.ref))
+
+    def point_tag(self, pinned: str, tag: str) -> None:
+        """Move a channel tag to the manifest `pinned` (oci://...@sha256:...) names (channel tags move)."""
+        parsed = self._ref(pinned)
+        body = self.client.get_manifest(self.base.repository, parsed.digest or "")
+        if body is None:
+            raise NotFound(f"{pinned} is gone from the registry; cannot point the tag {tag} at it",
+                           what="remote artifact", ref=pinned, fix="push the artifact there again")
+        move_tag(self.client, self.base.repository, tag, body)

@@ -49,9 +49,10 @@ class VerifyReport(BaseModel):
         return not self.problems and not any(not p.restored for p in self.pinned)
 
 
-def verify_store(store: Store, *, ref: str | None = None) -> VerifyReport:
+def verify_store(store: Store, *, pins: dict[str, list[str]], ref: str | None = None) -> VerifyReport:
+    """Check every entry (or the one `ref` names) and object. `pins`: each digest a channel pins -> the
+    channels naming it (the release area's, `trtpipe.release.channels.ChannelStore.pins`)."""
     report = VerifyReport()
-    pins = store.pins()
     hashed: dict[tuple[int, int], str] = {}  # (dev, inode) -> sha256 of content already read
     entries: list[Entry] = [store.find(ref)] if ref else list(store.entries())
     for entry in entries:

@@ -1,0 +1,116 @@
+"""trtpipe's settings from the environment: the one module that reads environment variables.
+
+Every variable trtpipe honours is listed in `VARIABLES` (the README's table is checked against it).
+`Settings.from_env()` reads them once; the CLI builds its workspace from the result and passes
+it on. Library code that needs a setting asks this module (`from_env()`), never `os.environ`.
+Variables other tools define for their children (CUDA_VISIBLE_DEVICES, DOCKER_HOST ...) are theirs,
+not trtpipe settings.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+_URL_RE = re.compile(r"^([a-z][a-z0-9+.-]*)://")
+
+# name -> what it sets (one line each; the README lists them).
+VARIABLES: dict[str, str] = {
+    "TRTPIPE_HOME": "the workspace: artifact store, results, channels, audit trail, build records "
+                    "(default: the user cache dir, e.g. ~/.cache/trtpipe)",
+    "TRTPIPE_STORE": "the default for --store: a store directory, or a remote build cache URL (oci://HOST/REPO)",
+    "TRTPIPE_BUILD_CONFIGS": "the build_configs/ folder to read (default: the one beside the package)",
+    "TRTPIPE_REGISTRY_USERNAME": "registry user name (with TRTPIPE_REGISTRY_PASSWORD; else the Docker config)",
+    "TRTPIPE_REGISTRY_PASSWORD": "registry password or token",
+    "TRTPIPE_REGISTRY_INSECURE": "comma-separated registry hosts reached over plain HTTP (loopback always is)",
+    "DOCKER_CONFIG": "folder of the Docker config.json whose auths entries give registry credentials",
+    "TRTPIPE_USER": "who is acting, in results and the audit trail (else GITHUB_ACTOR, GITLAB_USER_LOGIN, the login name)",
+    "GITHUB_ACTOR": "who is acting, in GitHub Actions",
+    "GITLAB_USER_LOGIN": "who is acting, in GitLab CI",
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the environment sets (None: not set). Built once per command; a plain dataclass, so the CLI's
+    start-up does not pay for pydantic before a command needs it."""
+
+    home: Path | None = None
+    store: str | None = None
+    build_configs: Path | None = None
+    registry_username: str | None = None
+    registry_password: str | None = field(default=None, repr=False)  # never in a repr, a log or an error
+    registry_insecure: tuple[str, ...] = ()
+    docker_config: Path | None = None
+    actor: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+
+        def text(name: str) -> str | None:
+            value = env.get(name)
+            return value if value else None
+
+        def path(name: str) -> Path | None:
+            value = text(name)
+            return Path(value).expanduser() if value is not None else None
+
+        password = env.get("TRTPIPE_REGISTRY_PASSWORD")
+        return cls(
+            home=path("TRTPIPE_HOME"),
+            store=text("TRTPIPE_STORE"),
+            build_configs=path("TRTPIPE_BUILD_CONFIGS"),
+            registry_username=text("TRTPIPE_REGISTRY_USERNAME"),
+            # An empty password is a password (a token registry may take any), so only unset is None.
+            registry_password=password,
+            registry_insecure=tuple(h.strip() for h in (text("TRTPIPE_REGISTRY_INSECURE") or "").split(",") if h.strip()),
+            docker_config=path("DOCKER_CONFIG"),
+            actor=text("TRTPIPE_USER") or text("GITHUB_ACTOR") or text("GITLAB_USER_LOGIN"),
+        )
+
+    def default_home(self) -> Path:
+        """Where the workspace lives when nothing else says: $TRTPIPE_HOME, else the user cache dir."""
+        if self.home is not None:
+            return self.home
+        from platformdirs import user_cache_dir
+
+        return Path(user_cache_dir("trtpipe"))
+
+    def docker_config_file(self) -> Path:
+        base = self.docker_config
+        return base / "config.json" if base is not None else Path.home() / ".docker" / "config.json"
+
+
+def from_env() -> Settings:
+    """The settings of the current environment (read now; nothing is cached)."""
+    return Settings.from_env()
+
+
+def url_scheme(text: str | None) -> str | None:
+    """`oci` for `oci://...`; None for a path (a path never starts with `scheme://`)."""
+    match = _URL_RE.match(str(text or ""))
+    return match.group(1) if match else None
+
+
+class Places(NamedTuple):
+    """Where a command's workspace is: its local root, and the remote cache URL if one is named."""
+
+    root: Path
+    remote_url: str | None
+
+
+def places(store: str | Path | None, settings: Settings) -> Places:
+    """The one rule for where things live (`trtpipe.workspace` documents it):
+    --store DIR, else $TRTPIPE_STORE as a directory, else $TRTPIPE_HOME, else the user cache dir;
+    a `scheme://` value names a remote cache instead, and the root is then the default."""
+    chosen = str(store) if store is not None and str(store) != "" else settings.store
+    if chosen and url_scheme(chosen) is not None:
+        return Places(settings.default_home(), chosen)
+    if chosen:
+        return Places(Path(chosen).expanduser(), None)
+    return Places(settings.default_home(), None)

@@ -1,0 +1,145 @@
+"""Remote build caches: the interface the pipeline, `cache push|pull`, repair and promote use, and the
+registry that picks an implementation by URL scheme.
+
+Today one scheme exists, `oci://HOST/REPOSITORY` (`trtpipe.store.oci`: any OCI registry). An S3 or
+GCS cache is one new module implementing `RemoteCache` plus one line in `SCHEMES`. Nothing else
+looks at a URL's scheme: callers ask `is_remote_url` and `open_remote`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from trtpipe.errors import UsageError
+from trtpipe.settings import url_scheme
+
+if TYPE_CHECKING:
+    from trtpipe.settings import Settings
+    from trtpipe.store.local import Building, Entry, Store
+
+Progress = Callable[[str, int], None]
+
+
+class RemoteArtifact(Protocol):
+    """An artifact the remote holds (its manifest checked; no file downloaded yet)."""
+
+    @property
+    def ref(self) -> Any: ...  # str() is a reference pinned to exactly this artifact
+    @property
+    def kind(self) -> str: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def artifact_digest(self) -> str: ...
+    @property
+    def size(self) -> int: ...  # bytes a pull downloads
+
+
+class Pushed(Protocol):
+    """What a push left in the remote."""
+
+    @property
+    def ref(self) -> Any: ...  # str() is a reference pinned to exactly what was pushed
+    @property
+    def artifact_digest(self) -> str: ...
+    @property
+    def tags(self) -> tuple[str, ...]: ...
+    @property
+    def files(self) -> int: ...
+    @property
+    def bytes(self) -> int: ...
+
+
+class Described(Protocol):
+    """An artifact a remote reference names: its digest, its store manifest, the pinned reference."""
+
+    @property
+    def artifact_digest(self) -> str: ...
+    @property
+    def manifest(self) -> dict[str, Any]: ...  # the artifact's manifest.json (its key document under "inputs")
+    @property
+    def pinned(self) -> str: ...  # a reference that names exactly this artifact forever
+
+
+class RemoteCache(Protocol):
+    """A shared store of artifacts, keyed like the local store (kind/key), verified on every pull."""
+
+    url: str  # the cache itself (no tag or digest), for messages and reports
+
+    def find(self, kind: str, key: str) -> RemoteArtifact | None:
+        """The artifact of `kind/key` if the remote holds it (nothing downloaded)."""
+
+    def pull_into(self, handle: Building, *, progress: Progress | None = None) -> Entry | None:
+        """Inside `store.building(kind, key)` (lock held, no entry yet): fill the handle from the remote and
+        publish it; None when the remote does not hold that key."""
+
+    def push(self, entry: Entry, *, tags: tuple[str, ...] = (), progress: Progress | None = None) -> Pushed:
+        """Share a local entry (its files individually, so a pull verifies each)."""
+
+    def resolve(self, ref: str) -> RemoteArtifact:
+        """The artifact a full reference within this remote names (e.g. oci://HOST/REPO:TAG)."""
+
+    def pull(self, ref: str | RemoteArtifact, store: Store, *, progress: Progress | None = None) -> Entry:
+        """Install the artifact `ref` names (or `resolve` found) into `store`, verified."""
+
+    def describe(self, ref: str) -> Described:
+        """What `ref` names, verified against its artifact digest (for promote)."""
+
+    def point_tag(self, pinned: str, tag: str) -> None:
+        """Point a movable tag (a channel) at the artifact `pinned` names."""
+
+
+@dataclass(frozen=True)
+class RemoteKind:
+    """One URL scheme: how to open a cache, and which cache a full artifact reference lives in."""
+
+    open: Callable[[str, "Settings"], RemoteCache]
+    base_of: Callable[[str], str]
+
+
+def _open_oci(url: str, settings: Settings) -> RemoteCache:
+    from trtpipe.store.oci import OciRemote
+
+    return OciRemote(url, settings=settings)
+
+
+def _oci_base(ref: str) -> str:
+    from trtpipe.store.oci import parse_oci_ref
+
+    return parse_oci_ref(ref).base
+
+
+# scheme -> its kind. A new remote (S3, GCS ...): one module implementing RemoteCache, one line here.
+SCHEMES: dict[str, RemoteKind] = {
+    "oci": RemoteKind(open=_open_oci, base_of=_oci_base),
+}
+
+
+def is_remote_url(text: str | None) -> bool:
+    """True for any `scheme://...` text (a path never has one); `open_remote` says if the scheme is known."""
+    return bool(text) and url_scheme(str(text)) is not None
+
+
+def _kind(url: str) -> RemoteKind:
+    kind = SCHEMES.get(url_scheme(url) or "")
+    if kind is None:
+        raise UsageError(
+            f"{url!r} is not a remote trtpipe knows",
+            fix=f"use one of {', '.join(s + '://' for s in SCHEMES)} (e.g. oci://HOST[:PORT]/REPOSITORY), or a local directory",
+        )
+    return kind
+
+
+def open_remote(url: str, settings: Settings | None = None) -> RemoteCache:
+    """The remote cache `url` names; a one-line UsageError for a scheme trtpipe has no remote for."""
+    from trtpipe.settings import from_env
+
+    return _kind(url).open(url, settings if settings is not None else from_env())
+
+
+def open_remote_for_ref(ref: str, settings: Settings | None = None) -> RemoteCache:
+    """The remote cache that holds the artifact `ref` names (a full reference, e.g. oci://HOST/REPO:TAG)."""
+    kind = _kind(ref)
+    return open_remote(kind.base_of(ref), settings)

@@ -1,0 +1,84 @@
+"""The workspace a trtpipe command works in: one root, its store, the remote cache, results,
+channels and the audit trail, and the settings they came from.
+
+The CLI builds one per command (`Workspace.open(--store)`), the way a DVC repo object owns its
+state, cache and remotes; nothing below the CLI decides where these live.
+
+Where the root is (`trtpipe.settings.places`, the one rule):
+    --store DIR               that directory
+    --store SCHEME://...      a remote cache (oci://HOST/REPO); the root is then the default below
+    (no --store)              the same choice from $TRTPIPE_STORE
+    (neither)                 $TRTPIPE_HOME, else the user cache dir (~/.cache/trtpipe)
+Under the root: the artifact store (`trtpipe.store.local` lists its layout), `results/`,
+`channels/`, `audit/` and `records/`. Results and channels are keyed by artifact digest, so a
+workspace is as portable as the artifacts in it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from trtpipe.settings import Settings, places
+
+if TYPE_CHECKING:
+    from trtpipe.release.channels import ChannelStore
+    from trtpipe.results import ResultsLog
+    from trtpipe.store.local import Store
+    from trtpipe.store.remote import RemoteCache
+
+
+class Workspace:
+    """One command's home: opened lazily (a command that never touches the store creates nothing)."""
+
+    def __init__(self, root: Path, *, remote_url: str | None = None, settings: Settings | None = None) -> None:
+        self.root = Path(root).expanduser()
+        self.remote_url = remote_url
+        self.settings = settings if settings is not None else Settings()
+        self._store: Store | None = None
+        self._remote: RemoteCache | None = None
+
+    @classmethod
+    def open(cls, store: str | Path | None = None, *, settings: Settings | None = None) -> Workspace:
+        """The workspace for `--store` (None: not given) and the environment's settings."""
+        settings = settings if settings is not None else Settings.from_env()
+        root, remote_url = places(store, settings)
+        return cls(root, remote_url=remote_url, settings=settings)
+
+    @property
+    def store(self) -> Store:
+        """The local artifact store at the root (created on first use)."""
+        if self._store is None:
+            from trtpipe.store.local import Store
+
+            self._store = Store.open(self.root)
+        return self._store
+
+    @property
+    def remote(self) -> RemoteCache | None:
+        """The remote cache --store or $TRTPIPE_STORE names, or None."""
+        if self._remote is None and self.remote_url is not None:
+            from trtpipe.store.remote import open_remote
+
+            self._remote = open_remote(self.remote_url, self.settings)
+        return self._remote
+
+    @property
+    def results(self) -> ResultsLog:
+        from trtpipe.results import ResultsLog
+
+        return ResultsLog(self.root)
+
+    @property
+    def channels(self) -> ChannelStore:
+        from trtpipe.release.channels import ChannelStore
+
+        return ChannelStore(self.root)
+
+    def pins(self) -> dict[str, list[str]]:
+        """Each artifact digest a channel pins (or can roll back to) -> the channels naming it."""
+        return self.channels.pins()
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
