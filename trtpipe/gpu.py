@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import json
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,10 +18,7 @@ from trtpipe.datafiles import load_table
 from trtpipe.errors import TrtpipeError
 from trtpipe.toolchain import build_configs_dir
 
-# Quantization needs (minimum SM), shared by resolve, plan and check.
-FP8_MIN_SM = 89  # FP8 weights, FP8 KV cache, W4A8 (Ada, Hopper and newer)
-NVFP4_MIN_SM = 100  # NVFP4 (Blackwell)
-AMPERE_MIN_SM = 80  # bf16, INT4-AWQ (W4A16), INT8 SmoothQuant
+Architecture = Literal["ampere", "ada", "hopper", "blackwell"]
 
 
 class GpuInfo(BaseModel):
@@ -33,12 +30,13 @@ class GpuInfo(BaseModel):
     aliases: list[str] = Field(default_factory=list)
     product: str = Field(description='Product string as NVML reports it, e.g. "NVIDIA H100 80GB HBM3".')
     nvml_names: list[str] = Field(default_factory=list, description="Every product string NVML may report.")
-    architecture: str
+    architecture: Architecture = Field(description="The GPU family: picks the build profile's kernels.")
     sm: int = Field(description="Compute capability as major*10+minor, e.g. 90.")
     memory_gib: float
     memory_type: str | None = None
     memory_bandwidth_gbs: float = Field(description="Datasheet memory bandwidth in GB/s (1e9 bytes).")
-    precisions: list[str]
+    precisions: list[str] = Field(
+        description="Tensor-core data types: a quantization format runs where its `precision` is listed.")
     source: str
 
     @property
@@ -48,6 +46,10 @@ class GpuInfo(BaseModel):
     @property
     def sm_label(self) -> str:
         return f"SM{self.sm}"
+
+    def has_precision(self, precision: str | None) -> bool:
+        """Whether this GPU's tensor cores run `precision` (None: any, the model's own dtype)."""
+        return precision is None or precision in self.precisions
 
 
 class UnknownGpu(TrtpipeError):

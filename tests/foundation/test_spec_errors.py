@@ -6,6 +6,7 @@ Each case is a YAML text; the line marked `#<` is the one the error must cite. P
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -118,12 +119,54 @@ CASES: dict[str, tuple[str, str]] = {
     "model_config_not_json": ("model:\n  config: {tmp}/broken.json #<\n", "not valid JSON"),
     "model_config_not_an_llm": ("model:\n  config: {tmp}/vision.json #<\n", "lacks"),
     "tokenizer_folder_missing": ("model:\n  path: {hf}\n  tokenizer: {tmp}/no-tokenizer #<\n", "tokenizer"),
+    # ---- issue 13: accepted by spec-check before, refused later (or never); now refused here
+    "int8_weight_only": ("model:\n  config: {cfg8b}\ntarget:\n  gpu: h100\nquantization:\n  algo: int8_wo #<\n",
+                         "no INT8 weight-only config"),
+    "int8_weight_only_on_cpu_reference": ("model:\n  config: {cfg8b}\nquantization:\n  algo: int8_wo #<\n",
+                                          "use int8_sq"),
+    "int8_kv_cache": ("model:\n  config: {cfg8b}\ntarget:\n  gpu: a100-80gb\nquantization:\n  algo: int4_awq\n"
+                      "  kv_cache: int8 #<\n", "no INT8 KV-cache config"),
+    "nvfp4_on_b200": ("model:\n  config: {cfg8b}\ntarget:\n  gpu: b200\nquantization:\n  algo: nvfp4 #<\n",
+                      "no NVFP4 recipe"),
+    "fp8_kv_cache_on_smoothquant": ("model:\n  config: {cfg8b}\ntarget:\n  gpu: h100\nquantization:\n  algo: int8_sq\n"
+                                    "  kv_cache: fp8 #<\n", "offered on top of fp8, int4_awq, w4a8_awq"),
+    "tokens_per_block_not_power_of_two": ("model:\n  config: {cfg8b}\nengine:\n  tokens_per_block: 48 #<\n",
+                                          "not a power of two"),
+    "unknown_plugin_name": ("model:\n  config: {cfg8b}\ntarget:\n  gpu: h100\nengine:\n  plugins:\n"
+                            "    fancy_attention_plugin: enable #<\n", "not a trtllm-build plugin option"),
+    "unknown_plugin_name_on_cpu_reference": ("model:\n  config: {cfg8b}\nengine:\n  plugins:\n    gemm_plugn: auto #<\n",
+                                             "not a trtllm-build plugin option"),
+    "seed_beyond_64_bits": ("model:\n  config: {cfg8b}\nquantization:\n  calibration:\n"
+                            "    seed: 18446744073709551616 #<\n", "at most 18446744073709551615"),
+    "calibration_dataset_missing": ("model:\n  config: {cfg8b}\nquantization:\n  algo: int4_awq\n  calibration:\n"
+                                    "    dataset: {tmp}/no-such-text.txt #<\n", "does not exist"),
+    "gate_channel_with_a_slash": ("model:\n  config: {cfg8b}\nrelease:\n  gates:\n    prod/eu: #<\n"
+                                  "      smoke: true\n", "channel 'prod/eu' is not a plain name"),
+    "gate_channel_with_a_newline": ("model:\n  config: {cfg8b}\nrelease:\n  gates:\n    \"prod\\n\": #<\n"
+                                    "      smoke: true\n", "not a plain name"),
+    "name_with_a_newline": ("name: \"tiny\\nllama\" #<\nmodel:\n  config: {cfg8b}\n", "not a plain name"),
+    "tp_times_pp_beyond_the_gpu_cap": ("model:\n  config: {cfg8b}\ntarget:\n  gpu: h100\n  tp: 64 #<\n  pp: 16\n",
+                                       "exceeds the 512"),
+    "queue_delay_beyond_uint64": ("model:\n  config: {cfg8b}\ntriton:\n"
+                                  "  max_queue_delay_microseconds: 18446744073709551616 #<\n", "at most"),
+    "toolchain_the_converter_is_not_written_for": ("model:\n  config: {cfg8b}\ntoolchain: trtllm-1.0.0 #<\n",
+                                                   "converts with nvidia-modelopt 0.33"),
+    "layers_not_divisible_by_pp": ("model:\n  config: {cfg8b}\ntarget:\n  gpu: h100\n  pp: 3 #<\n",
+                                   "32 layers do not split evenly"),
+    "architecture_the_converter_lacks": ("model:\n  config: {tmp}/gptneox/config.json #<\n", "not supported"),
+    "reference_backend_on_a_gpu": ("model:\n  config: {cfg8b}\ntarget:\n  gpu: h100\nbackend: reference #<\n",
+                                   "runs on the CPU"),
+    "unknown_backend": ("model:\n  config: {cfg8b}\nbackend: vllm #<\n", "not a backend"),
 }
 
 
 def _materialise(tmp_path: Path, text: str, cfg8b: Path, hf: Path) -> tuple[Path, int]:
     (tmp_path / "broken.json").write_text("{not json")
     (tmp_path / "vision.json").write_text('{"model_type": "clip_vision"}')
+    (tmp_path / "gptneox").mkdir()
+    neox = {"architectures": ["GPTNeoXForCausalLM"], "num_hidden_layers": 4, "num_attention_heads": 8,
+            "hidden_size": 512, "vocab_size": 1000, "intermediate_size": 2048}
+    (tmp_path / "gptneox" / "config.json").write_text(json.dumps(neox))
     text = text.replace("{cfg8b}", str(cfg8b)).replace("{hf}", str(hf)).replace("{tmp}", str(tmp_path))
     lines = text.splitlines()
     marked = [i + 1 for i, line in enumerate(lines) if line.rstrip().endswith("#<")]

@@ -1,8 +1,9 @@
 """Checks and loading of the Hugging Face model directory a conversion starts from.
 
-Everything here runs before any weight is read into torch, so a user's mistake (pickle weights, a config
-without weights, a truncated shard, an INT4 group size that does not divide a layer) fails in a second with
-one line, not after minutes of calibration.
+Everything here runs before any weight is read into torch, so a damaged or mismatched model directory
+(pickle weights, a config without weights, a truncated shard, shapes that disagree with config.json) fails in
+a second with one line, not after minutes of calibration. The spec's rules (architecture, tp/pp against the
+model's shape, the AWQ group size against every GEMM width) are trtpipe.resolve's, applied before.
 """
 
 from __future__ import annotations
@@ -13,13 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from trtpipe.errors import TrtpipeError
+from trtpipe.resolve import SUPPORTED_ARCHITECTURES
 
-# HF architecture -> ModelOpt decoder layout used for export (see convert.py on why Qwen2 exports as llama).
-SUPPORTED_ARCHITECTURES: dict[str, str] = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "llama",
-    "Qwen2ForCausalLM": "qwen2",
-}
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 
@@ -159,42 +155,6 @@ def inspect_source(
             fix="copy the model's tokenizer files there, or set model.tokenizer in the spec",
         )
     return HfSource(model_dir, tokenizer_dir, config, arch, files, uses_pickle)
-
-
-def gemm_input_widths(config: dict[str, Any], tp: int) -> dict[str, int]:
-    """Per-rank input width of every quantized GEMM (what an INT4 group must divide)."""
-    d = dims(config)
-    return {
-        "attention.qkv (hidden_size)": d["hidden"],
-        "mlp.fc/mlp.gate (hidden_size)": d["hidden"],
-        f"attention.dense (heads*head_dim/tp = {d['heads']}*{d['head_dim']}/{tp})": d["heads"] * d["head_dim"] // tp,
-        f"mlp.proj (intermediate_size/tp = {d['intermediate']}/{tp})": d["intermediate"] // tp,
-    }
-
-
-def check_tp_divisibility(config: dict[str, Any], tp: int) -> None:
-    d = dims(config)
-    for label, value in (
-        ("num_attention_heads", d["heads"]),
-        ("intermediate_size", d["intermediate"]),
-    ):
-        if value % tp:
-            raise TrtpipeError(f"{label} {value} is not divisible by tp={tp}", fix="choose a tp that divides it")
-    if d["kv_heads"] % tp and tp % d["kv_heads"]:
-        raise TrtpipeError(
-            f"num_key_value_heads {d['kv_heads']} and tp={tp}: neither divides the other",
-            fix="choose a tp that divides the KV head count",
-        )
-
-
-def check_group_size(config: dict[str, Any], group_size: int, tp: int) -> None:
-    """INT4 AWQ quantizes in groups along each GEMM's input: every per-rank input width must be a multiple."""
-    for label, width in gemm_input_widths(config, tp).items():
-        if width % group_size:
-            raise TrtpipeError(
-                f"quantization.group_size {group_size} does not divide the input width {width} of {label}",
-                fix=f"use a group_size that divides {width} (32 or 64), or a smaller tp",
-            )
 
 
 def load_model(source: HfSource, dtype: Any, *, trust_remote_code: bool = False, device_map: str | None = None) -> Any:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 from trtpipe.engine.executors.base import ConversionJob, ExecutorResult, conversion_failure, failure_from_log
 from trtpipe.engine.executors.local import CONVERSION_ENV
 from trtpipe.errors import MissingCapability, TrtpipeError
+from trtpipe.spec import DEFAULT_TIMEOUT_S
 
 CHECKPOINT_MOUNT = "/trtpipe/checkpoint"
 ENGINE_MOUNT = "/trtpipe/engine"
@@ -299,7 +300,7 @@ class DockerExecutor:
         toolchain: Any,
         *,
         gpus: int | list[str] | None = None,
-        timeout_s: float | None = 4 * 3600.0,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
         client: Any = None,
         pull: bool = True,
         show_progress: bool = True,

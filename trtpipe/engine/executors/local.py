@@ -22,9 +22,9 @@ from trtpipe.engine.executors.base import (
     run_logged_process,
 )
 from trtpipe.errors import MissingCapability
+from trtpipe.spec import DEFAULT_TIMEOUT_S
 from trtpipe.versions import TENSORRT_DISTRIBUTIONS, TRTLLM_DISTRIBUTIONS, installed_version
 
-DEFAULT_TIMEOUT_S = 4 * 3600.0
 # What a conversion process gets in its environment on every executor: Hugging Face offline (the
 # model is local: a conversion never downloads), and the fixed cuBLAS workspace that PyTorch's
 # reproducibility notes require for repeatable cuBLAS results (the same GPU model, the same inputs).

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trtpipe.checkpoint.schema import validate_checkpoint
 from trtpipe.engine.executors.base import ExecutorResult
 from trtpipe.errors import TrtpipeError
 
@@ -38,14 +39,6 @@ def link_or_copy(source: Path, target: Path) -> None:
         shutil.copy2(source, target)
 
 
-def _validate_checkpoint(checkpoint_dir: Path, spec: Any) -> None:
-    try:
-        from trtpipe.checkpoint.schema import validate_checkpoint
-    except ImportError:  # the checkpoint area's validator is not installed; the structural checks below still run
-        return
-    validate_checkpoint(checkpoint_dir, spec)
-
-
 class ReferenceExecutor:
     name = "reference"
 
@@ -60,7 +53,7 @@ class ReferenceExecutor:
         config_path = checkpoint_dir / "config.json"
         if not config_path.is_file():
             raise TrtpipeError(f"checkpoint {checkpoint_dir} has no config.json", fix="rebuild the checkpoint")
-        _validate_checkpoint(checkpoint_dir, self.spec)
+        validate_checkpoint(checkpoint_dir, self.spec)
         pretrained = json.loads(config_path.read_text(encoding="utf-8"))
         mapping = pretrained.get("mapping") or {}
         world = int(mapping.get("world_size") or int(mapping.get("tp_size", 1)) * int(mapping.get("pp_size", 1)))
