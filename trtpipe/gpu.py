@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from trtpipe.datafiles import load_table
-from trtpipe.errors import TrtpipeError
+from trtpipe.errors import InvalidInput, NotFound, TrtpipeError
 from trtpipe.toolchain import build_configs_dir
 
 Architecture = Literal["ampere", "ada", "hopper", "blackwell"]
@@ -218,15 +218,16 @@ class RecordedProbe:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise TrtpipeError(f"recorded probe {self.path} does not exist", fix="check the path") from None
+            raise NotFound(f"recorded probe {self.path} does not exist", what="recorded probe", ref=str(self.path),
+                           fix="check the path") from None
         except json.JSONDecodeError as exc:
-            raise TrtpipeError(f"recorded probe {self.path} is not JSON: {exc}", fix="record it again") from None
+            raise InvalidInput(f"recorded probe {self.path} is not JSON: {exc}", fix="record it again") from None
         try:
             return host_info_from_record(data, probe=f"recorded:{self.path.name}")
         except (KeyError, TypeError, ValueError) as exc:
-            raise TrtpipeError(
+            raise InvalidInput(
                 f"recorded probe {self.path} is not in the recorded format ({exc!r})",
-                fix="record it with `trtpipe check --record-probe FILE` on the host",
+                fix="record it again on that host: the host check writes the format it replays",
             ) from None
 
 

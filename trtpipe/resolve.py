@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trtpipe import quant
-from trtpipe.errors import TrtpipeError
+from trtpipe.errors import InvalidInput
 from trtpipe.gpu import GpuInfo, UnknownGpu, get_gpu, load_catalog
 from trtpipe.names import name_fix, name_problem
 from trtpipe.spec import BuildSpec, Executor
@@ -81,11 +81,11 @@ class ResolvedSpec:
         """float16, bfloat16, fp8 or int8 (auto follows the weight dtype)."""
         return quant.kv_dtype(self.spec.quantization.kv_cache, self.weight_dtype)
 
-    def error(self, field_path: tuple[str | int, ...], message: str, fix: str | None = None) -> TrtpipeError:
-        """A positioned SpecError when the YAML is known, else a plain TrtpipeError (for specs built in code)."""
+    def error(self, field_path: tuple[str | int, ...], message: str, fix: str | None = None) -> InvalidInput:
+        """A positioned SpecError when the YAML is known, else an InvalidInput naming the field (specs built in code)."""
         if self.loaded is not None:
             return self.loaded.error(field_path, message, fix)
-        return TrtpipeError(f"{'.'.join(map(str, field_path))}: {message}", fix=fix, exit_code=2)
+        return InvalidInput(f"{'.'.join(map(str, field_path))}: {message}", fix=fix)
 
 
 def resolve_dtype(spec: BuildSpec, config: dict[str, Any]) -> str:
@@ -325,6 +325,12 @@ def _check_target(loaded: LoadedSpec, toolchain: Toolchain) -> GpuInfo | None:
         gpu = get_gpu(spec.target.gpu, load_catalog())
     except UnknownGpu as exc:
         raise loaded.error(("target", "gpu"), exc.message, exc.fix) from None
+    if spec.target.executor == Executor.docker and not toolchain.triton_container:
+        raise loaded.error(
+            ("target", "executor"),
+            f"the docker executor runs the toolchain's container, but {toolchain.name} pins no triton_container",
+            "add the NGC image to build_configs/toolchains.yaml, or use executor: local",
+        )
     if not toolchain.supports_sm(gpu.sm):
         raise loaded.error(
             ("target", "gpu"),

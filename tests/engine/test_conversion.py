@@ -30,7 +30,7 @@ from trtpipe.engine.conversion import (
 from trtpipe.engine.executors.base import BuildFailed, ConversionJob
 from trtpipe.engine.executors.docker import DockerExecutor, conversion_container_spec
 from trtpipe.engine.executors.local import LocalExecutor
-from trtpipe.errors import SpecError, TrtpipeError
+from trtpipe.errors import SpecError, TimedOut, TrtpipeError
 
 from .sandbox_runtime import SandboxClient, requirement_closure, sandbox_unavailable
 
@@ -315,8 +315,9 @@ def test_a_silent_container_is_killed_at_the_timeout(tmp_path):
     container = Silent()
     executor = DockerExecutor(_resolve_example_toolchain().model_copy(update={"triton_container": IMAGE}),
                               client=_StandInClient(container), timeout_s=1, show_progress=False)
-    with pytest.raises(BuildFailed, match="timed out after 1s"):
+    with pytest.raises(TimedOut, match="ran past its limit of 1s") as info:  # a BuildFailed before issue 13
         executor.run_conversion(ConversionJob(job_dir=tmp_path / "j", out_dir=tmp_path / "o"), tmp_path / "c.log")
+    assert info.value.seconds == 1 and "engine.conversion_timeout" in info.value.one_line()
     assert killed.is_set() and container.removed
     assert "killed after timeout of 1s" in (tmp_path / "c.log").read_text()
 

@@ -153,4 +153,5 @@ def test_recorded_probe_in_a_wrong_format_is_one_line(cli, tmp_path: Path) -> No
     bad = tmp_path / "bad.json"
     bad.write_text('{"gpus": [{"name": "x"}]}')
     result = cli("check", "--recorded-probe", bad)
-    assert result.code == 1 and "recorded format" in result.err and "Traceback" not in result.err
+    # InvalidInput (exit 2): a file the user gave is wrong (exit 1, untyped, before issue 13)
+    assert result.code == 2 and "recorded format" in result.err and "Traceback" not in result.err

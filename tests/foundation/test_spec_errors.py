@@ -251,3 +251,42 @@ def test_malformed_spec_through_a_subprocess(name: str, tmp_path: Path, models_d
     assert "Traceback" not in proc.stderr
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and f"{spec}:{line}:" in lines[0] and needle in lines[0], proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_awq_group_size_against_every_gemm_width_per_tp_shard(cli, tmp_path: Path, tiny_llama_dir: Path) -> None:
+    """Issue 13's case: the tiny Llama (4 heads x 64) with int4_awq, tp=4, group 128 passed spec-check, then the
+    converter refused it (attention.dense has 4*64/4 = 64 inputs per shard). spec-check refuses it now."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"model:\n  path: {tiny_llama_dir}\ntarget:\n  tp: 4\nquantization:\n  algo: int4_awq\n"
+                    "  group_size: 128\n")
+    result = cli("spec-check", "--weights", spec)
+    assert_one_line_error(result, spec, 7, "does not divide the input width 64 of attention.dense")
+    assert "use group_size 32 or 64" in result.err
+    spec.write_text(spec.read_text().replace("group_size: 128", "group_size: 64"))
+    assert cli("spec-check", "--weights", spec).code == 0
+
+
+def test_a_build_needs_the_tokenizer_the_repository_serves(cli, tmp_path: Path, hf_dir: Path) -> None:
+    (hf_dir / "tokenizer.json").unlink()
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"model:\n  path: {hf_dir}\n")
+    assert cli("spec-check", spec).code == 0  # planning does not need it
+    assert_one_line_error(cli("spec-check", "--weights", spec), spec, 2, "has no tokenizer (tokenizer.json)")
+
+
+def test_the_docker_executor_needs_a_pinned_container(cli, tmp_path: Path, models_dir: Path, monkeypatch) -> None:
+    import shutil
+
+    from trtpipe.toolchain import build_configs_dir
+
+    configs = tmp_path / "build_configs"
+    shutil.copytree(build_configs_dir(), configs)
+    table = configs / "toolchains.yaml"
+    table.write_text(table.read_text().replace(
+        'triton_container: "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"', "triton_container: null"))
+    monkeypatch.setenv("TRTPIPE_BUILD_CONFIGS", str(configs))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"model:\n  config: {models_dir / 'llama-3-8b' / 'config.json'}\ntarget:\n  gpu: h100\n"
+                    "  executor: docker\n")
+    assert_one_line_error(cli("spec-check", spec), spec, 5, "pins no triton_container")

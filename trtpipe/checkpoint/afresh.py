@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from trtpipe.errors import TrtpipeError
+from trtpipe.errors import InvalidInput
 
 
 @contextlib.contextmanager
@@ -26,7 +26,7 @@ def converted_afresh(spec_path: Path) -> Iterator[tuple[Path, Path]]:
     resolved = resolve(load_spec(Path(spec_path)))
     tokenizer_dir = resolved.tokenizer_dir or resolved.model_dir
     if tokenizer_dir is None:
-        raise TrtpipeError(f"{spec_path}: the spec names no local tokenizer or model directory",
+        raise InvalidInput(f"{spec_path}: the spec names no local tokenizer or model directory",
                            fix="set model.path (or model.tokenizer) so parity can tokenize like the server")
     with tempfile.TemporaryDirectory(prefix="trtpipe-parity-") as tmp:
         out = Path(tmp) / "checkpoint"

@@ -55,7 +55,7 @@ from pydantic import BaseModel
 from trtpipe import quant
 from trtpipe.checkpoint.calibration import CalibrationInfo, calibration_source, prepare_calibration, read_texts
 from trtpipe.checkpoint.hf_source import HfSource, inspect_source, load_model
-from trtpipe.errors import MissingCapability, TrtpipeError
+from trtpipe.errors import InvalidInput, MissingCapability, TrtpipeError
 from trtpipe.spec import BuildSpec
 from trtpipe.versions import versions_match
 
@@ -110,7 +110,7 @@ def check_versions(toolchain: Any, *, warn: Callable[[str], None]) -> tuple[str,
             warn(f"toolchain {name} does not pin {package}; using the installed {installed[package]}")
             continue
         if not versions_match(installed[package], str(pinned)):
-            raise TrtpipeError(
+            raise MissingCapability(
                 f"{package} {installed[package]} is installed but toolchain {name} pins {pinned}",
                 fix=f"pip install {package}=={pinned} (or choose the toolchain that matches)",
             )
@@ -378,7 +378,7 @@ def _check_on_gpus(model: Any) -> None:
     placed = {str(device) for device in (getattr(model, "hf_device_map", None) or {}).values()}
     spilled = sorted(placed & {"cpu", "disk"})
     if spilled:
-        raise TrtpipeError(
+        raise MissingCapability(
             f"the model does not fit in the memory of the {torch.cuda.device_count()} visible GPU(s): "
             f"part of it was placed on {' and '.join(spilled)}",
             fix="convert on GPUs with more memory in total (target.gpu_count), or quantize a smaller model",
@@ -412,11 +412,11 @@ def convert_checkpoint(
     requested = spec.quantization
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
-        raise TrtpipeError(f"{out_dir} is not a directory", fix="create it first")
+        raise InvalidInput(f"{out_dir} is not a directory", fix="create it first")
     warn = lambda message: print(f"warning: {message}", file=sys.stderr)  # noqa: E731
     modelopt_version, transformers_version = check_versions(resolved.toolchain, warn=warn)
     if resolved.model_dir is None:
-        raise TrtpipeError("the spec gives no model weights to convert", fix="set model.path to a local HF folder")
+        raise InvalidInput("the spec gives no model weights to convert", fix="set model.path to a local HF folder")
     # tp/pp against the model's shape, the AWQ group size and the recipe itself were checked by resolve.
     source = inspect_source(Path(resolved.model_dir), resolved.tokenizer_dir, allow_pickle=spec.model.allow_pickle)
     tp, pp = spec.target.tp, spec.target.pp

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtpipe.errors import TrtpipeError
+from trtpipe.errors import IntegrityError, InvalidInput
 from trtpipe.resolve import SUPPORTED_ARCHITECTURES
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
@@ -57,8 +57,8 @@ def check_architecture(config: dict[str, Any], where: Path) -> str:
     architectures = config.get("architectures") or []
     arch = architectures[0] if architectures else None
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise TrtpipeError(
-            f"{where}: architecture {arch or '(none given)'} is not supported by trtpipe convert",
+        raise InvalidInput(
+            f"{where}: architecture {arch or '(none given)'} is not supported by trtpipe's converter",
             fix=f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}",
         )
     return arch
@@ -71,12 +71,12 @@ def _weight_files(model_dir: Path, allow_pickle: bool) -> tuple[tuple[Path, ...]
         return tuple(safetensors), False
     if pickled:
         if not allow_pickle:
-            raise TrtpipeError(
+            raise InvalidInput(
                 f"{model_dir}: only pickle weights ({pickled[0].name}); loading pickle can run arbitrary code",
                 fix="convert the weights to safetensors, or set model.allow_pickle: true in the spec if you trust them",
             )
         return tuple(pickled), True
-    raise TrtpipeError(
+    raise InvalidInput(
         f"{model_dir}: config.json but no weights (*.safetensors)", fix="download the model's weight files too"
     )
 
@@ -122,16 +122,18 @@ def _check_safetensors_shapes(model_dir: Path, files: tuple[Path, ...], config: 
                 for name in handle.keys():
                     found[name] = tuple(handle.get_slice(name).get_shape())
         except Exception as exc:  # truncated or not a safetensors file
-            raise TrtpipeError(f"{path}: not a readable safetensors file ({exc})", fix="re-download it") from None
+            raise IntegrityError(f"{path}: not a readable safetensors file ({exc})", path=str(path),
+                                 fix="re-download it") from None
     for name, shape in expected_hf_shapes(config).items():
         if name not in found:
-            raise TrtpipeError(
-                f"{model_dir}: tensor {name} is missing from the weights",
+            raise IntegrityError(
+                f"{model_dir}: tensor {name} is missing from the weights", path=str(model_dir),
                 fix="the weight files do not match config.json; re-download the model",
             )
         if found[name] != shape:
-            raise TrtpipeError(
+            raise IntegrityError(
                 f"{model_dir}: tensor {name} has shape {list(found[name])}, config.json implies {list(shape)}",
+                path=str(model_dir),
                 fix="the weight files do not match config.json; re-download the model or fix config.json",
             )
 
@@ -142,7 +144,7 @@ def inspect_source(
     """Check an HF directory without loading it: architecture, weight format, tensor shapes, tokenizer."""
     config_path = model_dir / "config.json"
     if not config_path.is_file():
-        raise TrtpipeError(f"{model_dir}: no config.json", fix="give the folder of a Hugging Face model")
+        raise InvalidInput(f"{model_dir}: no config.json", fix="give the folder of a Hugging Face model")
     config = json.loads(config_path.read_text(encoding="utf-8"))
     arch = check_architecture(config, config_path)
     files, uses_pickle = _weight_files(model_dir, allow_pickle)
@@ -150,7 +152,7 @@ def inspect_source(
         _check_safetensors_shapes(model_dir, files, config)
     tokenizer_dir = tokenizer_dir or model_dir
     if not any((tokenizer_dir / name).is_file() for name in TOKENIZER_FILES):
-        raise TrtpipeError(
+        raise InvalidInput(
             f"{tokenizer_dir}: no tokenizer (tokenizer.json or tokenizer.model)",
             fix="copy the model's tokenizer files there, or set model.tokenizer in the spec",
         )
@@ -175,6 +177,8 @@ def load_model(source: HfSource, dtype: Any, *, trust_remote_code: bool = False,
         )
     except (OSError, ValueError, RuntimeError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise TrtpipeError(f"{source.model_dir}: transformers could not load the model: {first_line}") from None
+        raise InvalidInput(f"{source.model_dir}: transformers could not load the model: {first_line}",
+                           fix="check that the folder holds a complete Hugging Face model of a supported "
+                           "architecture") from None
     model.eval()
     return model

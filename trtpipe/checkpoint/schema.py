@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from trtpipe import quant
-from trtpipe.errors import TrtpipeError
+from trtpipe.errors import IntegrityError
 from trtpipe.resolve import SUPPORTED_ARCHITECTURES
 from trtpipe.spec import BuildSpec
 
@@ -44,9 +44,9 @@ class TensorSpec:
     shape: tuple[int, ...]
 
 
-def _fail(where: Path, message: str, fix: str | None = None) -> TrtpipeError:
-    return TrtpipeError(
-        f"checkpoint {where}: {message}",
+def _fail(where: Path, message: str, fix: str | None = None) -> IntegrityError:
+    return IntegrityError(
+        f"checkpoint {where}: {message}", path=str(where),
         fix=fix or "this is a bug in the conversion: report it with the spec and the ModelOpt version",
     )
 
@@ -164,7 +164,7 @@ def _check_config(ckpt_dir: Path, config: dict[str, Any], spec: BuildSpec | None
 
 
 def validate_checkpoint(ckpt_dir: Path, spec: BuildSpec | None = None) -> None:
-    """Raise a TrtpipeError naming the file and tensor if the checkpoint is not what its config (and spec) say."""
+    """Raise an IntegrityError naming the file and tensor if the checkpoint is not what its config (and spec) say."""
     ckpt_dir = Path(ckpt_dir)
     config_path = ckpt_dir / "config.json"
     if not config_path.is_file():

@@ -39,12 +39,12 @@ from pydantic import BaseModel
 from trtpipe.checkpoint.calibration import calibration_source
 from trtpipe.checkpoint.convert import ConvertSummary
 from trtpipe.checkpoint.schema import validate_checkpoint
-from trtpipe.engine.executors.base import ConversionJob, ExecutorResult
+from trtpipe.engine.executors.base import BuildFailed, ConversionJob, ExecutorResult
 from trtpipe.engine.executors.docker import DockerExecutor, conversion_container_spec
 from trtpipe.engine.executors.local import LocalExecutor
 from trtpipe.engine.plan import BuildPlan, make_build_plan
 from trtpipe.engine.stage import choose_executor_name, preflight
-from trtpipe.errors import TrtpipeError
+from trtpipe.errors import InvalidInput, TrtpipeError
 
 # The distributions whose modules a conversion imports, and how the toolchain's container has them.
 # (A test runs a real conversion and checks that every third-party module it imports belongs to the
@@ -137,7 +137,7 @@ def make_job(resolved: Any, out_dir: Path, *, device: str = "cuda", placeholders
     target = resolved.spec.target
     if resolved.model_dir is None:
         if not placeholders:
-            raise TrtpipeError("the spec gives no model weights to convert",
+            raise InvalidInput("the spec gives no model weights to convert",
                                fix="set model.path to a local HF folder (or model.repo_id + revision, downloaded)")
         read_only = [Path(MODEL_PLACEHOLDER)]
     else:
@@ -192,8 +192,8 @@ def convert_in_executor(
         os.replace(staging, job.spec_path)
         result: ExecutorResult = executor.run_conversion(job, Path(log_path))
         if not job.summary_path.is_file():
-            raise TrtpipeError(f"checkpoint conversion ({executor.name}) exited 0 but wrote no summary; log: {log_path}",
-                               fix=f"read the log, or run `trtpipe doctor {log_path}`")
+            raise BuildFailed(f"checkpoint conversion ({executor.name}) exited 0 but wrote no summary; log: {log_path}",
+                              fix="read the end of the log: the conversion's own message is there", log_path=log_path)
         summary = ConvertSummary.model_validate_json(job.summary_path.read_text(encoding="utf-8"))
     finally:
         shutil.rmtree(job.job_dir, ignore_errors=True)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from trtpipe import quant
-from trtpipe.errors import TrtpipeError
+from trtpipe.errors import IntegrityError
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn value
 INT8_MAX = 127.0
@@ -104,7 +104,7 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
 def _require(tensors: dict[str, torch.Tensor], prefix: str, name: str) -> torch.Tensor:
     key = f"{prefix}.{name}"
     if key not in tensors:
-        raise TrtpipeError(
+        raise IntegrityError(
             f"checkpoint tensor {key} is missing",
             fix="re-export the checkpoint; its quantization config and its tensors disagree",
         )
@@ -125,29 +125,30 @@ def dequantize_weight(tensors: dict[str, torch.Tensor], prefix: str, quant_algo:
     if weight.dtype in (torch.float16, torch.bfloat16, torch.float32):
         return weight.to(torch.float32)
     if weight.dtype != torch.int8:
-        raise TrtpipeError(f"checkpoint tensor {prefix}.weight has unsupported dtype {weight.dtype}")
+        raise IntegrityError(f"checkpoint tensor {prefix}.weight has unsupported dtype {weight.dtype}",
+                             fix="re-export the checkpoint")
     scale = _require(tensors, prefix, "weights_scaling_factor").to(torch.float32)
     kind = _dequant_kind(quant_algo)
     if kind == "int4-grouped":
         values = unpack_int4(weight)
         out_dim, in_dim = values.shape
         if scale.dim() != 2 or scale.shape[0] != out_dim or in_dim % scale.shape[1] != 0:
-            raise TrtpipeError(
+            raise IntegrityError(
                 f"checkpoint tensor {prefix}.weights_scaling_factor has shape {tuple(scale.shape)}; "
-                f"expected [{out_dim}, {in_dim}/group_size] for {quant_algo}",
+                f"expected [{out_dim}, {in_dim}/group_size] for {quant_algo}", fix="re-export the checkpoint",
             )
         group = in_dim // scale.shape[1]
         return values * scale.repeat_interleave(group, dim=1)
     if kind == "int8-per-channel":
         out_dim = weight.shape[0]
         if scale.numel() != out_dim:
-            raise TrtpipeError(
+            raise IntegrityError(
                 f"checkpoint tensor {prefix}.weights_scaling_factor has {scale.numel()} values; "
-                f"expected one per output channel ({out_dim}) for {quant_algo}",
+                f"expected one per output channel ({out_dim}) for {quant_algo}", fix="re-export the checkpoint",
             )
         return weight.to(torch.float32) * scale.reshape(out_dim, 1)
     int8_algos = [f.checkpoint_algo for f in quant.FORMATS.values() if f.dequant in ("int4-grouped", "int8-per-channel")]
-    raise TrtpipeError(
+    raise IntegrityError(
         f"checkpoint tensor {prefix}.weight is int8 but quant_algo is {quant_algo!r}",
         fix=f"the reference runtime dequantizes int8 weights for {', '.join(map(str, int8_algos))}",
     )

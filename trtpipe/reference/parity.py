@@ -22,7 +22,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from trtpipe import quant
-from trtpipe.errors import TrtpipeError, UsageError
+from trtpipe.errors import InvalidInput, NotFound, UsageError
 from trtpipe.reference.runtime import ReferenceModel
 
 
@@ -78,7 +78,7 @@ def bounds_for(quant_algo: str | None, kv_cache_quant_algo: str | None = None) -
     if quant_algo in DEFAULT_BOUNDS:  # e.g. FP8 KV on a format without its own entry
         base = DEFAULT_BOUNDS[quant_algo or "none"]
         return base.model_copy(update={"max_rel_error": base.max_rel_error * 1.2, "require_greedy_equal": False})
-    raise TrtpipeError(f"no parity bounds for checkpoint format {key}", fix="pass bounds= explicitly")
+    raise InvalidInput(f"no parity bounds for checkpoint format {key}", fix="pass bounds= explicitly")
 
 
 class PromptParity(BaseModel):
@@ -128,9 +128,10 @@ def _load_hf(hf_dir: Path) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM  # heavy: imported only when parity runs
 
     if not (hf_dir / "config.json").is_file():
-        raise TrtpipeError(f"{hf_dir}/config.json not found", fix="point hf_dir at the HF model the checkpoint came from")
+        raise NotFound(f"{hf_dir}/config.json not found", what="model", ref=str(hf_dir),
+                       fix="point hf_dir at the HF model the checkpoint came from")
     if not any(hf_dir.glob("*.safetensors")):
-        raise TrtpipeError(f"{hf_dir} has no .safetensors weights", fix="parity loads safetensors only")
+        raise InvalidInput(f"{hf_dir} has no .safetensors weights", fix="parity loads safetensors only")
     model = AutoModelForCausalLM.from_pretrained(
         hf_dir, dtype=torch.float32, trust_remote_code=False, use_safetensors=True
     )

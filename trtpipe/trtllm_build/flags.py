@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from trtpipe.datafiles import read_yaml
-from trtpipe.errors import TrtpipeError
+from trtpipe.errors import IntegrityError
 from trtpipe.toolchain import build_configs_dir
 
 
@@ -133,8 +133,8 @@ def load_contract(toolchain_name: str) -> FlagContract:
     path = contract_path(toolchain_name)
     if not path.is_file():
         known = ", ".join(known_contracts()) or "none"
-        raise TrtpipeError(
-            f"no trtllm-build flag contract for toolchain {toolchain_name!r} (known: {known})",
+        raise IntegrityError(
+            f"no trtllm-build flag contract for toolchain {toolchain_name!r} (known: {known})", path=str(path),
             fix=f"add build_configs/trtllm_build_flags/{path.name} taken from that version's "
                 "tensorrt_llm/commands/build.py",
         )

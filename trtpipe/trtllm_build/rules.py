@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trtpipe import quant
 from trtpipe.datafiles import read_yaml
-from trtpipe.errors import TrtpipeError
+from trtpipe.errors import IntegrityError
 from trtpipe.toolchain import build_configs_dir
 
 Effect = Literal["refuse", "override"]
@@ -119,11 +119,12 @@ def _load(path: Path, mtime_ns: int) -> RuleTable:
     table = RuleTable.model_validate(read_yaml(path))
     unknown_sources = {c.source for r in table.rules for c in r.cite} - set(table.sources)
     if unknown_sources:
-        raise TrtpipeError(f"{path}: citations name unknown sources {sorted(unknown_sources)}", fix="add them to sources:")
+        raise IntegrityError(f"{path}: citations name unknown sources {sorted(unknown_sources)}", path=str(path),
+                             fix="add them to sources:")
     missing = {r.id for r in table.rules} - set(CHECKS)
     if missing:
-        raise TrtpipeError(f"{path}: rules without a check in trtpipe/trtllm_build/rules.py: {sorted(missing)}",
-                           fix="implement them or remove the rows")
+        raise IntegrityError(f"{path}: rules without a check in trtpipe/trtllm_build/rules.py: {sorted(missing)}",
+                             path=str(path), fix="implement them or remove the rows")
     return table
 
 

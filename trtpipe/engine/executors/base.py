@@ -18,7 +18,7 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trtpipe.errors import TrtpipeError
+from trtpipe.errors import TimedOut, TrtpipeError
 
 
 class ExecutorResult(BaseModel):
@@ -115,7 +115,16 @@ def failure_from_log(what: str, log_path: Path, returncode: int | None, *, reaso
         )
     return BuildFailed(
         f"{what} failed ({status}); log: {log_path}",
-        fix=f"read the log, or run `trtpipe doctor {log_path}`", log_path=log_path, diagnoses=[],
+        fix="read the end of the log: the failing step's own message is there", log_path=log_path, diagnoses=[],
+    )
+
+
+def timed_out(what: str, seconds: float | None, log_path: Path, *, spec_field: str) -> TimedOut:
+    """A run stopped at its deadline (its process group killed): which limit, where it is set, the log."""
+    return TimedOut(
+        f"{what} ran past its limit of {seconds:g}s and was stopped; log: {log_path}",
+        operation=what, seconds=float(seconds or 0),
+        fix=f"raise {spec_field} in the spec (seconds), or run it on a faster or larger GPU host",
     )
 
 

@@ -20,6 +20,7 @@ from trtpipe.engine.executors.base import (
     conversion_failure,
     failure_from_log,
     run_logged_process,
+    timed_out,
 )
 from trtpipe.errors import MissingCapability
 from trtpipe.spec import DEFAULT_TIMEOUT_S
@@ -139,7 +140,7 @@ class LocalExecutor:
             title=f"trtllm-build {plan.trtllm_version}",
         )
         if outcome.timed_out:
-            raise failure_from_log("trtllm-build", log, outcome.returncode, reason=f"timed out after {self.timeout_s}s")
+            raise timed_out("trtllm-build", self.timeout_s, log, spec_field="engine.timeout")
         if outcome.returncode != 0:
             raise failure_from_log("trtllm-build", log, outcome.returncode)
         return ExecutorResult(
@@ -182,8 +183,7 @@ class LocalExecutor:
         outcome = run_logged_process(argv, log, timeout_s=self.timeout_s, env=self.conversion_env(),
                                      show_progress=self.show_progress, title="checkpoint conversion")
         if outcome.timed_out:
-            raise conversion_failure(log, outcome.returncode, where="local",
-                                     reason=f"timed out after {self.timeout_s}s")
+            raise timed_out("checkpoint conversion (local)", self.timeout_s, log, spec_field="engine.conversion_timeout")
         if outcome.returncode != 0:
             raise conversion_failure(log, outcome.returncode, where="local")
         return ExecutorResult(executor=self.name, returncode=0, log_path=log, duration_s=outcome.duration_s,
