@@ -129,6 +129,8 @@ class _Printer:
         self._console.print(text, soft_wrap=True, markup=markup)
 
     def stage(self, report: StageReport) -> None:
+        if not self.enabled:
+            return
         from rich.markup import escape
 
         colour = {"hit": "green", "built": "cyan", "ran": "white", "would-build": "yellow", "failed": "red"}.get(
@@ -141,6 +143,8 @@ class _Printer:
         )
 
     def note(self, text: str, *, style: str | None = None) -> None:
+        if not self.enabled:
+            return
         if style:
             from rich.markup import escape
 

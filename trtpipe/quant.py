@@ -204,14 +204,6 @@ KV_CACHES: dict[str, KvCacheFormat] = {k.name: k for k in (
 DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "fp8": 1, "int8": 1}
 
 
-def quant_format(name: str) -> QuantFormat:
-    return FORMATS[name]
-
-
-def kv_cache_format(name: str) -> KvCacheFormat:
-    return KV_CACHES[name]
-
-
 def convertible_formats() -> list[str]:
     """The formats trtpipe's converter produces (what a spec may ask for)."""
     return [f.name for f in FORMATS.values() if f.refused is None]
@@ -245,14 +237,3 @@ def linear_tensors(
     dims = {"out": out, "in": inp, "out/2": out // 2, "1": 1, "in/group": inp // group if group else -1}
     return {f"{name}.{t.suffix}": (dtype if t.dtype == "model" else t.dtype, tuple(dims[d] for d in t.shape))
             for t in fmt.tensors}
-
-
-def parity_bound(quant_algo: str | None, kv_cache_quant_algo: str | None = None) -> ParityBound | None:
-    """The parity bound of a checkpoint format; None where the table has none."""
-    fmt = by_checkpoint_algo(quant_algo)
-    if fmt is None or fmt.parity is None:
-        return None
-    kv = kv_by_checkpoint_algo(kv_cache_quant_algo)
-    if kv is None:
-        return fmt.parity
-    return fmt.parity_with_kv.get(kv.name)

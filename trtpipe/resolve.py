@@ -55,7 +55,6 @@ class ResolvedSpec:
     model_dir: Path | None  # local HF folder with the weights; None when resolved for planning only
     tokenizer_dir: Path | None
     config_path: Path  # the config.json that was read
-    weights_needed: bool = True  # False when resolved for planning only
     loaded: LoadedSpec | None = field(default=None, repr=False)  # for positioned errors downstream
     backend: Backend | None = None  # the toolchain's backend that builds it
 
@@ -508,7 +507,6 @@ def resolve(loaded: LoadedSpec, *, need_weights: bool = True) -> ResolvedSpec:
         model_dir=model_dir,
         tokenizer_dir=tokenizer_dir,
         config_path=config_path,
-        weights_needed=need_weights,
         loaded=loaded,
         backend=backend,
     )

@@ -323,7 +323,7 @@ def test_reference_engine_is_built_and_validated(tiny_reference):
     assert config["pretrained_config"] == json.loads((ckpt / "config.json").read_text())
     assert (out / "rank0.safetensors").stat().st_ino == (ckpt / "rank0.safetensors").stat().st_ino  # hard link
     assert result.executor == "reference" and result.validation.reference
-    assert result.manifest_meta["gpu_sm"] is None
+    assert result.validation.gpu_sm is None and result.executor == "reference"
 
 
 def test_reference_engine_loads_in_the_reference_runtime(tiny_reference):

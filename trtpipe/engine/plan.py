@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, computed_field
 from trtpipe.errors import TrtpipeError
 from trtpipe.trtllm_build.config import RuleViolation, derive_engine_config, flag_table
 from trtpipe.trtllm_build.flags import FlagContract, load_contract, render_value
-from trtpipe.trtllm_build.rules import BuildFacts, parse_command, simulate
+from trtpipe.trtllm_build.rules import BuildFacts, simulate_command
 
 LIMIT_KEYS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "opt_num_tokens", "max_beam_width")
 
@@ -95,7 +95,7 @@ class BuildPlan(BaseModel):
             )
         # The pinned trtllm-build's own rules: a command it would refuse, or build with other settings
         # than it names, never leaves trtpipe.
-        findings = simulate(self.toolchain, parse_command(argv), self.facts()).findings
+        findings = simulate_command(self.toolchain, argv, self.facts()).findings
         if findings:
             raise TrtpipeError(
                 "; ".join(f.message for f in findings),

@@ -33,20 +33,6 @@ class EngineResult(BaseModel):
     image: str | None
     validation: EngineValidation
 
-    @property
-    def manifest_meta(self) -> dict[str, Any]:
-        """What the store's manifest should record about the engine."""
-        return {
-            "executor": self.executor,
-            "trtllm_version": self.validation.trtllm_version,
-            "tensorrt_version": self.validation.tensorrt_version,
-            "gpu_sm": self.validation.gpu_sm,
-            "gpu_product": self.validation.gpu_product,
-            "world_size": self.validation.world_size,
-            "reference": self.validation.reference,
-            "image": self.image,
-        }
-
 
 def choose_executor_name(resolved: Any) -> str:
     """reference | local | docker for this spec and host (no side effects, no heavy imports)."""

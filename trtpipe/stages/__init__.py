@@ -1,5 +1,9 @@
 """Declared stages, per backend: what the runner (trtpipe.pipeline) builds for a spec, in order.
 
+A stage module imports what keys it at the top and its implementation (converters, executors, the
+repository writer) inside `build` and `preview`: the one place imports are deferred, so a warm build
+(every stage a hit) loads no converter, executor or writer, let alone torch, transformers or ModelOpt.
+
 resolve and plan are plain steps of the runner; the stored stages come from the spec's backend. Adding a
 backend is one entry here with its stages (its artifact stage, its repository writer's publish stage),
 next to its variant on the toolchain (trtpipe.toolchain.Backend) and its contract tables.

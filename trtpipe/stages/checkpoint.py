@@ -16,8 +16,6 @@ from typing import Any
 
 from trtpipe import quant
 from trtpipe.checkpoint.calibration import calibration_source
-from trtpipe.checkpoint.convert import convert_checkpoint
-from trtpipe.engine.conversion import convert_in_executor, preview_conversion
 from trtpipe.errors import InvalidInput
 from trtpipe.stages.base import InputRef, NoKey, Preview, StageContext
 from trtpipe.store.keys import StageKey, make_key
@@ -145,6 +143,11 @@ class CheckpointStage:
         )
 
     def build(self, ctx: StageContext, out_dir: Path, inputs: dict[str, InputRef], key: StageKey) -> dict[str, Any]:
+        # The converters load only when the stage builds (and they load torch, transformers and ModelOpt only
+        # when they run): a warm build imports none of them.
+        from trtpipe.checkpoint.convert import convert_checkpoint
+        from trtpipe.engine.conversion import convert_in_executor
+
         if self.in_executor:
             # Checks first, in under a second: a host that cannot convert or build there fails before any
             # (possibly hours-long) work.
@@ -156,6 +159,8 @@ class CheckpointStage:
     def preview(self, ctx: StageContext, key: str | None, inputs: dict[str, InputRef]) -> Preview | None:
         if not self.in_executor:
             return None
+        from trtpipe.engine.conversion import preview_conversion
+
         conversion = preview_conversion(ctx.resolved, ctx.temp_dir("checkpoint", key))
         notes = [f"converts in the {conversion.where}"]
         docker_run = (conversion.container or {}).get("docker_run")

@@ -13,8 +13,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from trtpipe.engine.executors.docker import container_spec
-from trtpipe.engine.stage import build_engine
 from trtpipe.errors import TrtpipeError
 from trtpipe.stages.base import InputRef, NoKey, Preview, StageContext
 from trtpipe.store.keys import StageKey, make_key
@@ -67,6 +65,8 @@ class EngineStage:
         )
 
     def build(self, ctx: StageContext, out_dir: Path, inputs: dict[str, InputRef], key: StageKey) -> dict[str, Any]:
+        from trtpipe.engine.stage import build_engine  # the executors load only when the engine builds
+
         log_path = ctx.log_path("engine", key.key)
         result = build_engine(ctx.resolved, ctx.build_plan, inputs["checkpoint"].path, out_dir, log_path)
         return {"build_log": str(log_path), "engine_result": result.model_dump(mode="json")}
@@ -74,6 +74,7 @@ class EngineStage:
     def preview(self, ctx: StageContext, key: str | None, inputs: dict[str, InputRef]) -> Preview | None:
         if not self.renders_command:
             return None  # the reference executor runs no trtllm-build and no container
+        from trtpipe.engine.executors.docker import container_spec
         checkpoint_dir, out_dir = inputs["checkpoint"].path, ctx.temp_dir("engine", key)
         command = [str(a) for a in ctx.build_plan.render_command(checkpoint_dir, out_dir)]
         preview = Preview(command=command, notes=["command: " + " ".join(command)])

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import trtpipe
-from trtpipe.serving.publish import TOKENIZER_FILES, publish_repository
+from trtpipe.serving.publish import TOKENIZER_FILES
 from trtpipe.serving.templates import templates_digest
 from trtpipe.stages.base import InputRef, NoKey, Preview, StageContext
 from trtpipe.store.digest_cache import DigestCache
@@ -90,6 +90,8 @@ class PublishStage:
         )
 
     def build(self, ctx: StageContext, out_dir: Path, inputs: dict[str, InputRef], key: StageKey) -> dict[str, Any]:
+        from trtpipe.serving.publish import publish_repository
+
         engine = inputs["engine"]
         assert engine.key is not None and engine.digest is not None
         publish_repository(ctx.resolved, engine.path, engine.digest, engine.key, out_dir, repository_key=key.key)

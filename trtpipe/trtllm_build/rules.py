@@ -9,8 +9,8 @@ SM). The data - which rule applies to which version, what it does, where it is w
 `build_configs/trtllm_build_flags/rules.yaml`; each rule id there has exactly one check function here.
 
 `simulate()` answers "what would the pinned trtllm-build do with this command": the settings it ends
-with, and a `Finding` for every refusal and override. `check_spec_settings()` runs only the rules a
-spec alone decides (stage `spec`), for `resolve`.
+with, and a `Finding` for every refusal and override. trtpipe.trtllm_build.config replays them on a
+spec's whole build configuration, which is how `resolve` refuses what a build would.
 """
 
 from __future__ import annotations
@@ -599,16 +599,3 @@ def simulate(
 
 def simulate_command(toolchain: str, argv: list[str], facts: BuildFacts) -> Simulation:
     return simulate(toolchain, parse_command(argv), facts)
-
-
-def check_spec_settings(toolchain: str, plugins: dict[str, Any], facts: BuildFacts) -> list[Finding]:
-    """What a spec alone decides (rules of stage `spec`): refusals, and overrides of a setting the spec gives.
-
-    `plugins` are the spec's `engine.plugins`, any spelling (`spec_value` converts them); every other
-    setting is trtllm-build's default.
-    """
-    given = {key: spec_value(key, raw) for key, raw in plugins.items()}
-    if given.get("paged_kv_cache") is not None and "kv_cache_type" not in given:
-        given["kv_cache_type"] = "paged" if given.pop("paged_kv_cache") else "continuous"
-    sim = simulate(toolchain, given, facts, stages=("spec",))
-    return sim.refusals + [f for f in sim.overrides if set(f.changes) & set(given)]
