@@ -81,6 +81,7 @@ class QuantFormat:
     modelopt_config: str | None = None  # [modelopt-0.37] config name; None: nothing to quantize
     tensors: tuple[TensorRule, ...] | None = None  # per quantized linear layer; None: no exporter here writes it
     dequant: Dequant | None = None  # None: unquantized, or the reference runtime cannot run it
+    weight_scale: str = "weights_scaling_factor"  # the tensor holding the weight's scale(s): [1], [out] or groups
     activation_quant: ActivationQuant | None = None
     parity: ParityBound | None = None
     parity_with_kv: dict[str, ParityBound] = field(default_factory=dict)  # KV cache name -> bound
@@ -88,6 +89,7 @@ class QuantFormat:
     alternatives: str = ""  # what to use instead, when refused
     gemm_plugin: str | None = "auto"  # trtllm-build --gemm_plugin the build profile sets for it
     fp8_gemms: bool = False  # the build profile may use the FP8 GEMM plugins and FP8 context FMHA
+    build_plugins: dict[str, str] = field(default_factory=dict)  # other plugins its kernels need (flag -> value)
     source: str = ""
 
 

@@ -46,6 +46,11 @@ def _dequant_kind(quant_algo: str | None) -> str | None:
     return fmt.dequant if fmt is not None else None
 
 
+def _scale_name(quant_algo: str | None) -> str:
+    fmt = quant.by_checkpoint_algo(quant_algo)
+    return fmt.weight_scale if fmt is not None else "weights_scaling_factor"
+
+
 @dataclass(frozen=True)
 class ActivationQuant:
     """Static per-tensor activation quantization applied by the engine before a GEMM."""
@@ -119,15 +124,19 @@ def dequantize_weight(tensors: dict[str, torch.Tensor], prefix: str, quant_algo:
     """The float32 [out, in] weight of linear `prefix` (e.g. transformer.layers.0.attention.qkv)."""
     weight = _require(tensors, prefix, "weight")
     if weight.dtype == torch.float8_e4m3fn:
-        scale = _require(tensors, prefix, "weights_scaling_factor")
-        # CPU torch cannot do arithmetic on float8: upcast first.
-        return weight.to(torch.float32) * _scalar(scale)
+        scale = _require(tensors, prefix, _scale_name(quant_algo)).to(torch.float32).reshape(-1)
+        if scale.numel() not in (1, weight.shape[0]):
+            raise IntegrityError(
+                f"checkpoint tensor {prefix}.{_scale_name(quant_algo)} has {scale.numel()} values; expected one per "
+                f"tensor or one per output channel ({weight.shape[0]})", fix="re-export the checkpoint")
+        # CPU torch cannot do arithmetic on float8: upcast first. One scale per tensor, or per output row.
+        return weight.to(torch.float32) * (scale if scale.numel() == 1 else scale.reshape(-1, 1))
     if weight.dtype in (torch.float16, torch.bfloat16, torch.float32):
         return weight.to(torch.float32)
     if weight.dtype != torch.int8:
         raise IntegrityError(f"checkpoint tensor {prefix}.weight has unsupported dtype {weight.dtype}",
                              fix="re-export the checkpoint")
-    scale = _require(tensors, prefix, "weights_scaling_factor").to(torch.float32)
+    scale = _require(tensors, prefix, _scale_name(quant_algo)).to(torch.float32)
     kind = _dequant_kind(quant_algo)
     if kind == "int4-grouped":
         values = unpack_int4(weight)

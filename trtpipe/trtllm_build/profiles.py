@@ -103,7 +103,10 @@ def profile_settings(
 
     # GEMM plugin: cuBLASLt GEMMs help FP16/BF16 (and the unquantized GEMMs of weight-only INT4);
     # for FP8 the guide recommends leaving it off and letting TensorRT choose FP8 kernels.
-    settings["gemm_plugin"] = Setting(value=fmt.gemm_plugin, why=_GEMM_PLUGIN_WHY[fmt.gemm_plugin])
+    settings["gemm_plugin"] = Setting(value=fmt.gemm_plugin, why=_GEMM_PLUGIN_WHY.get(
+        fmt.gemm_plugin, f"{fmt.name}: the GEMM plugin its row of the quantization table names (trtpipe.quant)"))
+    for flag, value in fmt.build_plugins.items():
+        settings[flag] = Setting(value=value, why=f"{fmt.name} runs its GEMMs through this plugin (trtpipe.quant)")
 
     fp8_fmha = fp8 and kv_cache == "fp8" and family in FP8_FAMILIES
     settings["use_fp8_context_fmha"] = Setting(
