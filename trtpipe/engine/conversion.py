@@ -7,7 +7,7 @@ environment (local) or in the toolchain's pinned container (docker), with GPU ca
 only plans, checks and stores. cpu-reference targets keep converting in-process.
 
 The key does not change with where the conversion runs: the checkpoint key
-(trtpipe.store.keys.checkpoint_key) covers the weights, config, recipe, calibration data, tp/pp and the
+(trtpipe.stages.checkpoint.checkpoint_key) covers the weights, config, recipe, calibration data, tp/pp and the
 toolchain's ModelOpt and transformers pins, never the executor. So the executor must convert with
 exactly those pins:
 - local: the installed nvidia-modelopt and transformers must match them (checked from package metadata
