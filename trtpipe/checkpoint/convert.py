@@ -54,7 +54,8 @@ from pydantic import BaseModel
 
 from trtpipe import quant
 from trtpipe.checkpoint.calibration import CalibrationInfo, calibration_source, prepare_calibration, read_texts
-from trtpipe.checkpoint.hf_source import HfSource, inspect_source, load_model
+from trtpipe.checkpoint.hf_source import HfSource, dims, inspect_source, load_model
+from trtpipe.checkpoint.schema import validate_checkpoint
 from trtpipe.errors import InvalidInput, MissingCapability, TrtpipeError
 from trtpipe.spec import BuildSpec
 from trtpipe.versions import versions_match
@@ -225,8 +226,6 @@ def _threads_for(config: dict[str, Any]) -> Iterator[None]:
     OpenMP thread that gets descheduled stalls every op (measured 80x slower on a loaded 2-core CI box).
     Large models keep torch's default. Same model -> same thread count -> same bytes."""
     import torch
-
-    from trtpipe.checkpoint.hf_source import dims
 
     d = dims(config)
     approx_params = d["layers"] * (4 * d["hidden"] ** 2 + 3 * d["hidden"] * d["intermediate"]) + 2 * d["vocab"] * d["hidden"]
@@ -405,8 +404,7 @@ def convert_checkpoint(
     if device not in DEVICES:
         raise ValueError(f"device {device!r} is not one of {DEVICES}")
 
-    from trtpipe.checkpoint.schema import validate_checkpoint
-
+    
     started = time.monotonic()
     spec: BuildSpec = resolved.spec
     requested = spec.quantization

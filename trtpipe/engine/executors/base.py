@@ -18,6 +18,8 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trtpipe.engine.convert_entry import ERROR_PREFIX
+from trtpipe.engine.doctor import diagnose
 from trtpipe.errors import TimedOut, TrtpipeError
 
 
@@ -87,8 +89,6 @@ class Executor(Protocol):
 def conversion_failure(log_path: Path, returncode: int | None, *, where: str, reason: str | None = None) -> BuildFailed:
     """A failed conversion: the entry point's own one-line error when it wrote one (with its exit
     status: 2 bad input, 3 missing capability), else the doctor's diagnosis of the log."""
-    from trtpipe.engine.convert_entry import ERROR_PREFIX
-
     text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
     own = [line[len(ERROR_PREFIX):].strip() for line in text.splitlines() if line.startswith(ERROR_PREFIX)]
     if own and reason is None:
@@ -102,8 +102,6 @@ def conversion_failure(log_path: Path, returncode: int | None, *, where: str, re
 
 def failure_from_log(what: str, log_path: Path, returncode: int | None, *, reason: str | None = None) -> BuildFailed:
     """A BuildFailed for a failed run, with the first diagnosis from the log as cause and fix."""
-    from trtpipe.engine.doctor import diagnose
-
     text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
     diagnoses = diagnose(text)
     status = reason or f"exit status {returncode}"

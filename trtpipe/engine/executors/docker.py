@@ -18,11 +18,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+import trtpipe
 from trtpipe.engine.executors.base import ConversionJob, ExecutorResult, conversion_failure, failure_from_log
 from trtpipe.engine.executors.base import timed_out as timed_out_error
 from trtpipe.engine.executors.local import CONVERSION_ENV
 from trtpipe.errors import InvalidInput, MissingCapability
 from trtpipe.spec import DEFAULT_TIMEOUT_S
+from trtpipe.toolchain import build_configs_dir
 
 CHECKPOINT_MOUNT = "/trtpipe/checkpoint"
 ENGINE_MOUNT = "/trtpipe/engine"
@@ -203,9 +205,6 @@ def container_spec(
 
 def trtpipe_source_dirs() -> tuple[Path, Path]:
     """(this trtpipe package, its build_configs folder): what a conversion container mounts of trtpipe."""
-    import trtpipe
-    from trtpipe.toolchain import build_configs_dir
-
     return Path(trtpipe.__file__).resolve().parent, build_configs_dir()
 
 

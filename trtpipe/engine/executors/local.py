@@ -23,8 +23,9 @@ from trtpipe.engine.executors.base import (
     timed_out,
 )
 from trtpipe.errors import MissingCapability
+from trtpipe.gpu import probe_host
 from trtpipe.spec import DEFAULT_TIMEOUT_S
-from trtpipe.versions import TENSORRT_DISTRIBUTIONS, TRTLLM_DISTRIBUTIONS, installed_version
+from trtpipe.versions import TENSORRT_DISTRIBUTIONS, TRTLLM_DISTRIBUTIONS, installed_version, versions_match
 
 # What a conversion process gets in its environment on every executor: Hugging Face offline (the
 # model is local: a conversion never downloads), and the fixed cuBLAS workspace that PyTorch's
@@ -40,8 +41,6 @@ def _same_release(installed: str, pinned: str) -> bool:
 
 def host_gpus_with_sm(sm: int, probe: Any = None) -> list[Any]:
     """The host's GPUs of compute capability `sm` (via Foundation's NVML probe)."""
-    from trtpipe.gpu import probe_host
-
     try:
         host = probe_host(probe)
     except Exception:  # no driver / no NVML: the same as no GPU for our purpose
@@ -105,8 +104,6 @@ class LocalExecutor:
 
     def missing_converter_packages(self) -> list[str]:
         """ModelOpt / transformers that are absent or differ from the toolchain's pins (metadata only)."""
-        from trtpipe.checkpoint.convert import versions_match
-
         missing: list[str] = []
         pins = {"nvidia-modelopt": self.toolchain.modelopt_version,
                 "transformers": self.toolchain.transformers_version}
