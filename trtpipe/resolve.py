@@ -324,11 +324,14 @@ def _check_target(loaded: LoadedSpec, toolchain: Toolchain) -> GpuInfo | None:
         gpu = get_gpu(spec.target.gpu, load_catalog())
     except UnknownGpu as exc:
         raise loaded.error(("target", "gpu"), exc.message, exc.fix) from None
-    if spec.target.executor == Executor.docker and not toolchain.triton_container:
+    if not toolchain.triton_container:
+        # The published repository names the container that serves the engine (serving/validate refuses one
+        # without), and the docker executor builds in it.
         raise loaded.error(
-            ("target", "executor"),
-            f"the docker executor runs the toolchain's container, but {toolchain.name} pins no triton_container",
-            "add the NGC image to build_configs/toolchains.yaml, or use executor: local",
+            ("toolchain",) if loaded.position(("toolchain",)) else ("target", "gpu"),
+            f"toolchain {toolchain.name} pins no triton_container, the Triton container that serves (and, with the "
+            "docker executor, builds) a GPU target's engine",
+            "add the NGC image to build_configs/toolchains.yaml, or pick a toolchain that pins one",
         )
     if not toolchain.supports_sm(gpu.sm):
         raise loaded.error(

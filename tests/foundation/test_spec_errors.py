@@ -275,7 +275,8 @@ def test_a_build_needs_the_tokenizer_the_repository_serves(cli, tmp_path: Path, 
     assert_one_line_error(cli("spec-check", "--weights", spec), spec, 2, "has no tokenizer (tokenizer.json)")
 
 
-def test_the_docker_executor_needs_a_pinned_container(cli, tmp_path: Path, models_dir: Path, monkeypatch) -> None:
+def test_a_gpu_target_needs_a_pinned_container(cli, tmp_path: Path, models_dir: Path, monkeypatch) -> None:
+    """Its repository names the container that serves it (publish refused one without), docker builds in it."""
     import shutil
 
     from trtpipe.toolchain import build_configs_dir
@@ -288,5 +289,9 @@ def test_the_docker_executor_needs_a_pinned_container(cli, tmp_path: Path, model
     monkeypatch.setenv("TRTPIPE_BUILD_CONFIGS", str(configs))
     spec = tmp_path / "spec.yaml"
     spec.write_text(f"model:\n  config: {models_dir / 'llama-3-8b' / 'config.json'}\ntarget:\n  gpu: h100\n"
-                    "  executor: docker\n")
-    assert_one_line_error(cli("spec-check", spec), spec, 5, "pins no triton_container")
+                    "  executor: local\n")
+    assert_one_line_error(cli("spec-check", spec), spec, 4, "pins no triton_container")
+    spec.write_text(spec.read_text() + "toolchain: trtllm-1.2.1\n")
+    assert_one_line_error(cli("spec-check", spec), spec, 6, "pins no triton_container")
+    spec.write_text(f"model:\n  config: {models_dir / 'llama-3-8b' / 'config.json'}\n")
+    assert cli("spec-check", spec).code == 0  # cpu-reference serves in this host's tritonserver
