@@ -14,8 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import BaseModel, Field
-
 from trtpipe.resolve import ResolvedSpec
 from trtpipe.store.digest_cache import DigestCache
 from trtpipe.store.keys import StageKey
@@ -40,13 +38,14 @@ class InputRef:
     path: Path
 
 
-class Preview(BaseModel):
+@dataclass
+class Preview:
     """What a dry run shows of a stage that would build: where and exactly what would run."""
 
     executor: str | None = None
     command: list[str] | None = None
     container: dict[str, Any] | None = None
-    notes: list[str] = Field(default_factory=list, description="Lines for a person, under the stage's line.")
+    notes: list[str] = field(default_factory=list)  # lines for a person, under the stage's line
 
 
 @dataclass
