@@ -15,7 +15,9 @@ or package (trtpipe/serving/). Layers, low -> high; a unit may import its own la
     7  workspace, commands, cli                                 the shell
 
 So serving never imports the stages or the runner, the store never imports a stage, and resolve reads
-the trtllm-build rule tables from below instead of from the engine.
+the trtllm-build rule tables from below instead of from the engine. serving sits beside the stage
+implementations (not above the runner, as issue 13's first sketch had it): the publish stage calls its
+repository writer, and serving itself imports only lower layers (the reference runtime, results, store).
 """
 
 from __future__ import annotations
