@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from trtpipe.errors import TrtpipeError
+from trtpipe.errors import IntegrityError, MissingCapability
 
 Item = TypeVar("Item", bound=BaseModel)
 
@@ -30,15 +30,17 @@ def load_table(path: Path, what: str, list_key: str, model: type[Item]) -> list[
     try:
         data = read_yaml(path)
     except FileNotFoundError:
-        raise TrtpipeError(
+        raise MissingCapability(
             f"{what} {path} is missing",
             fix="install trtpipe from a checkout with `pip install -e .`, or set TRTPIPE_BUILD_CONFIGS to its build_configs/",
         ) from None
     except yaml.YAMLError as exc:
-        raise TrtpipeError(f"{what} {path} is not valid YAML: {exc}", fix="restore the file from git") from None
+        raise IntegrityError(f"{what} {path} is not valid YAML: {exc}", path=str(path),
+                             fix="restore the file from git") from None
     entries = data.get(list_key) if isinstance(data, dict) else None
     if not isinstance(entries, list):
-        raise TrtpipeError(f"{path}: top-level `{list_key}:` list is missing", fix="restore the file from git")
+        raise IntegrityError(f"{path}: top-level `{list_key}:` list is missing", path=str(path),
+                             fix="restore the file from git")
     items: list[Item] = []
     for index, entry in enumerate(entries):
         try:
@@ -46,7 +48,8 @@ def load_table(path: Path, what: str, list_key: str, model: type[Item]) -> list[
         except ValidationError as exc:
             first = exc.errors()[0]
             loc = ".".join(str(p) for p in first["loc"])
-            raise TrtpipeError(
-                f"{path}: {list_key}[{index}].{loc}: {first['msg']}", fix="fix the entry or restore the file from git"
+            raise IntegrityError(
+                f"{path}: {list_key}[{index}].{loc}: {first['msg']}", path=str(path),
+                fix="fix the entry or restore the file from git",
             ) from None
     return items

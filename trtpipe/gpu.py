@@ -10,18 +10,15 @@ from __future__ import annotations
 import difflib
 import json
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from trtpipe.datafiles import load_table
-from trtpipe.errors import TrtpipeError
+from trtpipe.errors import InvalidInput, NotFound, TrtpipeError
 from trtpipe.toolchain import build_configs_dir
 
-# Quantization needs (minimum SM), shared by resolve, plan and check.
-FP8_MIN_SM = 89  # FP8 weights, FP8 KV cache, W4A8 (Ada, Hopper and newer)
-NVFP4_MIN_SM = 100  # NVFP4 (Blackwell)
-AMPERE_MIN_SM = 80  # bf16, INT4-AWQ (W4A16), INT8 SmoothQuant
+Architecture = Literal["ampere", "ada", "hopper", "blackwell"]
 
 
 class GpuInfo(BaseModel):
@@ -33,12 +30,13 @@ class GpuInfo(BaseModel):
     aliases: list[str] = Field(default_factory=list)
     product: str = Field(description='Product string as NVML reports it, e.g. "NVIDIA H100 80GB HBM3".')
     nvml_names: list[str] = Field(default_factory=list, description="Every product string NVML may report.")
-    architecture: str
+    architecture: Architecture = Field(description="The GPU family: picks the build profile's kernels.")
     sm: int = Field(description="Compute capability as major*10+minor, e.g. 90.")
     memory_gib: float
     memory_type: str | None = None
     memory_bandwidth_gbs: float = Field(description="Datasheet memory bandwidth in GB/s (1e9 bytes).")
-    precisions: list[str]
+    precisions: list[str] = Field(
+        description="Tensor-core data types: a quantization format runs where its `precision` is listed.")
     source: str
 
     @property
@@ -48,6 +46,10 @@ class GpuInfo(BaseModel):
     @property
     def sm_label(self) -> str:
         return f"SM{self.sm}"
+
+    def has_precision(self, precision: str | None) -> bool:
+        """Whether this GPU's tensor cores run `precision` (None: any, the model's own dtype)."""
+        return precision is None or precision in self.precisions
 
 
 class UnknownGpu(TrtpipeError):
@@ -216,15 +218,16 @@ class RecordedProbe:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise TrtpipeError(f"recorded probe {self.path} does not exist", fix="check the path") from None
+            raise NotFound(f"recorded probe {self.path} does not exist", what="recorded probe", ref=str(self.path),
+                           fix="check the path") from None
         except json.JSONDecodeError as exc:
-            raise TrtpipeError(f"recorded probe {self.path} is not JSON: {exc}", fix="record it again") from None
+            raise InvalidInput(f"recorded probe {self.path} is not JSON: {exc}", fix="record it again") from None
         try:
             return host_info_from_record(data, probe=f"recorded:{self.path.name}")
         except (KeyError, TypeError, ValueError) as exc:
-            raise TrtpipeError(
+            raise InvalidInput(
                 f"recorded probe {self.path} is not in the recorded format ({exc!r})",
-                fix="record it with `trtpipe check --record-probe FILE` on the host",
+                fix="record it again on that host: the host check writes the format it replays",
             ) from None
 
 

@@ -18,9 +18,10 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from trtpipe.gpu import AMPERE_MIN_SM, FP8_MIN_SM
-from trtpipe.resolve import ResolvedSpec, head_counts
-from trtpipe.spec import QuantAlgo
+from trtpipe import quant
+from trtpipe.gpu import GpuInfo
+from trtpipe.resolve import ResolvedSpec, gemm_input_widths, head_counts, intermediate_size
+from trtpipe.trtllm_build.config import derive_engine_config
 
 GIB = 2**30
 # Runtime overhead per GPU besides weights and KV cache: CUDA context, cuBLAS/TensorRT workspaces and
@@ -35,19 +36,9 @@ OVERHEAD_ASSUMPTION = (
     "+ logits max_batch_size x vocab / tp x 4 bytes"
 )
 
-DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "fp8": 1, "int8": 1}
-# Bits per weight of the quantized linear layers; embeddings, norms and lm_head stay in the model dtype
-# (ModelOpt's default recipes leave lm_head unquantized).
-LINEAR_WEIGHT_BITS = {
-    QuantAlgo.none: None,  # model dtype
-    QuantAlgo.fp8: 8,
-    QuantAlgo.int8_sq: 8,
-    QuantAlgo.int8_wo: 8,
-    QuantAlgo.int4_awq: 4,
-    QuantAlgo.w4a8_awq: 4,
-    QuantAlgo.nvfp4: 4,
-}
-NVFP4_BLOCK = 16  # one FP8 scale per 16 FP4 values
+DTYPE_BYTES = quant.DTYPE_BYTES
+# Bits per weight of the quantized linear layers come from the quantization table (trtpipe.quant);
+# embeddings, norms and lm_head stay in the model dtype (ModelOpt's default recipes leave lm_head unquantized).
 
 
 class ModelShape(BaseModel):
@@ -72,7 +63,7 @@ class ModelShape(BaseModel):
 def model_shape(config: dict[str, Any]) -> ModelShape:
     heads, kv_heads, head_dim = head_counts(config)
     hidden = int(config["hidden_size"])
-    inter = int(config.get("intermediate_size") or 4 * hidden)
+    inter = intermediate_size(config)
     vocab = int(config["vocab_size"])
     layers = int(config["num_hidden_layers"])
     tied = bool(config.get("tie_word_embeddings", False))
@@ -109,7 +100,7 @@ class PlanInputs:
     """Everything the arithmetic needs; suggestions change one field and recompute."""
 
     shape: ModelShape
-    algo: QuantAlgo
+    algo: str  # a format of trtpipe.quant
     group_size: int
     dtype_bytes: int
     kv_dtype: str
@@ -142,14 +133,13 @@ class Figures:
 
 
 def _linear_bytes(params: int, inputs: PlanInputs) -> float:
-    bits = LINEAR_WEIGHT_BITS[inputs.algo]
-    if bits is None:
+    fmt = quant.FORMATS[inputs.algo]
+    if fmt.weight_bits is None:
         return params * inputs.dtype_bytes
-    data = params * bits / 8
-    if inputs.algo in (QuantAlgo.int4_awq, QuantAlgo.w4a8_awq):
-        data += params / inputs.group_size * inputs.dtype_bytes  # one fp16 scale per group
-    elif inputs.algo == QuantAlgo.nvfp4:
-        data += params / NVFP4_BLOCK  # one fp8 scale per block
+    data = params * fmt.weight_bits / 8
+    block = inputs.group_size if fmt.grouped else fmt.scale_block
+    if block:  # one scale per group (AWQ: in the model dtype) or per block (NVFP4: one FP8 scale per 16)
+        data += params / block * (fmt.scale_bytes or inputs.dtype_bytes)
     return data
 
 
@@ -257,15 +247,9 @@ class MemoryPlan(BaseModel):
 
 
 def effective_max_num_tokens(resolved: ResolvedSpec) -> int:
-    """engine.max_num_tokens, else the profile default (throughput 8192, latency 2048) as the engine plan does."""
-    engine = resolved.spec.engine
-    if engine.max_num_tokens is not None:
-        value = engine.max_num_tokens
-    else:
-        value = 8192 if engine.profile.value == "throughput" else 2048
-        if not resolved.spec.triton.enable_chunked_context:
-            value = max(value, engine.max_input_len)
-    return min(value, engine.max_batch_size * engine.max_seq_len)
+    """The engine's max_num_tokens exactly as its build configuration sets it (trtpipe.trtllm_build.config)."""
+    config = derive_engine_config(resolved.spec, resolved.toolchain, resolved.gpu, resolved.model_config)
+    return int(config.limits["max_num_tokens"])  # type: ignore[arg-type]
 
 
 def _host_memory_bytes() -> int:
@@ -275,15 +259,21 @@ def _host_memory_bytes() -> int:
         return 16 * GIB
 
 
-def _precision_label(algo: QuantAlgo, dtype: str, group_size: int) -> str:
-    if algo == QuantAlgo.none:
+def _precision_label(algo: str, dtype: str, group_size: int) -> str:
+    fmt = quant.FORMATS[algo]
+    if fmt.weight_bits is None:
         return dtype
-    if algo in (QuantAlgo.int4_awq, QuantAlgo.w4a8_awq):
-        return f"{algo.value} (group {group_size}; embeddings/lm_head {dtype})"
-    return f"{algo.value} (embeddings/lm_head {dtype})"
+    if fmt.grouped:
+        return f"{algo} (group {group_size}; embeddings/lm_head {dtype})"
+    return f"{algo} (embeddings/lm_head {dtype})"
 
 
-def _suggestions(inputs: PlanInputs, figures: Figures, sm: int | None) -> list[Suggestion]:
+def _runs(gpu: GpuInfo | None, precision: str | None) -> bool:
+    return gpu is None or gpu.has_precision(precision)
+
+
+def _suggestions(inputs: PlanInputs, figures: Figures, gpu: GpuInfo | None, config: dict[str, Any]) -> list[Suggestion]:
+    """Changes that would make the plan fit; each one a spec `trtpipe.resolve` accepts (same rules, same table)."""
     out: list[Suggestion] = []
 
     def add(change: str, spec_changes: dict[str, Any], new: PlanInputs, note: str = "") -> None:
@@ -315,23 +305,28 @@ def _suggestions(inputs: PlanInputs, figures: Figures, sm: int | None) -> list[S
                 {"engine.max_batch_size": batch},
                 dataclasses.replace(inputs, max_batch_size=batch),
             )
-    four_bit = LINEAR_WEIGHT_BITS[inputs.algo] == 4
+    current = quant.FORMATS[inputs.algo]
     s = inputs.shape
-    awq_divides = s.hidden_size % 128 == 0 and (s.intermediate_size // inputs.tp) % 128 == 0
-    if not four_bit and (sm is None or sm >= AMPERE_MIN_SM) and awq_divides:
+    int4 = quant.FORMATS["int4_awq"]
+    awq_divides = all(width % 128 == 0 for width in gemm_input_widths(config, inputs.tp).values())
+    if current.weight_bits != 4 and _runs(gpu, int4.precision) and awq_divides:
         add(
             "quantize weights to INT4-AWQ (W4A16, runs on SM80+)",
             {"quantization.algo": "int4_awq", "quantization.group_size": 128},
-            dataclasses.replace(inputs, algo=QuantAlgo.int4_awq, group_size=128),
-            note="needs calibration; check accuracy with `trtpipe smoke --parity` or the parity tests",
+            dataclasses.replace(inputs, algo="int4_awq", group_size=128),
+            note="needs calibration; check its accuracy with a parity check against the original model",
         )
-    if inputs.algo in (QuantAlgo.none, QuantAlgo.int8_wo, QuantAlgo.int8_sq) and sm is not None and sm >= FP8_MIN_SM:
-        add("quantize weights to FP8", {"quantization.algo": "fp8"}, dataclasses.replace(inputs, algo=QuantAlgo.fp8))
-    # No INT8 KV cache suggestion: the pinned converter (ModelOpt 0.37 path) refuses kv_cache int8.
-    if inputs.kv_dtype not in ("fp8", "int8") and sm is not None and sm >= FP8_MIN_SM:
+    fp8 = quant.FORMATS["fp8"]
+    if inputs.algo != "fp8" and (current.weight_bits or 16) >= 8 and gpu is not None and gpu.has_precision(fp8.precision):
+        add("quantize weights to FP8", {"quantization.algo": "fp8"}, dataclasses.replace(inputs, algo="fp8"))
+    # Only KV caches the converter offers on this format (the INT8 KV cache it does not offer at all).
+    fp8_kv = quant.KV_CACHES["fp8"]
+    if (inputs.kv_dtype != "fp8" and "fp8" in current.kv_caches and gpu is not None
+            and gpu.has_precision(fp8_kv.precision)):
         add("store the KV cache in FP8", {"quantization.kv_cache": "fp8"}, dataclasses.replace(inputs, kv_dtype="fp8"))
     for tp in (inputs.tp * 2, inputs.tp * 4):
-        if tp <= 8 and s.attention_heads % tp == 0 and (s.kv_heads % tp == 0 or tp % s.kv_heads == 0):
+        if (tp <= 8 and s.attention_heads % tp == 0 and (s.kv_heads % tp == 0 or tp % s.kv_heads == 0)
+                and s.intermediate_size % tp == 0):
             add(
                 f"split over tp={tp} ({tp * inputs.pp} GPUs)",
                 {"target.tp": tp, "target.gpu_count": tp * inputs.pp},
@@ -401,7 +396,7 @@ def memory_plan(resolved: ResolvedSpec) -> MemoryPlan:
                 "it would still run: in-flight batching queues requests the KV cache cannot hold, "
                 "so fewer sequences run at once than max_batch_size"
             )
-    suggestions = [] if figures.fits else _suggestions(inputs, figures, resolved.sm)
+    suggestions = [] if figures.fits else _suggestions(inputs, figures, resolved.gpu, resolved.model_config)
     return MemoryPlan(
         spec_name=spec.artifact_name,
         target=target,

@@ -1,7 +1,13 @@
-"""Resolve a loaded spec against the toolchain table, the GPU catalog and the model's config.json.
+"""Resolve a loaded spec against the toolchain table, the GPU catalog, the quantization table and the
+model's config.json, and apply every cross-field rule: one rules pass.
 
-Every cross-field rule lives here and fails with a SpecError citing the YAML position of the field
-to change. Nothing here touches a GPU, TensorRT or the network.
+Every rule a spec alone decides lives here (or, where it is a table, is read from here): the target,
+the backend the toolchain offers, the quantization a GPU and the pinned converter can do, the model's
+shape against tp/pp and the AWQ group size, the complete trtllm-build configuration with the pinned
+trtllm-build's own rules (trtpipe.trtllm_build.config), the serving options, and the names release
+will use. Each fails with a SpecError citing the YAML position of the field to change. If `spec-check`
+accepts a spec, no later stage refuses it for a reason this module could have known. Nothing here
+touches a GPU, TensorRT or the network.
 """
 
 from __future__ import annotations
@@ -11,25 +17,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
-from trtpipe.errors import TrtpipeError
-from trtpipe.gpu import FP8_MIN_SM, NVFP4_MIN_SM, GpuInfo, UnknownGpu, get_gpu, load_catalog
-from trtpipe.spec import BuildSpec, Executor, KvCacheDtype, QuantAlgo
+from trtpipe import quant
+from trtpipe.errors import InvalidInput
+from trtpipe.gpu import GpuInfo, UnknownGpu, get_gpu, load_catalog
+from trtpipe.names import name_fix, name_problem
+from trtpipe.spec import BuildSpec, Executor
 from trtpipe.spec_loader import LoadedSpec
-from trtpipe.toolchain import Toolchain, UnknownToolchain, get_toolchain
+from trtpipe.toolchain import Backend, Toolchain, UnknownToolchain, get_toolchain, load_toolchains, version_tuple
+from trtpipe.trtllm_build.config import RuleViolation, derive_engine_config
+from trtpipe.versions import versions_match
 
 REQUIRED_CONFIG_KEYS = ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
-
-FALSY_PLUGIN_VALUES = (False, None, "disable", "disabled", "false", "off", "no", "none")
-
-
-def plugin_disabled(value: Any) -> bool:
-    return value in FALSY_PLUGIN_VALUES or (isinstance(value, str) and value.lower() in FALSY_PLUGIN_VALUES)
-
-
-def plugin_enabled(value: Any) -> bool:
-    return not plugin_disabled(value)
+# The serving models read the tokenizer with the tokenizers library: a published repository needs it.
+SERVING_TOKENIZER_FILE = "tokenizer.json"
+# HF architecture -> the decoder layout trtpipe's converter exports it as (trtpipe.checkpoint.convert).
+SUPPORTED_ARCHITECTURES: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+}
 
 
 @dataclass
@@ -48,8 +55,12 @@ class ResolvedSpec:
     model_dir: Path | None  # local HF folder with the weights; None when resolved for planning only
     tokenizer_dir: Path | None
     config_path: Path  # the config.json that was read
-    weights_needed: bool = True  # False when resolved for planning only
     loaded: LoadedSpec | None = field(default=None, repr=False)  # for positioned errors downstream
+    backend: Backend | None = None  # the toolchain's backend that builds it
+
+    @property
+    def backend_kind(self) -> str:
+        return self.backend.kind if self.backend is not None else self.spec.backend_kind
 
     @property
     def is_cpu_reference(self) -> bool:
@@ -67,13 +78,13 @@ class ResolvedSpec:
     @property
     def kv_cache_dtype(self) -> str:
         """float16, bfloat16, fp8 or int8 (auto follows the weight dtype)."""
-        return resolve_kv_dtype(self.spec, self.weight_dtype)
+        return quant.kv_dtype(self.spec.quantization.kv_cache, self.weight_dtype)
 
-    def error(self, field_path: tuple[str | int, ...], message: str, fix: str | None = None) -> TrtpipeError:
-        """A positioned SpecError when the YAML is known, else a plain TrtpipeError (for specs built in code)."""
+    def error(self, field_path: tuple[str | int, ...], message: str, fix: str | None = None) -> InvalidInput:
+        """A positioned SpecError when the YAML is known, else an InvalidInput naming the field (specs built in code)."""
         if self.loaded is not None:
             return self.loaded.error(field_path, message, fix)
-        return TrtpipeError(f"{'.'.join(map(str, field_path))}: {message}", fix=fix, exit_code=2)
+        return InvalidInput(f"{'.'.join(map(str, field_path))}: {message}", fix=fix)
 
 
 def resolve_dtype(spec: BuildSpec, config: dict[str, Any]) -> str:
@@ -83,23 +94,35 @@ def resolve_dtype(spec: BuildSpec, config: dict[str, Any]) -> str:
     return "bfloat16" if declared == "bfloat16" else "float16"
 
 
-def resolve_kv_dtype(spec: BuildSpec, weight_dtype: str) -> str:
-    kv = spec.quantization.kv_cache
-    return {
-        KvCacheDtype.auto: weight_dtype,
-        KvCacheDtype.fp16: "float16",
-        KvCacheDtype.bf16: "bfloat16",
-        KvCacheDtype.fp8: "fp8",
-        KvCacheDtype.int8: "int8",
-    }[kv]
-
-
 def head_counts(config: dict[str, Any]) -> tuple[int, int, int]:
     """(attention heads, KV heads, head_dim) from an HF config.json."""
     heads = int(config["num_attention_heads"])
     kv_heads = int(config.get("num_key_value_heads") or heads)
     head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
     return heads, kv_heads, head_dim
+
+
+def intermediate_size(config: dict[str, Any]) -> int:
+    return int(config.get("intermediate_size") or 4 * int(config["hidden_size"]))
+
+
+def gemm_input_widths(config: dict[str, Any], tp: int) -> dict[str, int]:
+    """Per-rank input width of every quantized GEMM: what an AWQ group must divide."""
+    heads, _, head_dim = head_counts(config)
+    hidden, inter = int(config["hidden_size"]), intermediate_size(config)
+    return {
+        "attention.qkv (hidden_size)": hidden,
+        "mlp.fc/mlp.gate (hidden_size)": hidden,
+        f"attention.dense (heads*head_dim/tp = {heads}*{head_dim}/{tp})": heads * head_dim // tp,
+        f"mlp.proj (intermediate_size/tp = {inter}/{tp})": inter // tp,
+    }
+
+
+def converter_supports(toolchain: Toolchain) -> bool:
+    """Whether trtpipe's converter is written for the toolchain's ModelOpt and transformers pins."""
+    modelopt, transformers = toolchain.modelopt_version, toolchain.transformers_version
+    return bool(modelopt and transformers and versions_match(str(modelopt), quant.CONVERTER_MODELOPT)
+                and version_tuple(str(transformers))[:2] >= quant.CONVERTER_MIN_TRANSFORMERS)
 
 
 # ---------------------------------------------------------------------------------------------- model
@@ -137,8 +160,10 @@ def _hf_cache_snapshot(repo_id: str, revision: str) -> Path | None:
         return None
 
 
-def _resolve_model(loaded: LoadedSpec, need_weights: bool) -> tuple[Path | None, Path | None, Path, dict[str, Any]]:
-    """(model_dir, tokenizer_dir, config_path, config)."""
+def _resolve_model(
+    loaded: LoadedSpec, need_weights: bool
+) -> tuple[Path | None, Path | None, Path, tuple[str, ...], dict[str, Any]]:
+    """(model_dir, tokenizer_dir, config_path, the spec field that named config.json, config)."""
     model = loaded.spec.model
     if model.path is not None and model.config is not None:
         raise loaded.error(
@@ -193,10 +218,10 @@ def _resolve_model(loaded: LoadedSpec, need_weights: bool) -> tuple[Path | None,
             )
     config = _read_config(loaded, config_field, config_path)
 
+    weights_field = ("model", "path") if model.path is not None else ("model", "repo_id")
     if need_weights and model_dir is not None:
         safetensors = list(model_dir.glob("*.safetensors"))
         pickled = [p for pattern in ("*.bin", "*.pt", "*.pth") for p in model_dir.glob(pattern)]
-        weights_field = ("model", "path") if model.path is not None else ("model", "repo_id")
         if not safetensors and not pickled:
             raise loaded.error(weights_field, f"{model_dir} has no *.safetensors weights", "download the model's weights")
         if not safetensors and not model.allow_pickle:
@@ -212,15 +237,71 @@ def _resolve_model(loaded: LoadedSpec, need_weights: bool) -> tuple[Path | None,
             raise loaded.error(
                 ("model", "tokenizer"),
                 f"{model.tokenizer} is not a tokenizer folder (no {'/'.join(TOKENIZER_FILES)})",
-                "point at the folder holding tokenizer.json or tokenizer.model",
+                "point at the folder holding tokenizer.json",
             )
         tokenizer_dir = model.tokenizer
     elif model_dir is not None and any((model_dir / f).exists() for f in TOKENIZER_FILES):
         tokenizer_dir = model_dir
-    return model_dir, tokenizer_dir, config_path, config
+    if need_weights and model_dir is not None:
+        # Conversion calibrates with the tokenizer; the published repository's models read tokenizer.json.
+        where = ("model", "tokenizer") if model.tokenizer is not None else weights_field
+        folder = tokenizer_dir or model_dir
+        if not (folder / SERVING_TOKENIZER_FILE).is_file():
+            raise loaded.error(
+                where, f"{folder} has no tokenizer ({SERVING_TOKENIZER_FILE}), which calibration and the "
+                "published repository's models read",
+                "copy the model's tokenizer files there (tokenizer.save_pretrained writes them), or set "
+                "model.tokenizer to a folder holding tokenizer.json",
+            )
+    return model_dir, tokenizer_dir, config_path, config_field, config
 
 
 # ---------------------------------------------------------------------------------------------- rules
+
+
+def _check_toolchain(loaded: LoadedSpec) -> tuple[Toolchain, Backend]:
+    """The pinned toolchain, the backend of it that builds the spec, and a converter written for its pins."""
+    spec = loaded.spec
+    try:
+        toolchain = get_toolchain(spec.toolchain)
+    except UnknownToolchain as exc:
+        raise loaded.error(("toolchain",), exc.message, exc.fix) from None
+    kind = spec.backend_kind
+    backend = toolchain.backend(kind)
+    if backend is None:
+        offered = ", ".join(b.kind for b in toolchain.backends) or "none"
+        raise loaded.error(
+            ("backend",) if spec.backend is not None else ("toolchain",),
+            f"toolchain {toolchain.name} offers no {kind} backend (it offers: {offered})",
+            "pick a backend it offers, or a toolchain that offers this one (build_configs/toolchains.yaml)",
+        )
+    if kind == "reference" and not spec.target.is_cpu_reference:
+        raise loaded.error(("backend",), f"the reference backend runs on the CPU, but the target is {spec.target.gpu}",
+                           "set target.gpu: cpu-reference, or backend: trtllm-build")
+    if kind != "reference" and spec.target.is_cpu_reference:
+        raise loaded.error(("backend",), f"the {kind} backend builds for a GPU, but the target is cpu-reference",
+                           "target a GPU, or use backend: reference")
+    # Every backend converts the checkpoint with trtpipe's converter, under the toolchain's pins (the
+    # checkpoint key names them): a converter not written for them would be refused when it runs.
+    modelopt, transformers = toolchain.modelopt_version, toolchain.transformers_version
+    if not modelopt or not transformers:
+        unpinned = " and ".join(n for n, v in (("nvidia-modelopt", modelopt), ("transformers", transformers)) if not v)
+        raise loaded.error(
+            ("toolchain",),
+            f"toolchain {toolchain.name} pins no {unpinned} version, so the checkpoint key cannot name what "
+            "its conversion would run with",
+            "pin it in build_configs/toolchains.yaml (from the TensorRT-LLM release's requirements)",
+        )
+    if not converter_supports(toolchain):
+        usable = [t.name for t in load_toolchains().values() if converter_supports(t)]
+        raise loaded.error(
+            ("toolchain",),
+            f"toolchain {toolchain.name} converts with nvidia-modelopt {modelopt} and transformers {transformers}, "
+            f"but trtpipe's converter is written for nvidia-modelopt {quant.CONVERTER_MODELOPT} with transformers >= "
+            f"{'.'.join(map(str, quant.CONVERTER_MIN_TRANSFORMERS))}",
+            f"use toolchain {' or '.join(usable)}" if usable else "pin a toolchain whose ModelOpt is 0.37",
+        )
+    return toolchain, backend
 
 
 def _check_target(loaded: LoadedSpec, toolchain: Toolchain) -> GpuInfo | None:
@@ -243,6 +324,15 @@ def _check_target(loaded: LoadedSpec, toolchain: Toolchain) -> GpuInfo | None:
         gpu = get_gpu(spec.target.gpu, load_catalog())
     except UnknownGpu as exc:
         raise loaded.error(("target", "gpu"), exc.message, exc.fix) from None
+    if not toolchain.triton_container:
+        # The published repository names the container that serves the engine (serving/validate refuses one
+        # without), and the docker executor builds in it.
+        raise loaded.error(
+            ("toolchain",) if loaded.position(("toolchain",)) else ("target", "gpu"),
+            f"toolchain {toolchain.name} pins no triton_container, the Triton container that serves (and, with the "
+            "docker executor, builds) a GPU target's engine",
+            "add the NGC image to build_configs/toolchains.yaml, or pick a toolchain that pins one",
+        )
     if not toolchain.supports_sm(gpu.sm):
         raise loaded.error(
             ("target", "gpu"),
@@ -253,75 +343,70 @@ def _check_target(loaded: LoadedSpec, toolchain: Toolchain) -> GpuInfo | None:
     return gpu
 
 
-def _alternatives_below_fp8(gpu: GpuInfo) -> str:
-    return (
-        f"on {gpu.name} ({gpu.sm_label}) use quantization.algo int4_awq, int8_sq or none (fp16/bf16), "
-        "or target an FP8-capable GPU (l40s, h100-sxm, h200, b200)"
-    )
+def _gpus_with(precision: str) -> str:
+    """'SM89 and newer: l4, l40s, ...' for the catalog GPUs whose tensor cores run `precision`."""
+    having = sorted((g for g in load_catalog().values() if g.has_precision(precision)), key=lambda g: g.sm)
+    if not having:
+        return "no GPU in the catalog"
+    return f"SM{having[0].sm} and newer in the catalog: {', '.join(g.name for g in having)}"
 
 
 def _check_quantization(loaded: LoadedSpec, gpu: GpuInfo | None) -> None:
+    """The format and KV cache against the GPU's tensor cores, and what the pinned converter can produce."""
     spec = loaded.spec
-    quant = spec.quantization
-    if gpu is None:
-        return  # cpu-reference: every recipe is allowed (it validates checkpoints)
-    algo = quant.algo
-    if algo in (QuantAlgo.fp8, QuantAlgo.w4a8_awq) and gpu.sm < FP8_MIN_SM:
-        raise loaded.error(
-            ("quantization", "algo"),
-            f"{algo.value} needs FP8 tensor cores (SM{FP8_MIN_SM} or newer), but {gpu.name} is {gpu.sm_label}",
-            _alternatives_below_fp8(gpu),
-        )
-    if algo == QuantAlgo.nvfp4 and gpu.sm < NVFP4_MIN_SM:
-        raise loaded.error(
-            ("quantization", "algo"),
-            f"nvfp4 needs FP4 tensor cores (SM{NVFP4_MIN_SM}, Blackwell), but {gpu.name} is {gpu.sm_label}",
-            "use fp8 (SM89+) or int4_awq, or target b200",
-        )
-    if quant.kv_cache == KvCacheDtype.fp8 and gpu.sm < FP8_MIN_SM:
+    q = spec.quantization
+    fmt, kv = quant.FORMATS[q.algo], quant.KV_CACHES[q.kv_cache]
+    if gpu is not None:
+        if not gpu.has_precision(fmt.precision):
+            runnable = [f.name for f in quant.FORMATS.values() if f.refused is None and gpu.has_precision(f.precision)]
+            raise loaded.error(
+                ("quantization", "algo"),
+                f"{q.algo} needs {fmt.precision} tensor cores ({_gpus_with(str(fmt.precision))}), but {gpu.name} "
+                f"({gpu.sm_label}, {gpu.architecture}) has {', '.join(gpu.precisions)}",
+                f"on {gpu.name} use quantization.algo {', '.join(runnable)}, or target a GPU with "
+                f"{fmt.precision} tensor cores",
+            )
+        if not gpu.has_precision(kv.precision):
+            raise loaded.error(
+                ("quantization", "kv_cache"),
+                f"a {q.kv_cache} KV cache needs {kv.precision} tensor cores ({_gpus_with(str(kv.precision))}), but "
+                f"{gpu.name} is {gpu.sm_label}",
+                f"use kv_cache: auto on {gpu.name}, or target a GPU with {kv.precision} tensor cores",
+            )
+    if fmt.refused:
+        raise loaded.error(("quantization", "algo"), f"quantization.algo {q.algo}: {fmt.refused}",
+                           f"{fmt.alternatives}; trtpipe never exports a different format silently")
+    if kv.refused:
+        raise loaded.error(("quantization", "kv_cache"), f"quantization.kv_cache {q.kv_cache}: {kv.refused}",
+                           kv.alternatives)
+    if kv.checkpoint_algo is not None and kv.name not in fmt.kv_caches:
+        offered = [f.name for f in quant.FORMATS.values() if kv.name in f.kv_caches]
         raise loaded.error(
             ("quantization", "kv_cache"),
-            f"an FP8 KV cache needs SM{FP8_MIN_SM} or newer, but {gpu.name} is {gpu.sm_label}",
-            f"use kv_cache: auto on {gpu.name}, or target l40s, h100-sxm, h200 or b200",
+            f"quantization.kv_cache {kv.name} is offered on top of {', '.join(offered)}, not {q.algo}",
+            f"set quantization.algo to one of {', '.join(offered)}, or kv_cache: auto",
+        )
+    dataset = q.calibration.dataset
+    if dataset is not None and not dataset.is_file():
+        raise loaded.error(
+            ("quantization", "calibration", "dataset"),
+            f"{dataset} does not exist" if not dataset.exists() else f"{dataset} is not a file",
+            "give a .txt (paragraphs) or .jsonl (one JSON object per line) calibration file",
         )
 
 
-def _check_engine(loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | None, toolchain: Toolchain) -> None:
+def _check_shape(loaded: LoadedSpec, config_field: tuple[str, ...], config: dict[str, Any]) -> None:
+    """The model against tp, pp and the AWQ group size: what the converter and TRT-LLM split and quantize."""
     spec = loaded.spec
-    engine, triton, target = spec.engine, spec.triton, spec.target
-    if engine.max_num_tokens is not None and engine.max_num_tokens < engine.max_input_len:
-        if not triton.enable_chunked_context:
-            raise loaded.error(
-                ("engine", "max_num_tokens"),
-                f"max_num_tokens {engine.max_num_tokens} < max_input_len {engine.max_input_len}: "
-                "a full prompt could not be processed in one step",
-                f"raise max_num_tokens to at least {engine.max_input_len}, or set triton.enable_chunked_context: true",
-            )
-    if triton.max_batch_size is not None and triton.max_batch_size > engine.max_batch_size:
+    target = spec.target
+    archs = config.get("architectures") or []
+    arch = archs[0] if archs else None
+    if arch not in SUPPORTED_ARCHITECTURES:
         raise loaded.error(
-            ("triton", "max_batch_size"),
-            f"{triton.max_batch_size} exceeds the engine's max_batch_size {engine.max_batch_size}",
-            f"lower it to at most {engine.max_batch_size} or raise engine.max_batch_size",
+            config_field,
+            f"architecture {arch or '(none given in config.json)'} is not supported by trtpipe's converter",
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}",
         )
-    max_positions = config.get("max_position_embeddings")
-    if isinstance(max_positions, int) and engine.max_seq_len > max_positions and not config.get("rope_scaling"):
-        raise loaded.error(
-            ("engine", "max_seq_len"),
-            f"{engine.max_seq_len} exceeds the model's max_position_embeddings {max_positions}",
-            f"lower max_seq_len to at most {max_positions}",
-        )
-
-    plugins = engine.plugins
-    _check_trtllm_build_rules(loaded, config, gpu, toolchain)
-    if "use_paged_context_fmha" in plugins and plugin_disabled(plugins["use_paged_context_fmha"]):
-        for flag in ("enable_chunked_context", "enable_kv_cache_reuse"):
-            if getattr(triton, flag):
-                raise loaded.error(
-                    ("engine", "plugins", "use_paged_context_fmha"),
-                    f"triton.{flag} needs the engine built with use_paged_context_fmha",
-                    f"remove this override or set triton.{flag}: false",
-                )
-
     heads, kv_heads, _ = head_counts(config)
     tp = target.tp
     if heads % tp:
@@ -337,55 +422,70 @@ def _check_engine(loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | Non
             f"the model's {kv_heads} KV heads neither split over tp={tp} nor replicate evenly",
             f"use a tp that divides {kv_heads} or is a multiple of it",
         )
+    inter = intermediate_size(config)
+    if inter % tp:
+        raise loaded.error(("target", "tp"), f"the model's intermediate_size {inter} does not split evenly over tp={tp}",
+                           f"use a tp that divides {inter}")
     layers = int(config["num_hidden_layers"])
-    if target.pp > layers:
+    if layers % target.pp:
+        divisors = [d for d in range(1, layers + 1) if layers % d == 0 and d <= 64]
         raise loaded.error(
             ("target", "pp"),
-            f"pp={target.pp} exceeds the model's {layers} layers",
-            f"use pp of at most {layers}",
+            f"the model's {layers} layers do not split evenly into pp={target.pp} pipeline stages",
+            f"use a pp that divides {layers}: {', '.join(map(str, divisors[:8]))}",
         )
-    quant = spec.quantization
-    if quant.algo in (QuantAlgo.int4_awq, QuantAlgo.w4a8_awq):
-        hidden = int(config["hidden_size"])
-        inter = int(config.get("intermediate_size") or 4 * hidden)
-        for what, size in (("hidden_size", hidden), ("intermediate_size / tp", inter // tp)):
-            if size % quant.group_size:
+    group = spec.quantization.group_size
+    if quant.FORMATS[spec.quantization.algo].grouped:
+        for label, width in gemm_input_widths(config, tp).items():
+            if width % group:
+                usable = [g for g in quant.GROUP_SIZES if all(w % g == 0 for w in gemm_input_widths(config, tp).values())]
                 raise loaded.error(
                     ("quantization", "group_size"),
-                    f"the model's {what} ({size}) is not a multiple of group_size {quant.group_size}",
-                    "use group_size 64 or 32, or a smaller tp",
+                    f"quantization.group_size {group} does not divide the input width {width} of {label}",
+                    f"use group_size {' or '.join(map(str, usable))}, or a smaller tp" if usable
+                    else "use a smaller tp",
                 )
 
 
-def _check_trtllm_build_rules(
-    loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | None, toolchain: Toolchain
-) -> None:
-    """The pinned trtllm-build's rules a spec alone decides (stage `spec` in rules.yaml, read, not restated)."""
-    from trtpipe.engine.rules import TRTLLM_KV_CACHE_QUANT_ALGO, TRTLLM_QUANT_ALGO, BuildFacts, check_spec_settings
-
+def _check_engine(loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | None, toolchain: Toolchain) -> None:
     spec = loaded.spec
-    archs = config.get("architectures") or []
-    facts = BuildFacts(
-        quant_algo=TRTLLM_QUANT_ALGO.get(spec.quantization.algo.value),
-        kv_cache_quant_algo=TRTLLM_KV_CACHE_QUANT_ALGO.get(spec.quantization.kv_cache.value),
-        architecture=archs[0] if archs else None,
-        tp_size=spec.target.tp,
-        sm=gpu.sm if gpu is not None else None,
-    )
-    plugins = spec.engine.plugins
-    for finding in check_spec_settings(toolchain.name, plugins, facts):
-        keys = [key for key in plugins if key in finding.flags or key in finding.changes
-                or (key == "paged_kv_cache" and "kv_cache_type" in finding.flags)]
-        if keys:
-            where: tuple[str, ...] = ("engine", "plugins", keys[0])
-            fix = f"remove engine.plugins.{keys[0]}"
-        elif facts.quant_algo is not None and "quant_algo" in finding.flags:
-            where, fix = ("quantization", "algo"), "pick a quantization this GPU's TensorRT-LLM build supports"
-        elif "quant_algo" in finding.flags:
-            where, fix = ("quantization", "kv_cache"), "use kv_cache: auto or fp8 on this GPU"
-        else:
-            where, fix = ("engine", "plugins"), "change engine.plugins"
-        raise loaded.error(where, finding.message, fix)
+    engine, triton = spec.engine, spec.triton
+    if triton.max_batch_size is not None and triton.max_batch_size > engine.max_batch_size:
+        raise loaded.error(
+            ("triton", "max_batch_size"),
+            f"{triton.max_batch_size} exceeds the engine's max_batch_size {engine.max_batch_size}",
+            f"lower it to at most {engine.max_batch_size} or raise engine.max_batch_size",
+        )
+    max_positions = config.get("max_position_embeddings")
+    if isinstance(max_positions, int) and engine.max_seq_len > max_positions and not config.get("rope_scaling"):
+        raise loaded.error(
+            ("engine", "max_seq_len"),
+            f"{engine.max_seq_len} exceeds the model's max_position_embeddings {max_positions}",
+            f"lower max_seq_len to at most {max_positions}",
+        )
+    # The complete trtllm-build configuration, with the pinned trtllm-build's own rules, the in-flight
+    # batching requirements, engine.plugins against the flag table and max_num_tokens: derived here once,
+    # so a spec that resolves has an engine plan (trtpipe.engine.plan renders the same derivation).
+    try:
+        derive_engine_config(spec, toolchain, gpu, config)
+    except RuleViolation as violation:
+        raise loaded.error(violation.field_path, violation.message, violation.fix) from None
+
+
+def _check_names(loaded: LoadedSpec) -> None:
+    """The names release uses: the artifact's, and the channels its gates are for (trtpipe.names)."""
+    spec = loaded.spec
+    if spec.name is None:
+        problem = name_problem("name", spec.artifact_name)
+        if problem:
+            source = ("model", "path") if spec.model.path else ("model", "repo_id") if spec.model.repo_id else (
+                "model", "config")
+            raise loaded.error(source, f"the artifact name defaults to {spec.artifact_name!r}, which is not a plain name",
+                               f"set name: ({name_fix('artifact name')})")
+    for channel in spec.release.gates:
+        problem = name_problem("channel", channel)
+        if problem:
+            raise loaded.error(("release", "gates", channel), problem, name_fix("channel"))
 
 
 def resolve(loaded: LoadedSpec, *, need_weights: bool = True) -> ResolvedSpec:
@@ -394,13 +494,12 @@ def resolve(loaded: LoadedSpec, *, need_weights: bool = True) -> ResolvedSpec:
     `need_weights=False` is for planning: a `model.config` (config.json only) is then enough.
     """
     spec = loaded.spec
-    try:
-        toolchain = get_toolchain(spec.toolchain)
-    except UnknownToolchain as exc:
-        raise loaded.error(("toolchain",), exc.message, exc.fix) from None
+    toolchain, backend = _check_toolchain(loaded)
     gpu = _check_target(loaded, toolchain)
     _check_quantization(loaded, gpu)
-    model_dir, tokenizer_dir, config_path, config = _resolve_model(loaded, need_weights)
+    _check_names(loaded)
+    model_dir, tokenizer_dir, config_path, config_field, config = _resolve_model(loaded, need_weights)
+    _check_shape(loaded, config_field, config)
     _check_engine(loaded, config, gpu, toolchain)
     return ResolvedSpec(
         spec=spec,
@@ -411,6 +510,6 @@ def resolve(loaded: LoadedSpec, *, need_weights: bool = True) -> ResolvedSpec:
         model_dir=model_dir,
         tokenizer_dir=tokenizer_dir,
         config_path=config_path,
-        weights_needed=need_weights,
         loaded=loaded,
+        backend=backend,
     )

@@ -9,11 +9,25 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from trtpipe import quant
+from trtpipe.names import name_fix, name_problem
+from trtpipe.toolchain import BACKEND_KINDS
+
 CPU_REFERENCE = "cpu-reference"
+# The most GPUs one spec may target (target.gpu_count, and so tp * pp).
+MAX_GPUS = 512
+# torch.manual_seed takes seeds in [-2**63, 2**64 - 1] (torch/random.py, manual_seed's docstring); the
+# calibration seed is passed to it, so a larger one would fail at conversion.
+MAX_SEED = 2**64 - 1
+# Triton's model configuration holds dynamic_batching.max_queue_delay_microseconds as a uint64
+# (triton-inference-server/common protobuf/model_config.proto:1139 @83adf7cf, ModelDynamicBatching):
+# a larger number in config.pbtxt is refused when Triton parses the model configuration.
+MAX_QUEUE_DELAY_US = 2**64 - 1
+DEFAULT_TIMEOUT_S = 4 * 3600.0
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 class StrictModel(BaseModel):
@@ -26,24 +40,6 @@ class Dtype(str, Enum):
     auto = "auto"
     float16 = "float16"
     bfloat16 = "bfloat16"
-
-
-class QuantAlgo(str, Enum):
-    none = "none"
-    fp8 = "fp8"
-    int4_awq = "int4_awq"
-    w4a8_awq = "w4a8_awq"
-    int8_sq = "int8_sq"
-    int8_wo = "int8_wo"
-    nvfp4 = "nvfp4"
-
-
-class KvCacheDtype(str, Enum):
-    auto = "auto"
-    fp16 = "fp16"
-    bf16 = "bf16"
-    fp8 = "fp8"
-    int8 = "int8"
 
 
 class Profile(str, Enum):
@@ -110,9 +106,9 @@ class TargetSection(StrictModel):
     """Which hardware the engine is built for."""
 
     gpu: str = Field(default=CPU_REFERENCE, description="A GPU name from the catalog, or cpu-reference.")
-    tp: int = Field(default=1, ge=1, le=64)
-    pp: int = Field(default=1, ge=1, le=64)
-    gpu_count: int | None = Field(default=None, ge=1, le=512, description="Defaults to tp * pp.")
+    tp: int = Field(default=1, ge=1, le=64, description="Tensor parallelism: GPUs each layer is split over.")
+    pp: int = Field(default=1, ge=1, le=64, description="Pipeline parallelism: stages the layers are split into.")
+    gpu_count: int | None = Field(default=None, ge=1, le=MAX_GPUS, description="Defaults to tp * pp.")
     executor: Executor = Executor.auto
 
     @property
@@ -125,6 +121,11 @@ class TargetSection(StrictModel):
 
     @model_validator(mode="after")
     def _gpu_count_matches(self) -> TargetSection:
+        if self.tp * self.pp > MAX_GPUS:
+            raise ValueError(
+                f"tp {self.tp} x pp {self.pp} = {self.tp * self.pp} GPUs exceeds the {MAX_GPUS} a spec may target; "
+                f"lower tp or pp so that tp*pp is at most {MAX_GPUS}"
+            )
         if self.gpu_count is not None and self.gpu_count != self.tp * self.pp:
             raise ValueError(
                 f"gpu_count {self.gpu_count} != tp*pp ({self.tp}*{self.pp}={self.tp * self.pp}); "
@@ -138,20 +139,37 @@ class CalibrationSection(StrictModel):
     text_field: str = "text"
     samples: int = Field(default=32, ge=1, le=100_000)
     max_seq_len: int = Field(default=256, ge=8, le=131_072)
-    seed: int = Field(default=1234, ge=0)
+    seed: int = Field(default=1234, ge=0, le=MAX_SEED, description="Seeds the sample order and torch.")
 
 
 class QuantizationSection(StrictModel):
-    algo: QuantAlgo = QuantAlgo.none
-    kv_cache: KvCacheDtype = KvCacheDtype.auto
-    group_size: int = Field(default=128, description="INT4 AWQ group size.")
+    algo: str = Field(default="none", description="Weight quantization: a format of trtpipe/quant.py.")
+    kv_cache: str = Field(default="auto", description="KV cache dtype: auto (the weights'), fp16, bf16, fp8.")
+    group_size: int = Field(default=128, description="AWQ group size (int4_awq, w4a8_awq).")
     calibration: CalibrationSection = Field(default_factory=CalibrationSection)
+
+    @field_validator("algo")
+    @classmethod
+    def _known_format(cls, value: str) -> str:
+        if value not in quant.FORMATS:
+            raise ValueError(f"{value!r} is not a quantization format; use one of: "
+                             f"{', '.join(quant.convertible_formats())}")
+        return value
+
+    @field_validator("kv_cache")
+    @classmethod
+    def _known_kv_cache(cls, value: str) -> str:
+        if value not in quant.KV_CACHES:
+            offered = [k.name for k in quant.KV_CACHES.values() if k.refused is None]
+            raise ValueError(f"{value!r} is not a KV cache dtype; use one of: {', '.join(offered)}")
+        return value
 
     @field_validator("group_size")
     @classmethod
     def _group_size_supported(cls, value: int) -> int:
-        if value not in (32, 64, 128):
-            raise ValueError(f"group_size {value} is not supported; use 32, 64 or 128")
+        if value not in quant.GROUP_SIZES:
+            *most, last = quant.GROUP_SIZES
+            raise ValueError(f"group_size {value} is not supported; use {', '.join(map(str, most))} or {last}")
         return value
 
 
@@ -167,6 +185,11 @@ class EngineSection(StrictModel):
         default_factory=dict,
         description="Explicit trtllm-build plugin overrides, e.g. {gemm_plugin: auto, use_fused_mlp: true}.",
     )
+    timeout: float = Field(default=DEFAULT_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S,
+                           description="Seconds the engine build (trtllm-build) may run before it is stopped.")
+    conversion_timeout: float = Field(
+        default=DEFAULT_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S,
+        description="Seconds the checkpoint conversion may run in the engine's executor before it is stopped.")
 
     @model_validator(mode="after")
     def _limits_consistent(self) -> EngineSection:
@@ -188,7 +211,7 @@ class TritonSection(StrictModel):
     batch_scheduler_policy: BatchSchedulerPolicy = BatchSchedulerPolicy.max_utilization
     enable_chunked_context: bool = False
     enable_kv_cache_reuse: bool = False
-    max_queue_delay_microseconds: int = Field(default=0, ge=0)
+    max_queue_delay_microseconds: int = Field(default=0, ge=0, le=MAX_QUEUE_DELAY_US)
 
 
 class BenchGate(StrictModel):
@@ -223,6 +246,10 @@ class BuildSpec(StrictModel):
     engine: EngineSection = Field(default_factory=EngineSection)
     triton: TritonSection = Field(default_factory=TritonSection)
     toolchain: str | None = Field(default=None, description="A name from build_configs/toolchains.yaml.")
+    backend: str | None = Field(
+        default=None,
+        description="How the artifact is built and served: trtllm-build or reference; default: reference for "
+                    "target cpu-reference, else trtllm-build. The toolchain must offer it.")
     release: ReleaseSection = Field(default_factory=ReleaseSection)
 
     @field_validator("name")
@@ -230,8 +257,16 @@ class BuildSpec(StrictModel):
     def _safe_name(cls, value: str | None) -> str | None:
         if value is None:
             return value
-        if not value or "/" in value or "\\" in value or value.startswith(".") or len(value) > 128:
-            raise ValueError(f"name {value!r} is not a plain name; use letters, digits, '-' or '_' (no slashes, no leading '.')")
+        problem = name_problem("name", value)
+        if problem:
+            raise ValueError(f"{problem}; {name_fix('artifact name')}")
+        return value
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str | None) -> str | None:
+        if value is not None and value not in BACKEND_KINDS:
+            raise ValueError(f"{value!r} is not a backend; use one of: {', '.join(BACKEND_KINDS)}")
         return value
 
     @property
@@ -245,5 +280,9 @@ class BuildSpec(StrictModel):
         assert self.model.config is not None
         return self.model.config.parent.name
 
-
-SpecKind = Literal["build"]
+    @property
+    def backend_kind(self) -> str:
+        """The backend that builds this spec: `backend`, else the target's default."""
+        if self.backend is not None:
+            return self.backend
+        return "reference" if self.target.is_cpu_reference else "trtllm-build"

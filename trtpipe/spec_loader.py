@@ -27,13 +27,16 @@ MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 def format_field(field_path: FieldPath) -> str:
-    """('engine', 'plugins', 'x') -> 'engine.plugins.x'; list indexes as [i]."""
+    """('engine', 'plugins', 'x') -> 'engine.plugins.x'; list indexes as [i]; a key that is not a plain word
+    (a user's map key with a space, a slash or a newline) as ['its repr'], so the field stays on one line."""
     text = ""
     for part in field_path:
         if isinstance(part, int):
             text += f"[{part}]"
-        else:
+        elif str(part).replace("_", "a").replace("-", "a").isalnum() and str(part).isascii():
             text += ("." if text else "") + str(part)
+        else:
+            text += f"[{str(part)!r}]"
     return text
 
 

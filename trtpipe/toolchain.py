@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import re
 from pathlib import Path
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,6 +40,31 @@ def build_configs_dir() -> Path:
     return Path(trtpipe.__file__).resolve().parent.parent / "build_configs"
 
 
+class TrtllmBuildBackend(BaseModel):
+    """The engine path: TRT-LLM checkpoint -> `trtllm-build` engine -> Triton `inflight_batcher_llm` repository
+    (the C++ tensorrtllm backend). TensorRT-LLM 1.2.x and older only."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["trtllm-build"] = "trtllm-build"
+    flags: str = Field(description="The trtllm-build flag table: build_configs/trtllm_build_flags/<flags>.yaml.")
+
+
+class ReferenceBackend(BaseModel):
+    """The CPU reference: the TRT-LLM checkpoint in an engine-shaped directory, executed by trtpipe's PyTorch
+    runtime behind the same Triton contract (for validation anywhere; never fast, never TensorRT)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["reference"] = "reference"
+
+
+# One toolchain line offers one or more backends; `kind` tells them apart (a tagged union). A new
+# backend (an LLM-API one, say) is one more class here, its stages and its repository writer.
+Backend = Annotated[TrtllmBuildBackend | ReferenceBackend, Field(discriminator="kind")]
+BACKEND_KINDS = ("trtllm-build", "reference")
+
+
 class Toolchain(BaseModel):
     """One pinned TensorRT-LLM release and everything that must match it."""
 
@@ -57,11 +83,16 @@ class Toolchain(BaseModel):
     sm_min: int
     sm_max: int
     python_version: str | None = None
+    backends: list[Backend] = Field(description="The backends this release builds and serves with.")
     sources: dict[str, str] = Field(default_factory=dict, description="Where each fact comes from.")
 
     @property
     def version_tuple(self) -> tuple[int, ...]:
         return version_tuple(self.trtllm_version)
+
+    def backend(self, kind: str) -> TrtllmBuildBackend | ReferenceBackend | None:
+        """This toolchain's backend of that kind, or None when it offers none."""
+        return next((b for b in self.backends if b.kind == kind), None)
 
     def supports_sm(self, sm: int) -> bool:
         return self.sm_min <= sm <= self.sm_max

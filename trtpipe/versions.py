@@ -24,3 +24,10 @@ def installed_version(*distributions: str) -> str | None:
 def installed_versions(packages: Mapping[str, tuple[str, ...]]) -> dict[str, str | None]:
     """Version (or None) per package name, each looked up under its distribution names."""
     return {package: installed_version(*distributions) for package, distributions in packages.items()}
+
+
+def versions_match(installed: str, pinned: str) -> bool:
+    """`0.37.0` matches pins `0.37.0`, `0.37`, `0.37.x`, `0.37.*` and `~=0.37.0`; nothing else."""
+    pin = pinned.strip().removeprefix("~=").removeprefix("==").rstrip("*").rstrip("x").rstrip(".")
+    pin_parts, have_parts = pin.split("."), installed.split("+")[0].split(".")
+    return bool(pin) and have_parts[: len(pin_parts)] == pin_parts

@@ -1,4 +1,8 @@
-"""Refusals: each fails in one line, names the cause and the fix, and happens before any calibration."""
+"""Refusals: each fails in one line, names the cause and the fix, and happens before any calibration.
+
+The spec's rules (recipe, architecture, tokenizer, tp/pp, group size, calibration file) are refused by
+trtpipe.resolve, which the conversion runs first; the model directory's own checks (weights, shapes) by
+the converter's inspection of it."""
 
 from __future__ import annotations
 
@@ -9,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from trtpipe.checkpoint.convert import check_versions
-from trtpipe.checkpoint.hf_source import check_group_size, inspect_source
+from trtpipe.checkpoint.hf_source import inspect_source
 from trtpipe.checkpoint.recipes import convert_local
 from trtpipe.errors import TrtpipeError
+from trtpipe.resolve import gemm_input_widths
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -86,7 +91,9 @@ def test_group_size_must_divide_every_input_width_before_calibrating(tiny_llama_
     # tp=4 leaves attention.dense an input of 4*64/4 = 64 per rank: group 128 cannot divide it.
     err = _refused(tiny_llama_dir, tmp_path / "ck", "group_size 128 does not divide the input width 64", algo="int4_awq", tp=4)
     assert "attention.dense" in err.one_line()
-    check_group_size(json.loads((tiny_llama_dir / "config.json").read_text()), 64, tp=4)  # 64 does
+    widths = gemm_input_widths(json.loads((tiny_llama_dir / "config.json").read_text()), tp=4)
+    assert all(width % 64 == 0 for width in widths.values())  # 64 does, and the error says so
+    assert "use group_size 32 or 64" in err.one_line()
 
 
 def test_fp8_kv_cache_only_on_supported_recipes(tiny_llama_dir: Path, tmp_path: Path) -> None:

@@ -40,7 +40,9 @@ def test_dry_run_prints_the_pinned_command_and_container(example, pinned, gpus, 
                         "publish": "would-build"}
     engine = next(s for s in report["stages"] if s["name"] == "engine")
     checkpoint_dir = str(trtpipe_home / "checkpoint" / "CHECKPOINT-KEY")
-    output_dir = str(trtpipe_home / "tmp" / "engine-ENGINE-KEY")
+    # Where the store would have trtllm-build write: named like every stage's temporary folder
+    # (`<kind>-<key>-XXXXXXXX`), with a placeholder for the key a planning-only spec cannot have.
+    output_dir = str(trtpipe_home / "tmp" / "engine-ENGINE-KEY-XXXXXXXX")
     expected = pinned.replace("/ckpt", checkpoint_dir).replace("/engine", output_dir)
     assert " ".join(engine["command"]) == expected
 

@@ -22,7 +22,6 @@ import trtpipe
 from trtpipe.cli import main
 from trtpipe.engine.conversion import (
     CONTAINER_PACKAGES,
-    check_converter_supports,
     convert_in_executor,
     job_dir_for,
     job_spec,
@@ -31,7 +30,7 @@ from trtpipe.engine.conversion import (
 from trtpipe.engine.executors.base import BuildFailed, ConversionJob
 from trtpipe.engine.executors.docker import DockerExecutor, conversion_container_spec
 from trtpipe.engine.executors.local import LocalExecutor
-from trtpipe.errors import SpecError, TrtpipeError
+from trtpipe.errors import SpecError, TimedOut, TrtpipeError
 
 from .sandbox_runtime import SandboxClient, requirement_closure, sandbox_unavailable
 
@@ -227,14 +226,16 @@ def test_toolchains_the_converter_is_not_written_for_are_refused(toolchain, pins
     assert not any((trtpipe_home / "checkpoint").glob("*"))
 
 
-def test_a_toolchain_without_converter_pins_is_refused(layout):
-    import dataclasses
+def test_a_toolchain_without_converter_pins_is_refused(layout, monkeypatch):
+    """resolve (so spec-check) refuses it at the spec's toolchain field: the key could not name the pins."""
+    import trtpipe.resolve
 
-    resolved = layout["resolved"]
-    unpinned = dataclasses.replace(resolved, toolchain=resolved.toolchain.model_copy(update={"modelopt_version": None}))
-    with pytest.raises(SpecError, match="pins no nvidia-modelopt version, so the checkpoint key cannot name"):
-        check_converter_supports(unpinned)
-    check_converter_supports(resolved)  # trtllm-1.2.1: ModelOpt 0.37, transformers 4.57.3
+    pinned = layout["resolved"].toolchain  # trtllm-1.2.1: ModelOpt 0.37, transformers 4.57.3
+    unpinned = pinned.model_copy(update={"modelopt_version": None})
+    monkeypatch.setattr(trtpipe.resolve, "get_toolchain", lambda name: unpinned)
+    with pytest.raises(SpecError, match="pins no nvidia-modelopt version, so the checkpoint key cannot name") as info:
+        _resolve(layout["spec"])
+    assert info.value.field == "toolchain"
 
 
 def test_local_preflight_names_converter_packages_that_differ_from_the_pins():
@@ -314,8 +315,9 @@ def test_a_silent_container_is_killed_at_the_timeout(tmp_path):
     container = Silent()
     executor = DockerExecutor(_resolve_example_toolchain().model_copy(update={"triton_container": IMAGE}),
                               client=_StandInClient(container), timeout_s=1, show_progress=False)
-    with pytest.raises(BuildFailed, match="timed out after 1s"):
+    with pytest.raises(TimedOut, match="ran past its limit of 1s") as info:  # a BuildFailed before issue 13
         executor.run_conversion(ConversionJob(job_dir=tmp_path / "j", out_dir=tmp_path / "o"), tmp_path / "c.log")
+    assert info.value.seconds == 1 and "engine.conversion_timeout" in info.value.one_line()
     assert killed.is_set() and container.removed
     assert "killed after timeout of 1s" in (tmp_path / "c.log").read_text()
 
@@ -394,6 +396,7 @@ def test_build_of_a_gpu_target_converts_in_the_executors_container(layout, trtpi
         pytest.skip(reason)
     client = SandboxClient(only_distributions=requirement_closure(CONTAINER_PACKAGES))
     monkeypatch.setattr("trtpipe.engine.executors.docker.connect", lambda timeout_s=0.8: client)
+    monkeypatch.setattr("trtpipe.engine.stage.connect", lambda timeout_s=0.8: client)
     code = main(["build", str(layout["spec"])])
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
@@ -420,9 +423,8 @@ def test_dry_run_shows_the_local_command_and_a_refusal(layout, trtpipe_home, cap
     assert checkpoint["outcome"] == "would-build" and checkpoint["executor"] == "local"
     assert checkpoint["command"][:3] == [sys.executable, "-m", "trtpipe.engine.convert_entry"]
     assert checkpoint["command"][-2:] == ["--device", "cuda"] and checkpoint["container"] is None
-    # A toolchain the converter is not written for: the dry run says the build would be refused.
-    assert main(["build", str(_spec(root, snapshot, toolchain="trtllm-1.0.0", dataset=dataset)), "--dry-run"]) == 0
+    # A toolchain the converter is not written for: resolve refuses it, so a dry run does too (exit 2, one
+    # line); before issue 13 the dry run passed and only noted "(refused: ...)" under the conversion.
+    assert main(["build", str(_spec(root, snapshot, toolchain="trtllm-1.0.0", dataset=dataset)), "--dry-run"]) == 2
     err = capsys.readouterr().err
-    assert "converts in the docker executor: the container nvcr.io/nvidia/tritonserver:25.10-trtllm-python-py3 " \
-           "on 1 GPU(s), not on this host (refused: " in err
-    assert "toolchain trtllm-1.0.0 converts with nvidia-modelopt 0.33" in err
+    assert "toolchain trtllm-1.0.0 converts with nvidia-modelopt 0.33" in err and "Traceback" not in err

@@ -22,9 +22,9 @@ from trtpipe.engine.executors.docker import (
 from trtpipe.engine.executors.local import LocalExecutor
 from trtpipe.engine.plan import make_build_plan
 from trtpipe.engine.stage import build_engine, choose_executor_name
-from trtpipe.errors import MissingCapability
+from trtpipe.errors import MissingCapability, TimedOut
 
-from .conftest import resolve_example
+from .conftest import resolve_example, resolve_text
 
 # A stand-in for the trtllm-build binary: a real process that logs, spawns a grandchild, and exits
 # as told. It tests OUR process handling (group kill, timeout, log streaming, diagnosis), not a build.
@@ -98,15 +98,35 @@ def test_timeout_kills_the_whole_process_group(tmp_path, stand_in, monkeypatch):
 
 
 @pytest.mark.timeout(60)
-def test_local_executor_timeout_is_a_diagnosed_failure(tmp_path, stand_in, monkeypatch):
+def test_local_executor_timeout_is_a_timed_out_error_naming_the_spec_field(tmp_path, stand_in, monkeypatch):
+    """Typed since issue 13 (a BuildFailed with the doctor's build-timeout diagnosis before): the limit, the
+    spec field that sets it, the log."""
     monkeypatch.setenv("STAND_IN_MODE", "hang")
     monkeypatch.setenv("STAND_IN_PIDFILE", str(tmp_path / "pid"))
     plan = make_build_plan(resolve_example("llama3-8b-fp8-h100"))
     executor = LocalExecutor(plan_toolchain(), target_sm=90, executable=stand_in, timeout_s=2,
                              check_host=False, show_progress=False)
-    with pytest.raises(BuildFailed) as info:
+    with pytest.raises(TimedOut) as info:
         executor.run(plan, tmp_path / "ckpt", tmp_path / "engine", tmp_path / "build.log")
-    assert "timed out" in info.value.one_line() and "build-timeout" in info.value.one_line()
+    assert info.value.operation == "trtllm-build" and info.value.seconds == 2 and info.value.exit_code == 5
+    line = info.value.one_line()
+    assert "ran past its limit of 2s" in line and "engine.timeout" in line and str(tmp_path / "build.log") in line
+    assert "killed after timeout" in (tmp_path / "build.log").read_text()
+
+
+def test_the_spec_sets_each_executors_timeout(tmp_path, llama8b_config):
+    from trtpipe.engine.conversion import make_conversion_executor
+    from trtpipe.engine.stage import make_executor
+
+    for executor_name in ("local", "docker"):
+        resolved = resolve_text(tmp_path, f"model:\n  config: {llama8b_config}\ntarget:\n  gpu: h100-sxm\n"
+                                          f"  executor: {executor_name}\nengine:\n  timeout: 90\n"
+                                          "  conversion_timeout: 600.5\n")
+        plan = make_build_plan(resolved)
+        assert make_executor(resolved, plan).timeout_s == 90
+        assert make_conversion_executor(resolved, plan, progress=False).timeout_s == 600.5
+    default = make_executor(resolve_example("llama3-8b-fp8-h100"), plan)
+    assert default.timeout_s == 4 * 3600
 
 
 def plan_toolchain():
@@ -140,7 +160,7 @@ def test_unrecognized_failure_points_at_the_log(tmp_path, stand_in, monkeypatch)
     plan = make_build_plan(resolve_example("llama3-8b-fp8-h100"))
     executor = LocalExecutor(plan_toolchain(), target_sm=90, executable=stand_in, check_host=False,
                              show_progress=False)
-    with pytest.raises(BuildFailed, match="exit status 3.*trtpipe doctor"):
+    with pytest.raises(BuildFailed, match="exit status 3.*log: .*read the end of the log"):
         executor.run(plan, tmp_path / "ckpt", tmp_path / "engine", tmp_path / "build.log")
 
 
@@ -303,7 +323,7 @@ def test_reference_engine_is_built_and_validated(tiny_reference):
     assert config["pretrained_config"] == json.loads((ckpt / "config.json").read_text())
     assert (out / "rank0.safetensors").stat().st_ino == (ckpt / "rank0.safetensors").stat().st_ino  # hard link
     assert result.executor == "reference" and result.validation.reference
-    assert result.manifest_meta["gpu_sm"] is None
+    assert result.validation.gpu_sm is None and result.executor == "reference"
 
 
 def test_reference_engine_loads_in_the_reference_runtime(tiny_reference):

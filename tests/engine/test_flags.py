@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trtpipe.engine.flags import known_contracts, load_contract
+from trtpipe.trtllm_build.flags import known_contracts, load_contract
 from trtpipe.engine.plan import make_build_plan
 from trtpipe.errors import TrtpipeError
 from trtpipe.toolchain import load_toolchains

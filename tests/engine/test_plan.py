@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from trtpipe.engine.plan import make_build_plan
-from trtpipe.engine.profiles import gpu_family
-from trtpipe.errors import SpecError, TrtpipeError
+from trtpipe.errors import SpecError
+from trtpipe.gpu import load_catalog
 
 from .conftest import GPU_EXAMPLES, resolve_example, resolve_text
 
@@ -58,15 +58,19 @@ def test_every_setting_says_why_and_build_config_nests_plugins(example):
     assert plan.model_dump(mode="json")["build_config"]["max_seq_len"] == plan.limits["max_seq_len"]
 
 
-@pytest.mark.parametrize("sm, family", [(80, "ampere"), (86, "ampere"), (89, "ada"), (90, "hopper"), (100, "blackwell"),
-                                        (120, "blackwell"), (None, "reference")])
-def test_gpu_family(sm, family):
-    assert gpu_family(sm) == family
+@pytest.mark.parametrize("gpu", sorted(load_catalog()))
+def test_the_family_is_the_catalogs_architecture(tmp_path, llama8b_config, gpu):
+    """The GPU catalog's `architecture` picks the build profile (it replaced a table of SM ranges here)."""
+    catalog = load_catalog()
+    plan = make_build_plan(resolve_text(tmp_path, f"model:\n  config: {llama8b_config}\ntarget:\n  gpu: {gpu}\n"))
+    assert plan.family == catalog[gpu].architecture
+    expected = {80: "ampere", 86: "ampere", 89: "ada", 90: "hopper", 100: "blackwell"}[catalog[gpu].sm]
+    assert plan.family == expected
 
 
-def test_gpu_family_refuses_pre_ampere():
-    with pytest.raises(TrtpipeError, match="SM 75"):
-        gpu_family(75)
+def test_the_reference_family(tmp_path, llama8b_config):
+    plan = make_build_plan(resolve_text(tmp_path, f"model:\n  config: {llama8b_config}\n"))
+    assert plan.family == "reference" and plan.gpu_sm is None
 
 
 def test_latency_profile_on_hopper_fp8_uses_low_latency_gemms():

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from trtpipe.checkpoint.schema import SPEC_QUANT_ALGO
+from trtpipe import quant
 from trtpipe.cli import main
 from trtpipe.engine.plan import make_build_plan
-from trtpipe.engine.rules import CHECKS, TRTLLM_QUANT_ALGO, BuildFacts, load_rules, simulate_command
+from trtpipe.trtllm_build.rules import CHECKS, BuildFacts, load_rules, simulate_command
 from trtpipe.errors import SpecError, TrtpipeError
 from trtpipe.toolchain import load_toolchains
 
@@ -298,6 +298,9 @@ def test_spec_check_refuses_an_override_trtllm_build_would_undo(tmp_path, llama8
     assert err.field == f"engine.plugins.{plugins.split(':')[0]}" and err.line == 9 and f"rule {rule}" in err.one_line()
 
 
-def test_quant_names_agree_with_the_converter():
-    for algo, name in SPEC_QUANT_ALGO.items():
-        assert TRTLLM_QUANT_ALGO[algo.value] == name
+def test_the_rules_know_the_checkpoint_names_the_quantization_table_gives():
+    """BuildFacts take the checkpoint's QuantAlgo names from trtpipe.quant: the names the rules test."""
+    names = {f.checkpoint_algo for f in quant.FORMATS.values()}
+    assert {"FP8", "W4A16_AWQ", "W4A8_AWQ", "W8A8_SQ_PER_CHANNEL", "W8A16", "NVFP4", None} <= names
+    facts = BuildFacts.for_recipe("int4_awq", "fp8", architecture=None, tp_size=1, sm=90)
+    assert (facts.quant_algo, facts.kv_cache_quant_algo) == ("W4A16_AWQ", "FP8")

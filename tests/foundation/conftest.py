@@ -48,14 +48,15 @@ def examples_dir() -> Path:
 
 @pytest.fixture
 def hf_dir(tmp_path: Path, models_dir: Path) -> Path:
-    """A local 'HF folder' with a real Llama-3-8B config.json and a (placeholder) safetensors file.
+    """A local 'HF folder' with a real Llama-3-8B config.json and (placeholder) safetensors and tokenizer files.
 
-    Resolve checks the files exist; it never reads the weights.
+    Resolve checks the files exist; it never reads the weights or the tokenizer.
     """
     folder = tmp_path / "llama-3-8b-local"
     folder.mkdir()
     (folder / "config.json").write_text((models_dir / "llama-3-8b" / "config.json").read_text())
     (folder / "model.safetensors").write_bytes(b"")
+    (folder / "tokenizer.json").write_text("{}")
     return folder
 
 

@@ -89,4 +89,5 @@ def test_aliases_and_suggestions() -> None:
 def test_missing_data_folder_is_one_line(cli, tmp_path, monkeypatch, examples_dir) -> None:
     monkeypatch.setenv("TRTPIPE_BUILD_CONFIGS", str(tmp_path / "nowhere"))
     result = cli("plan", examples_dir / "llama3-8b-fp8-h100.yaml")
-    assert result.code == 1 and "TRTPIPE_BUILD_CONFIGS" in result.err and "Traceback" not in result.err
+    # MissingCapability (exit 3): this installation lacks its data tables (exit 1, untyped, before issue 13)
+    assert result.code == 3 and "TRTPIPE_BUILD_CONFIGS" in result.err and "Traceback" not in result.err

@@ -153,4 +153,24 @@ def test_recorded_probe_in_a_wrong_format_is_one_line(cli, tmp_path: Path) -> No
     bad = tmp_path / "bad.json"
     bad.write_text('{"gpus": [{"name": "x"}]}')
     result = cli("check", "--recorded-probe", bad)
-    assert result.code == 1 and "recorded format" in result.err and "Traceback" not in result.err
+    # InvalidInput (exit 2): a file the user gave is wrong (exit 1, untyped, before issue 13)
+    assert result.code == 2 and "recorded format" in result.err and "Traceback" not in result.err
+
+
+def test_a_captured_h200_answer_matches_the_catalog_and_an_fp8_spec(cli, tmp_path: Path, models_dir: Path) -> None:
+    """The only probe file here captured on a real host (an H200 device machine): the catalog entry its product
+    string selects, SM 90, and memory a little under the nominal 141 GiB (the driver reserves some)."""
+    from trtpipe.gpu import catalog_entry_for
+
+    recorded = Path(__file__).parent / "data" / "h200-x1.nvml.json"
+    host = RecordedProbe(recorded).probe()
+    [gpu] = host.gpus
+    entry = catalog_entry_for(gpu)
+    assert entry is not None and entry.name == "h200" and gpu.sm == entry.sm == 90
+    assert 0.98 * entry.memory_gib < gpu.memory_gib < entry.memory_gib
+    assert entry.has_precision("fp8") and entry.architecture == "hopper"
+    spec = _cfg_spec(tmp_path, models_dir, "target:\n  gpu: h200\nquantization:\n  algo: fp8\n  kv_cache: fp8\n")
+    report = cli("check", "--spec", spec, "--recorded-probe", recorded, "--json").json()
+    rows = _rows(report)
+    assert rows["target"]["status"] == "OK" and "NVIDIA H200" in rows["target"]["found"]
+    assert rows["gpu"]["status"] == "OK"

@@ -42,7 +42,7 @@ def test_resolve_local_model(tmp_path: Path, hf_dir: Path) -> None:
     resolved = resolve(load_spec(spec))
     assert resolved.gpu is not None and resolved.gpu.sm == 89
     assert resolved.model_dir == hf_dir and resolved.model_config["num_key_value_heads"] == 8
-    assert resolved.tokenizer_dir is None  # no tokenizer files in the folder
+    assert resolved.tokenizer_dir == hf_dir
     assert resolved.weight_dtype == "bfloat16" and resolved.kv_cache_dtype == "fp8"
     assert resolved.toolchain.name == "trtllm-1.2.1"
 
@@ -52,16 +52,17 @@ def test_resolve_local_model(tmp_path: Path, hf_dir: Path) -> None:
     [
         "target:\n  gpu: cpu-reference\nquantization:\n  algo: fp8\n  kv_cache: fp8\n",  # validates checkpoints
         "target:\n  gpu: cpu-reference\n  tp: 2\n  pp: 2\n",  # reference runtime merges shards
-        "target:\n  gpu: cpu-reference\nquantization:\n  algo: nvfp4\n",
-        "target:\n  gpu: a100-80gb\nquantization:\n  algo: int4_awq\n  kv_cache: int8\n",
+        "target:\n  gpu: a100-80gb\nquantization:\n  algo: int4_awq\n  group_size: 64\n",
         "target:\n  gpu: h100\n  tp: 8\n",  # 8 KV heads over tp=8
         "target:\n  gpu: h100\n  tp: 16\n  pp: 1\n",  # 32 heads over 16; 8 KV heads replicated
-        "target:\n  gpu: b200\nquantization:\n  algo: nvfp4\n",
+        "target:\n  gpu: b200\nquantization:\n  algo: fp8\n  kv_cache: fp8\n",
         "target:\n  gpu: h100\nengine:\n  max_input_len: 4096\n  max_seq_len: 8192\n  max_num_tokens: 1024\n"
         "triton:\n  enable_chunked_context: true\n",
         "target:\n  gpu: h200\nquantization:\n  algo: fp8\n  kv_cache: fp8\nengine:\n  plugins:\n"
         "    use_fp8_context_fmha: enable\n    gemm_plugin: auto\n",
-        "toolchain: trtllm-0.21.0\ntarget:\n  gpu: l4\n",
+        "toolchain: trtllm-1.1.0\ntarget:\n  gpu: l4\n",
+        "backend: trtllm-build\ntarget:\n  gpu: l40s\n",
+        "backend: reference\n",
     ],
 )
 def test_allowed_combinations_resolve(tmp_path: Path, hf_dir: Path, extra: str) -> None:

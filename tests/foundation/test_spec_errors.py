@@ -6,6 +6,7 @@ Each case is a YAML text; the line marked `#<` is the one the error must cite. P
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -118,12 +119,54 @@ CASES: dict[str, tuple[str, str]] = {
     "model_config_not_json": ("model:\n  config: {tmp}/broken.json #<\n", "not valid JSON"),
     "model_config_not_an_llm": ("model:\n  config: {tmp}/vision.json #<\n", "lacks"),
     "tokenizer_folder_missing": ("model:\n  path: {hf}\n  tokenizer: {tmp}/no-tokenizer #<\n", "tokenizer"),
+    # ---- issue 13: accepted by spec-check before, refused later (or never); now refused here
+    "int8_weight_only": ("model:\n  config: {cfg8b}\ntarget:\n  gpu: h100\nquantization:\n  algo: int8_wo #<\n",
+                         "no INT8 weight-only config"),
+    "int8_weight_only_on_cpu_reference": ("model:\n  config: {cfg8b}\nquantization:\n  algo: int8_wo #<\n",
+                                          "use int8_sq"),
+    "int8_kv_cache": ("model:\n  config: {cfg8b}\ntarget:\n  gpu: a100-80gb\nquantization:\n  algo: int4_awq\n"
+                      "  kv_cache: int8 #<\n", "no INT8 KV-cache config"),
+    "nvfp4_on_b200": ("model:\n  config: {cfg8b}\ntarget:\n  gpu: b200\nquantization:\n  algo: nvfp4 #<\n",
+                      "no NVFP4 recipe"),
+    "fp8_kv_cache_on_smoothquant": ("model:\n  config: {cfg8b}\ntarget:\n  gpu: h100\nquantization:\n  algo: int8_sq\n"
+                                    "  kv_cache: fp8 #<\n", "offered on top of fp8, int4_awq, w4a8_awq"),
+    "tokens_per_block_not_power_of_two": ("model:\n  config: {cfg8b}\nengine:\n  tokens_per_block: 48 #<\n",
+                                          "not a power of two"),
+    "unknown_plugin_name": ("model:\n  config: {cfg8b}\ntarget:\n  gpu: h100\nengine:\n  plugins:\n"
+                            "    fancy_attention_plugin: enable #<\n", "not a trtllm-build plugin option"),
+    "unknown_plugin_name_on_cpu_reference": ("model:\n  config: {cfg8b}\nengine:\n  plugins:\n    gemm_plugn: auto #<\n",
+                                             "not a trtllm-build plugin option"),
+    "seed_beyond_64_bits": ("model:\n  config: {cfg8b}\nquantization:\n  calibration:\n"
+                            "    seed: 18446744073709551616 #<\n", "at most 18446744073709551615"),
+    "calibration_dataset_missing": ("model:\n  config: {cfg8b}\nquantization:\n  algo: int4_awq\n  calibration:\n"
+                                    "    dataset: {tmp}/no-such-text.txt #<\n", "does not exist"),
+    "gate_channel_with_a_slash": ("model:\n  config: {cfg8b}\nrelease:\n  gates:\n    prod/eu: #<\n"
+                                  "      smoke: true\n", "channel 'prod/eu' is not a plain name"),
+    "gate_channel_with_a_newline": ("model:\n  config: {cfg8b}\nrelease:\n  gates:\n    \"prod\\n\": #<\n"
+                                    "      smoke: true\n", "not a plain name"),
+    "name_with_a_newline": ("name: \"tiny\\nllama\" #<\nmodel:\n  config: {cfg8b}\n", "not a plain name"),
+    "tp_times_pp_beyond_the_gpu_cap": ("model:\n  config: {cfg8b}\ntarget:\n  gpu: h100\n  tp: 64 #<\n  pp: 16\n",
+                                       "exceeds the 512"),
+    "queue_delay_beyond_uint64": ("model:\n  config: {cfg8b}\ntriton:\n"
+                                  "  max_queue_delay_microseconds: 18446744073709551616 #<\n", "at most"),
+    "toolchain_the_converter_is_not_written_for": ("model:\n  config: {cfg8b}\ntoolchain: trtllm-1.0.0 #<\n",
+                                                   "converts with nvidia-modelopt 0.33"),
+    "layers_not_divisible_by_pp": ("model:\n  config: {cfg8b}\ntarget:\n  gpu: h100\n  pp: 3 #<\n",
+                                   "32 layers do not split evenly"),
+    "architecture_the_converter_lacks": ("model:\n  config: {tmp}/gptneox/config.json #<\n", "not supported"),
+    "reference_backend_on_a_gpu": ("model:\n  config: {cfg8b}\ntarget:\n  gpu: h100\nbackend: reference #<\n",
+                                   "runs on the CPU"),
+    "unknown_backend": ("model:\n  config: {cfg8b}\nbackend: vllm #<\n", "not a backend"),
 }
 
 
 def _materialise(tmp_path: Path, text: str, cfg8b: Path, hf: Path) -> tuple[Path, int]:
     (tmp_path / "broken.json").write_text("{not json")
     (tmp_path / "vision.json").write_text('{"model_type": "clip_vision"}')
+    (tmp_path / "gptneox").mkdir()
+    neox = {"architectures": ["GPTNeoXForCausalLM"], "num_hidden_layers": 4, "num_attention_heads": 8,
+            "hidden_size": 512, "vocab_size": 1000, "intermediate_size": 2048}
+    (tmp_path / "gptneox" / "config.json").write_text(json.dumps(neox))
     text = text.replace("{cfg8b}", str(cfg8b)).replace("{hf}", str(hf)).replace("{tmp}", str(tmp_path))
     lines = text.splitlines()
     marked = [i + 1 for i, line in enumerate(lines) if line.rstrip().endswith("#<")]
@@ -208,3 +251,47 @@ def test_malformed_spec_through_a_subprocess(name: str, tmp_path: Path, models_d
     assert "Traceback" not in proc.stderr
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and f"{spec}:{line}:" in lines[0] and needle in lines[0], proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_awq_group_size_against_every_gemm_width_per_tp_shard(cli, tmp_path: Path, tiny_llama_dir: Path) -> None:
+    """Issue 13's case: the tiny Llama (4 heads x 64) with int4_awq, tp=4, group 128 passed spec-check, then the
+    converter refused it (attention.dense has 4*64/4 = 64 inputs per shard). spec-check refuses it now."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"model:\n  path: {tiny_llama_dir}\ntarget:\n  tp: 4\nquantization:\n  algo: int4_awq\n"
+                    "  group_size: 128\n")
+    result = cli("spec-check", "--weights", spec)
+    assert_one_line_error(result, spec, 7, "does not divide the input width 64 of attention.dense")
+    assert "use group_size 32 or 64" in result.err
+    spec.write_text(spec.read_text().replace("group_size: 128", "group_size: 64"))
+    assert cli("spec-check", "--weights", spec).code == 0
+
+
+def test_a_build_needs_the_tokenizer_the_repository_serves(cli, tmp_path: Path, hf_dir: Path) -> None:
+    (hf_dir / "tokenizer.json").unlink()
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"model:\n  path: {hf_dir}\n")
+    assert cli("spec-check", spec).code == 0  # planning does not need it
+    assert_one_line_error(cli("spec-check", "--weights", spec), spec, 2, "has no tokenizer (tokenizer.json)")
+
+
+def test_a_gpu_target_needs_a_pinned_container(cli, tmp_path: Path, models_dir: Path, monkeypatch) -> None:
+    """Its repository names the container that serves it (publish refused one without), docker builds in it."""
+    import shutil
+
+    from trtpipe.toolchain import build_configs_dir
+
+    configs = tmp_path / "build_configs"
+    shutil.copytree(build_configs_dir(), configs)
+    table = configs / "toolchains.yaml"
+    table.write_text(table.read_text().replace(
+        'triton_container: "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"', "triton_container: null"))
+    monkeypatch.setenv("TRTPIPE_BUILD_CONFIGS", str(configs))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"model:\n  config: {models_dir / 'llama-3-8b' / 'config.json'}\ntarget:\n  gpu: h100\n"
+                    "  executor: local\n")
+    assert_one_line_error(cli("spec-check", spec), spec, 4, "pins no triton_container")
+    spec.write_text(spec.read_text() + "toolchain: trtllm-1.2.1\n")
+    assert_one_line_error(cli("spec-check", spec), spec, 6, "pins no triton_container")
+    spec.write_text(f"model:\n  config: {models_dir / 'llama-3-8b' / 'config.json'}\n")
+    assert cli("spec-check", spec).code == 0  # cpu-reference serves in this host's tritonserver

@@ -34,6 +34,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from trtpipe import quant
 from trtpipe.errors import TrtpipeError
 from trtpipe.reference import dequant
 from trtpipe.reference.parity import DEFAULT_BOUNDS, check_parity
@@ -104,7 +105,7 @@ def _error_bound(tensors: dict[str, torch.Tensor], prefix: str, quant_algo: str,
     pqs = tensors.get(f"{prefix}.prequant_scaling_factor")
     pqs = torch.ones(hf.shape[1]) if pqs is None else pqs.to(torch.float32)
     scale = tensors[f"{prefix}.weights_scaling_factor"].to(torch.float32)
-    if quant_algo in dequant.INT4_ALGOS:
+    if quant.by_checkpoint_algo(quant_algo).dequant == "int4-grouped":
         step = scale.repeat_interleave(hf.shape[1] // scale.shape[1], dim=1)  # per group
     else:
         step = scale.reshape(-1, 1).expand_as(hf)  # per output channel
@@ -135,7 +136,7 @@ def _format_step(hf: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor], 
     pqs = tensors[f"{prefix}.prequant_scaling_factor"].to(torch.float32)
     seen = (original / pqs[None, :]).abs()
     scale = tensors[f"{prefix}.weights_scaling_factor"].to(torch.float32)
-    if quant_algo in dequant.INT4_ALGOS:
+    if quant.by_checkpoint_algo(quant_algo).dequant == "int4-grouped":
         return seen.reshape(seen.shape[0], scale.shape[1], -1).amax(dim=2) / qmax
     return seen.amax(dim=1) / qmax
 

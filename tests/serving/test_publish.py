@@ -96,8 +96,8 @@ def test_publish_non_streaming(tmp_path: Path, tiny_llama_dir: Path) -> None:
 def test_publish_refuses_a_tokenizer_without_tokenizer_json(tmp_path: Path, tiny_llama_dir: Path) -> None:
     model = tmp_path / "model"
     shutil.copytree(tiny_llama_dir, model)
-    (model / "tokenizer.json").unlink()
     resolved = _resolve(GPU_SPEC.format(model=model, streaming="true", triton_batch=8), tmp_path / "spec")
+    (model / "tokenizer.json").unlink()  # after resolving: resolve refuses a build without it too
     engine = _gpu_engine(tmp_path / "engine", tp=2, max_batch_size=8, version=resolved.toolchain.trtllm_version)
     with pytest.raises(TrtpipeError, match="no tokenizer.json"):
         publish_repository(resolved, engine, "sha256:" + "ab" * 32, "engine-key", tmp_path / "repo")

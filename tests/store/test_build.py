@@ -291,8 +291,10 @@ def test_real_changes_move_exactly_the_dependent_keys(tiny_llama_dir: Path, tmp_
     else:
         from trtpipe.toolchain import get_toolchain
 
-        spec.write_text(_spec_text(model, "toolchain: trtllm-1.0.0\n", quant=quant))
-        old, new = get_toolchain(None), get_toolchain("trtllm-1.0.0")
+        # (trtllm-1.1.0: the older toolchains pin converters trtpipe's converter is not written for, which
+        # resolve refuses since issue 13.)
+        spec.write_text(_spec_text(model, "toolchain: trtllm-1.1.0\n", quant=quant))
+        old, new = get_toolchain(None), get_toolchain("trtllm-1.1.0")
         converter_changed = (old.modelopt_version, old.transformers_version) != (new.modelopt_version,
                                                                                  new.transformers_version)
         expected = {"checkpoint", "engine", "publish"} if converter_changed else {"engine", "publish"}
@@ -300,41 +302,6 @@ def test_real_changes_move_exactly_the_dependent_keys(tiny_llama_dir: Path, tmp_
     # A key that moved, or that a dry run can no longer compute (its engine is not built under the new key).
     changed = {name for name in before if before[name] != after.get(name)}
     assert changed == expected, (change, quantized)
-
-
-BLOCKING_RUNNER = r"""
-import sys
-class Missing:
-    # Stands for an installation where one area's module does not exist yet.
-    def find_spec(self, name, path=None, target=None):
-        if name == sys.argv[1]:
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return None
-sys.meta_path.insert(0, Missing())
-from trtpipe.cli import main
-sys.exit(main(sys.argv[2:]))
-"""
-
-
-@pytest.mark.parametrize(("missing", "stopped_after"), [
-    ("trtpipe.serving.publish", "engine"),
-    ("trtpipe.engine.stage", "checkpoint"),
-])
-def test_build_stops_after_the_last_stage_that_exists(built, tiny_spec: Path, tmp_path: Path, tools, missing: str,
-                                                      stopped_after: str) -> None:
-    home = _copy_store(built[0], tmp_path / "home")
-    import sys
-
-    result = subprocess.run([sys.executable, "-c", BLOCKING_RUNNER, missing, "build", str(tiny_spec), "--json"],
-                            env=tools.cli_env(home), capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
-    assert report["status"] == "incomplete" and report["stopped_after"] == stopped_after
-    assert missing in report["message"]
-    names = [s["name"] for s in report["stages"]]
-    assert names == ["resolve", "plan", "checkpoint", "engine", "publish"]
-    unavailable = next(s for s in report["stages"] if s["outcome"] == "unavailable")
-    assert names.index(unavailable["name"]) == names.index(stopped_after) + 1
 
 
 def test_history_of_a_channel_reads_the_release_audit(tmp_path: Path, tools) -> None:
@@ -347,8 +314,13 @@ WARM_IMPORTS = r"""
 import sys
 from trtpipe.cli import main
 code = main(["build", sys.argv[1], "--json"])
-heavy = sorted(m for m in ("torch", "transformers", "modelopt", "safetensors") if m in sys.modules)
-print("HEAVY=" + ",".join(heavy), file=sys.stderr)
+heavy = sorted(m for m in ("torch", "transformers", "modelopt", "safetensors", "tritonclient", "docker", "numpy")
+               if m in sys.modules)
+# The stages' implementations load only when a stage builds or a dry run previews it.
+stage_code = sorted(m for m in ("trtpipe.checkpoint.convert", "trtpipe.engine.conversion", "trtpipe.engine.stage",
+                                "trtpipe.engine.executors.docker", "trtpipe.engine.executors.local",
+                                "trtpipe.reference.runtime") if m in sys.modules)
+print("HEAVY=" + ",".join(heavy + stage_code), file=sys.stderr)
 sys.exit(code)
 """
 
@@ -361,3 +333,5 @@ def test_warm_build_imports_no_heavy_library(built, tiny_spec: Path, tmp_path: P
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "HEAVY=\n" in result.stderr or result.stderr.rstrip().endswith("HEAVY="), result.stderr[-500:]
+    report = json.loads(result.stdout)
+    assert [s["outcome"] for s in report["stages"]] == ["ran", "ran", "hit", "hit", "hit"]

@@ -1,4 +1,6 @@
-"""Keys change exactly when an input they depend on changes (hypothesis), and never carry paths."""
+"""Keys change exactly when an input they depend on changes (hypothesis), and never carry paths.
+
+The key documents are the stages' (trtpipe.stages.checkpoint/engine/publish); the store only hashes them."""
 
 from __future__ import annotations
 
@@ -10,6 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trtpipe import quant
+from trtpipe.stages.checkpoint import checkpoint_key
+from trtpipe.stages.engine import engine_key
+from trtpipe.stages.publish import repository_key
 from trtpipe.store import keys
 
 ALGOS = ["none", "fp8", "int4_awq", "w4a8_awq", "int8_sq", "int8_wo", "nvfp4"]
@@ -19,20 +25,20 @@ DOWNSTREAM_OF_ENGINE = {"engine", "repository"}
 
 
 def all_keys(p: dict[str, Any]) -> dict[str, str]:
-    ck = keys.checkpoint_key(
+    ck = checkpoint_key(
         config_digest=p["config"], weight_digests=p["weights"], dtype=p["dtype"], algo=p["algo"], kv_cache=p["kv"],
         group_size=p["group_size"], calibration_digest=p["calibration"], calibration_samples=p["samples"],
         calibration_max_seq_len=p["calib_len"], calibration_seed=p["seed"], tp=p["tp"], pp=p["pp"],
         modelopt_version=p["modelopt"], transformers_version=p["transformers"],
     )
-    ek = keys.engine_key(
+    ek = engine_key(
         checkpoint=ck.key, build_config=p["build_config"], trtllm_version=p["trtllm"],
         tensorrt_version=p["tensorrt"], gpu_sm=p["sm"], gpu_product=p["product"],
     )
     # The repository key hashes the engine's DIGEST (its bytes). Stand-in: another engine key means
     # other engine bytes here (a rebuild with identical bytes is test_build's business).
     engine_digest = "sha256:" + hashlib.sha256(ek.key.encode()).hexdigest()
-    rk = keys.repository_key(engine_digest=engine_digest, serving=p["serving"], tokenizer_digest=p["tokenizer"],
+    rk = repository_key(engine_digest=engine_digest, serving=p["serving"], tokenizer_digest=p["tokenizer"],
                              templates_digest=p["templates"], trtpipe_version=p["trtpipe"], name=p["name"],
                              target={"gpu": "cpu-reference", "sm": p["sm"]}, toolchain="trtllm-1.2.1",
                              quant=p["algo"], release=p["release"])
@@ -84,7 +90,7 @@ def _bump_hex(value: str) -> str:
 def mutate(p: dict[str, Any], what: str) -> tuple[dict[str, Any], set[str]]:
     """Change one input; return the new params and the keys that must change."""
     q = copy.deepcopy(p)
-    calibrated = keys.needs_calibration(p["algo"], p["kv"])
+    calibrated = quant.needs_calibration(p["algo"], p["kv"])
     if what == "weight file":
         q["weights"][0] = _bump_hex(q["weights"][0])
         return q, ALL
@@ -99,7 +105,7 @@ def mutate(p: dict[str, Any], what: str) -> tuple[dict[str, Any], set[str]]:
         return q, ALL if calibrated else set()
     if what == "group size":
         q["group_size"] = 64 if p["group_size"] != 64 else 128
-        return q, ALL if p["algo"] in ("int4_awq", "w4a8_awq") else set()
+        return q, ALL if quant.FORMATS[p["algo"]].grouped else set()
     if what == "dtype":
         q["dtype"] = "bfloat16" if p["dtype"] == "float16" else "float16"
         return q, ALL
@@ -176,12 +182,12 @@ def test_keys_ignore_the_order_of_weight_files(p: dict[str, Any], rnd) -> None:
 def test_key_document_is_versioned_and_canonical() -> None:
     common = dict(engine_digest="sha256:" + "e" * 64, tokenizer_digest=None, templates_digest="t", trtpipe_version="0.1.0",
                   name="n", target={"gpu": "cpu-reference"}, toolchain="trtllm-1.2.1", quant="none", release={"gates": {}})
-    key = keys.repository_key(serving={"b": 1, "a": 2}, **common)
+    key = repository_key(serving={"b": 1, "a": 2}, **common)
     assert key.inputs["key_schema"] == keys.KEY_SCHEMA and key.inputs["kind"] == "repository"
-    again = keys.repository_key(serving={"a": 2, "b": 1}, **common)
+    again = repository_key(serving={"a": 2, "b": 1}, **common)
     assert key.key == again.key and len(key.key) == 64
     with pytest.raises(ValueError):
-        keys.repository_key(serving={}, **{**common, "engine_digest": "an-engine-key"})
+        repository_key(serving={}, **{**common, "engine_digest": "an-engine-key"})
     assert keys.canonical_json({"b": 1, "a": [1, "x"]}) == b'{"a":[1,"x"],"b":1}'
 
 

@@ -13,20 +13,19 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from trtpipe.errors import TrtpipeError
+from trtpipe.checkpoint.convert import convert_checkpoint
+from trtpipe.errors import InvalidInput
+from trtpipe.resolve import resolve
+from trtpipe.spec_loader import load_spec
 
 
 @contextlib.contextmanager
 def converted_afresh(spec_path: Path) -> Iterator[tuple[Path, Path]]:
     """Yield (checkpoint dir, tokenizer dir) of `spec_path`'s model, converted now; removed afterwards."""
-    from trtpipe.checkpoint.convert import convert_checkpoint
-    from trtpipe.resolve import resolve
-    from trtpipe.spec_loader import load_spec
-
     resolved = resolve(load_spec(Path(spec_path)))
     tokenizer_dir = resolved.tokenizer_dir or resolved.model_dir
     if tokenizer_dir is None:
-        raise TrtpipeError(f"{spec_path}: the spec names no local tokenizer or model directory",
+        raise InvalidInput(f"{spec_path}: the spec names no local tokenizer or model directory",
                            fix="set model.path (or model.tokenizer) so parity can tokenize like the server")
     with tempfile.TemporaryDirectory(prefix="trtpipe-parity-") as tmp:
         out = Path(tmp) / "checkpoint"

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from trtpipe.checkpoint.example_model import shipped_text_path
-from trtpipe.errors import TrtpipeError
+from trtpipe.errors import InvalidInput, NotFound
 from trtpipe.spec import BuildSpec
 
 
@@ -43,8 +43,9 @@ def calibration_source(spec: BuildSpec) -> Path:
 def read_texts(path: Path, text_field: str = "text") -> list[str]:
     """The samples of a plain-text or JSONL file, in file order; empty ones dropped."""
     if not path.is_file():
-        raise TrtpipeError(
-            f"quantization.calibration.dataset: {path} does not exist", fix="give a .txt or .jsonl file"
+        raise NotFound(
+            f"quantization.calibration.dataset: {path} does not exist", what="calibration dataset", ref=str(path),
+            fix="give a .txt or .jsonl file",
         )
     raw = path.read_text(encoding="utf-8")
     if path.suffix.lower() in (".jsonl", ".ndjson"):
@@ -55,9 +56,9 @@ def read_texts(path: Path, text_field: str = "text") -> list[str]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise TrtpipeError(f"{path}:{number}: not valid JSON ({exc.msg})", fix="one JSON object per line") from None
+                raise InvalidInput(f"{path}:{number}: not valid JSON ({exc.msg})", fix="one JSON object per line") from None
             if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
-                raise TrtpipeError(
+                raise InvalidInput(
                     f"{path}:{number}: no string field {text_field!r}",
                     fix="set quantization.calibration.text_field to the field holding the text",
                 )
@@ -66,7 +67,7 @@ def read_texts(path: Path, text_field: str = "text") -> list[str]:
         texts = raw.split("\n\n")
     texts = [t.strip() for t in texts if t.strip()]
     if not texts:
-        raise TrtpipeError(f"{path}: no calibration text in it", fix="give a file with some text")
+        raise InvalidInput(f"{path}: no calibration text in it", fix="give a file with some text")
     return texts
 
 

@@ -4,17 +4,12 @@ The quantizer and exporter are ModelOpt's own (`mtq.quantize` + `export_tensorrt
 version the spec's toolchain pins; a different installed version is refused, because a checkpoint's layout and
 scales are only as trustworthy as the exporter the engine builder was tested with.
 
-Formats (spec `quantization.algo` -> ModelOpt 0.37 config -> checkpoint `quant_algo`):
-  none     -> no quantization                    -> null (weights in the spec dtype)
-  fp8      -> FP8_DEFAULT_CFG                    -> FP8
-  int4_awq -> INT4_AWQ_CFG, block = group_size   -> W4A16_AWQ
-  w4a8_awq -> W4A8_AWQ_BETA_CFG, block = group   -> W4A8_AWQ
-  int8_sq  -> INT8_SMOOTHQUANT_CFG               -> W8A8_SQ_PER_CHANNEL
-  int8_wo  -> refused: ModelOpt 0.37 has no INT8 weight-only config, and its exporter maps every 8-bit weight
-              quantizer to W8A8_SQ_PER_CHANNEL (modelopt/torch/export/quant_utils.py), so any attempt would
-              silently produce SmoothQuant. (0.47 has INT8_WEIGHT_ONLY_CFG -> W8A16; not the pinned version.)
-  nvfp4    -> refused: needs CUDA kernels to calibrate (and a Blackwell GPU to run).
-  kv_cache fp8 -> FP8_KV_CFG's `*[kv]_bmm_quantizer` entry added, on fp8, int4_awq or w4a8_awq.
+Formats: each spec `quantization.algo` names its ModelOpt 0.37 config and the checkpoint `quant_algo` it
+exports in the quantization table (trtpipe.quant), with the group size (AWQ: block_sizes[-1]) and the KV
+caches offered on top (FP8: FP8_KV_CFG's `*[kv]_bmm_quantizer` entry added). What the pinned ModelOpt cannot
+produce (int8_wo: no INT8 weight-only config, and its exporter writes every 8-bit weight as
+W8A8_SQ_PER_CHANNEL; nvfp4: calibration needs CUDA kernels; an INT8 KV cache) is refused by trtpipe.resolve
+with the table's reason, before any conversion: this module converts only what resolve accepted.
 
 CPU practice: calibration runs in bfloat16 (fp16 matmul is ~12x slower on CPU). Tensors that no quantizer
 touches (embedding, norms, lm_head, biases) are put back from the model loaded in the export dtype before
@@ -57,26 +52,13 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from trtpipe import quant
 from trtpipe.checkpoint.calibration import CalibrationInfo, calibration_source, prepare_calibration, read_texts
-from trtpipe.checkpoint.hf_source import (
-    HfSource,
-    check_group_size,
-    check_tp_divisibility,
-    inspect_source,
-    load_model,
-)
-from trtpipe.errors import MissingCapability, TrtpipeError
-from trtpipe.spec import BuildSpec, KvCacheDtype, QuantAlgo
-
-GROUPED_ALGOS = (QuantAlgo.int4_awq, QuantAlgo.w4a8_awq)
-FP8_KV_ALGOS = (QuantAlgo.fp8, QuantAlgo.int4_awq, QuantAlgo.w4a8_awq)
-CHECKPOINT_QUANT_ALGO = {
-    QuantAlgo.none: None,
-    QuantAlgo.fp8: "FP8",
-    QuantAlgo.int4_awq: "W4A16_AWQ",
-    QuantAlgo.w4a8_awq: "W4A8_AWQ",
-    QuantAlgo.int8_sq: "W8A8_SQ_PER_CHANNEL",
-}
+from trtpipe.checkpoint.hf_source import HfSource, dims, inspect_source, load_model
+from trtpipe.checkpoint.schema import validate_checkpoint
+from trtpipe.errors import InvalidInput, MissingCapability, TrtpipeError
+from trtpipe.spec import BuildSpec
+from trtpipe.versions import versions_match
 
 
 class FileDigest(BaseModel):
@@ -108,13 +90,6 @@ class ConvertSummary(BaseModel):
 # ------------------------------------------------------------------------------------------------ checks
 
 
-def versions_match(installed: str, pinned: str) -> bool:
-    """`0.37.0` matches pins `0.37.0`, `0.37`, `0.37.x`, `0.37.*` and `~=0.37.0`; nothing else."""
-    pin = pinned.strip().removeprefix("~=").removeprefix("==").rstrip("*").rstrip("x").rstrip(".")
-    pin_parts, have_parts = pin.split("."), installed.split("+")[0].split(".")
-    return bool(pin) and have_parts[: len(pin_parts)] == pin_parts
-
-
 def check_versions(toolchain: Any, *, warn: Callable[[str], None]) -> tuple[str, str]:
     """Refuse a ModelOpt/transformers that differs from the toolchain's pins; warn when a pin is unknown."""
     import transformers
@@ -136,58 +111,30 @@ def check_versions(toolchain: Any, *, warn: Callable[[str], None]) -> tuple[str,
             warn(f"toolchain {name} does not pin {package}; using the installed {installed[package]}")
             continue
         if not versions_match(installed[package], str(pinned)):
-            raise TrtpipeError(
+            raise MissingCapability(
                 f"{package} {installed[package]} is installed but toolchain {name} pins {pinned}",
                 fix=f"pip install {package}=={pinned} (or choose the toolchain that matches)",
             )
     return installed["nvidia-modelopt"], installed["transformers"]
 
 
-def check_recipe(spec: BuildSpec) -> None:
-    """Refuse what the pinned ModelOpt cannot produce, with the reason, before any work."""
-    quant = spec.quantization
-    if quant.algo == QuantAlgo.int8_wo:
-        raise TrtpipeError(
-            "quantization.algo int8_wo: nvidia-modelopt 0.37 (pinned by TRT-LLM 1.2) has no INT8 weight-only "
-            "config, and its exporter writes every 8-bit weight as W8A8_SQ_PER_CHANNEL",
-            fix="use int8_sq (INT8 SmoothQuant) or int4_awq; trtpipe never exports a different format silently",
-        )
-    if quant.algo == QuantAlgo.nvfp4:
-        raise TrtpipeError(
-            "quantization.algo nvfp4: calibration needs CUDA kernels, which a CPU conversion cannot run",
-            fix="convert on a Blackwell GPU host, or use fp8 / int4_awq",
-        )
-    if quant.kv_cache == KvCacheDtype.int8:
-        raise TrtpipeError(
-            "quantization.kv_cache int8: nvidia-modelopt 0.37 has no INT8 KV-cache config for TRT-LLM export",
-            fix="use kv_cache: fp8 (on fp8, int4_awq or w4a8_awq) or auto",
-        )
-    if quant.kv_cache == KvCacheDtype.fp8 and quant.algo not in FP8_KV_ALGOS:
-        raise TrtpipeError(
-            f"quantization.kv_cache fp8 is offered on top of fp8, int4_awq or w4a8_awq, not {quant.algo.value}",
-            fix="set quantization.algo to fp8 or int4_awq, or kv_cache: auto",
-        )
-
-
-def quant_config(algo: QuantAlgo, kv_cache: KvCacheDtype, group_size: int) -> dict[str, Any] | None:
-    """The ModelOpt 0.37 quantization config for a spec recipe (a deep copy: the library dicts stay intact)."""
+def quant_config(algo: str, kv_cache: str, group_size: int) -> dict[str, Any] | None:
+    """The ModelOpt 0.37 quantization config of a spec recipe, named by the quantization table (a deep copy:
+    the library's dicts stay intact)."""
     import modelopt.torch.quantization as mtq
 
-    if algo == QuantAlgo.none:
+    fmt, kv = quant.FORMATS[algo], quant.KV_CACHES[kv_cache]
+    assert fmt.refused is None and kv.refused is None, "trtpipe.resolve refuses what the converter cannot make"
+    if fmt.modelopt_config is None:
         return None
-    base = {
-        QuantAlgo.fp8: mtq.FP8_DEFAULT_CFG,
-        QuantAlgo.int4_awq: mtq.INT4_AWQ_CFG,
-        QuantAlgo.w4a8_awq: mtq.W4A8_AWQ_BETA_CFG,
-        QuantAlgo.int8_sq: mtq.INT8_SMOOTHQUANT_CFG,
-    }[algo]
-    config = copy.deepcopy(base)
-    weight = config["quant_cfg"]["*weight_quantizer"]
-    if algo in GROUPED_ALGOS:
+    config = copy.deepcopy(getattr(mtq, fmt.modelopt_config))
+    if fmt.grouped:
+        weight = config["quant_cfg"]["*weight_quantizer"]
         first = weight[0] if isinstance(weight, list) else weight
         first["block_sizes"][-1] = group_size
-    if kv_cache == KvCacheDtype.fp8:
-        config["quant_cfg"]["*[kv]_bmm_quantizer"] = copy.deepcopy(mtq.FP8_KV_CFG["quant_cfg"]["*[kv]_bmm_quantizer"])
+    if kv.modelopt_config is not None:
+        kv_entry = getattr(mtq, kv.modelopt_config)["quant_cfg"]["*[kv]_bmm_quantizer"]
+        config["quant_cfg"]["*[kv]_bmm_quantizer"] = copy.deepcopy(kv_entry)
     return config
 
 
@@ -279,8 +226,6 @@ def _threads_for(config: dict[str, Any]) -> Iterator[None]:
     OpenMP thread that gets descheduled stalls every op (measured 80x slower on a loaded 2-core CI box).
     Large models keep torch's default. Same model -> same thread count -> same bytes."""
     import torch
-
-    from trtpipe.checkpoint.hf_source import dims
 
     d = dims(config)
     approx_params = d["layers"] * (4 * d["hidden"] ** 2 + 3 * d["hidden"] * d["intermediate"]) + 2 * d["vocab"] * d["hidden"]
@@ -432,7 +377,7 @@ def _check_on_gpus(model: Any) -> None:
     placed = {str(device) for device in (getattr(model, "hf_device_map", None) or {}).values()}
     spilled = sorted(placed & {"cpu", "disk"})
     if spilled:
-        raise TrtpipeError(
+        raise MissingCapability(
             f"the model does not fit in the memory of the {torch.cuda.device_count()} visible GPU(s): "
             f"part of it was placed on {' and '.join(spilled)}",
             fix="convert on GPUs with more memory in total (target.gpu_count), or quantize a smaller model",
@@ -459,41 +404,32 @@ def convert_checkpoint(
     if device not in DEVICES:
         raise ValueError(f"device {device!r} is not one of {DEVICES}")
 
-    from trtpipe.checkpoint.schema import validate_checkpoint
-
+    
     started = time.monotonic()
     spec: BuildSpec = resolved.spec
-    quant = spec.quantization
+    requested = spec.quantization
     out_dir = Path(out_dir)
     if not out_dir.is_dir():
-        raise TrtpipeError(f"{out_dir} is not a directory", fix="create it first")
+        raise InvalidInput(f"{out_dir} is not a directory", fix="create it first")
     warn = lambda message: print(f"warning: {message}", file=sys.stderr)  # noqa: E731
     modelopt_version, transformers_version = check_versions(resolved.toolchain, warn=warn)
-    check_recipe(spec)
     if resolved.model_dir is None:
-        raise TrtpipeError("the spec gives no model weights to convert", fix="set model.path to a local HF folder")
+        raise InvalidInput("the spec gives no model weights to convert", fix="set model.path to a local HF folder")
+    # tp/pp against the model's shape, the AWQ group size and the recipe itself were checked by resolve.
     source = inspect_source(Path(resolved.model_dir), resolved.tokenizer_dir, allow_pickle=spec.model.allow_pickle)
     tp, pp = spec.target.tp, spec.target.pp
-    check_tp_divisibility(source.config, tp)
-    if source.config["num_hidden_layers"] % pp:
-        raise TrtpipeError(
-            f"num_hidden_layers {source.config['num_hidden_layers']} is not divisible by pp={pp}",
-            fix="choose a pp that divides the layer count",
-        )
-    if quant.algo in GROUPED_ALGOS:
-        check_group_size(source.config, quant.group_size, tp)
 
-    export_dtype = resolved.weight_dtype if hasattr(resolved, "weight_dtype") else "float16"
-    recipe = quant_config(quant.algo, quant.kv_cache, quant.group_size)
+    export_dtype = resolved.weight_dtype
+    recipe = quant_config(requested.algo, requested.kv_cache, requested.group_size)
     calibration: CalibrationInfo | None = None
     if recipe is not None:  # a missing or malformed dataset fails now, not after loading the model
-        read_texts(calibration_source(spec), quant.calibration.text_field)
+        read_texts(calibration_source(spec), requested.calibration.text_field)
 
     if device == "cuda":
         _check_cuda()
 
     with _quiet_stdout(), _threads_for(source.config), _Progress(show_progress, lines=progress_lines) as progress:
-        torch.manual_seed(quant.calibration.seed)
+        torch.manual_seed(requested.calibration.seed)
         advance = progress.task("loading model", 1)
         model = load_model(source, _torch_dtype(export_dtype), trust_remote_code=spec.model.trust_remote_code,
                            device_map="auto" if device == "cuda" else None)
@@ -526,7 +462,7 @@ def convert_checkpoint(
         dtype=config["dtype"],
         quant_algo=quantization.get("quant_algo"),
         kv_cache_quant_algo=quantization.get("kv_cache_quant_algo"),
-        group_size=quant.group_size if quant.algo in GROUPED_ALGOS else None,
+        group_size=requested.group_size if quant.FORMATS[requested.algo].grouped else None,
         tp=tp,
         pp=pp,
         files=files,

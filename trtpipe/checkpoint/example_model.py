@@ -30,7 +30,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from trtpipe.errors import TrtpipeError, UsageError
+from trtpipe.errors import InvalidInput, UsageError
 
 ARCHITECTURES = ("llama", "qwen2", "mistral")
 
@@ -215,7 +215,7 @@ def write_example_model(
     if arch not in ARCHITECTURES:
         raise UsageError(f"unknown example architecture {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not overwrite:
-        raise UsageError(f"{out_dir} exists and is not empty", fix="choose a new directory or pass --force")
+        raise UsageError(f"{out_dir} exists and is not empty", fix="choose a new or empty directory, or replace it")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
 
     model, tokenizer = build_example_model(arch, rope_scaling=rope_scaling)
@@ -243,4 +243,5 @@ def _place(staging: Path, out_dir: Path, *, overwrite: bool) -> None:
         # Another process placed the same (deterministic) model first: theirs is as good as ours.
         if out_dir.is_dir() and (out_dir / "trtpipe_example.json").is_file():
             return
-        raise TrtpipeError(f"could not place example model at {out_dir}: {err.strerror}") from err
+        raise InvalidInput(f"could not place example model at {out_dir}: {err.strerror}",
+                           fix="choose a directory this user can write") from err

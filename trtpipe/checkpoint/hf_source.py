@@ -1,8 +1,9 @@
 """Checks and loading of the Hugging Face model directory a conversion starts from.
 
-Everything here runs before any weight is read into torch, so a user's mistake (pickle weights, a config
-without weights, a truncated shard, an INT4 group size that does not divide a layer) fails in a second with
-one line, not after minutes of calibration.
+Everything here runs before any weight is read into torch, so a damaged or mismatched model directory
+(pickle weights, a config without weights, a truncated shard, shapes that disagree with config.json) fails in
+a second with one line, not after minutes of calibration. The spec's rules (architecture, tp/pp against the
+model's shape, the AWQ group size against every GEMM width) are trtpipe.resolve's, applied before.
 """
 
 from __future__ import annotations
@@ -12,14 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtpipe.errors import TrtpipeError
+from trtpipe.errors import IntegrityError, InvalidInput
+from trtpipe.resolve import SUPPORTED_ARCHITECTURES
 
-# HF architecture -> ModelOpt decoder layout used for export (see convert.py on why Qwen2 exports as llama).
-SUPPORTED_ARCHITECTURES: dict[str, str] = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "llama",
-    "Qwen2ForCausalLM": "qwen2",
-}
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 
@@ -61,8 +57,8 @@ def check_architecture(config: dict[str, Any], where: Path) -> str:
     architectures = config.get("architectures") or []
     arch = architectures[0] if architectures else None
     if arch not in SUPPORTED_ARCHITECTURES:
-        raise TrtpipeError(
-            f"{where}: architecture {arch or '(none given)'} is not supported by trtpipe convert",
+        raise InvalidInput(
+            f"{where}: architecture {arch or '(none given)'} is not supported by trtpipe's converter",
             fix=f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}",
         )
     return arch
@@ -75,12 +71,12 @@ def _weight_files(model_dir: Path, allow_pickle: bool) -> tuple[tuple[Path, ...]
         return tuple(safetensors), False
     if pickled:
         if not allow_pickle:
-            raise TrtpipeError(
+            raise InvalidInput(
                 f"{model_dir}: only pickle weights ({pickled[0].name}); loading pickle can run arbitrary code",
                 fix="convert the weights to safetensors, or set model.allow_pickle: true in the spec if you trust them",
             )
         return tuple(pickled), True
-    raise TrtpipeError(
+    raise InvalidInput(
         f"{model_dir}: config.json but no weights (*.safetensors)", fix="download the model's weight files too"
     )
 
@@ -126,16 +122,18 @@ def _check_safetensors_shapes(model_dir: Path, files: tuple[Path, ...], config: 
                 for name in handle.keys():
                     found[name] = tuple(handle.get_slice(name).get_shape())
         except Exception as exc:  # truncated or not a safetensors file
-            raise TrtpipeError(f"{path}: not a readable safetensors file ({exc})", fix="re-download it") from None
+            raise IntegrityError(f"{path}: not a readable safetensors file ({exc})", path=str(path),
+                                 fix="re-download it") from None
     for name, shape in expected_hf_shapes(config).items():
         if name not in found:
-            raise TrtpipeError(
-                f"{model_dir}: tensor {name} is missing from the weights",
+            raise IntegrityError(
+                f"{model_dir}: tensor {name} is missing from the weights", path=str(model_dir),
                 fix="the weight files do not match config.json; re-download the model",
             )
         if found[name] != shape:
-            raise TrtpipeError(
+            raise IntegrityError(
                 f"{model_dir}: tensor {name} has shape {list(found[name])}, config.json implies {list(shape)}",
+                path=str(model_dir),
                 fix="the weight files do not match config.json; re-download the model or fix config.json",
             )
 
@@ -146,7 +144,7 @@ def inspect_source(
     """Check an HF directory without loading it: architecture, weight format, tensor shapes, tokenizer."""
     config_path = model_dir / "config.json"
     if not config_path.is_file():
-        raise TrtpipeError(f"{model_dir}: no config.json", fix="give the folder of a Hugging Face model")
+        raise InvalidInput(f"{model_dir}: no config.json", fix="give the folder of a Hugging Face model")
     config = json.loads(config_path.read_text(encoding="utf-8"))
     arch = check_architecture(config, config_path)
     files, uses_pickle = _weight_files(model_dir, allow_pickle)
@@ -154,47 +152,11 @@ def inspect_source(
         _check_safetensors_shapes(model_dir, files, config)
     tokenizer_dir = tokenizer_dir or model_dir
     if not any((tokenizer_dir / name).is_file() for name in TOKENIZER_FILES):
-        raise TrtpipeError(
+        raise InvalidInput(
             f"{tokenizer_dir}: no tokenizer (tokenizer.json or tokenizer.model)",
             fix="copy the model's tokenizer files there, or set model.tokenizer in the spec",
         )
     return HfSource(model_dir, tokenizer_dir, config, arch, files, uses_pickle)
-
-
-def gemm_input_widths(config: dict[str, Any], tp: int) -> dict[str, int]:
-    """Per-rank input width of every quantized GEMM (what an INT4 group must divide)."""
-    d = dims(config)
-    return {
-        "attention.qkv (hidden_size)": d["hidden"],
-        "mlp.fc/mlp.gate (hidden_size)": d["hidden"],
-        f"attention.dense (heads*head_dim/tp = {d['heads']}*{d['head_dim']}/{tp})": d["heads"] * d["head_dim"] // tp,
-        f"mlp.proj (intermediate_size/tp = {d['intermediate']}/{tp})": d["intermediate"] // tp,
-    }
-
-
-def check_tp_divisibility(config: dict[str, Any], tp: int) -> None:
-    d = dims(config)
-    for label, value in (
-        ("num_attention_heads", d["heads"]),
-        ("intermediate_size", d["intermediate"]),
-    ):
-        if value % tp:
-            raise TrtpipeError(f"{label} {value} is not divisible by tp={tp}", fix="choose a tp that divides it")
-    if d["kv_heads"] % tp and tp % d["kv_heads"]:
-        raise TrtpipeError(
-            f"num_key_value_heads {d['kv_heads']} and tp={tp}: neither divides the other",
-            fix="choose a tp that divides the KV head count",
-        )
-
-
-def check_group_size(config: dict[str, Any], group_size: int, tp: int) -> None:
-    """INT4 AWQ quantizes in groups along each GEMM's input: every per-rank input width must be a multiple."""
-    for label, width in gemm_input_widths(config, tp).items():
-        if width % group_size:
-            raise TrtpipeError(
-                f"quantization.group_size {group_size} does not divide the input width {width} of {label}",
-                fix=f"use a group_size that divides {width} (32 or 64), or a smaller tp",
-            )
 
 
 def load_model(source: HfSource, dtype: Any, *, trust_remote_code: bool = False, device_map: str | None = None) -> Any:
@@ -215,6 +177,8 @@ def load_model(source: HfSource, dtype: Any, *, trust_remote_code: bool = False,
         )
     except (OSError, ValueError, RuntimeError) as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise TrtpipeError(f"{source.model_dir}: transformers could not load the model: {first_line}") from None
+        raise InvalidInput(f"{source.model_dir}: transformers could not load the model: {first_line}",
+                           fix="check that the folder holds a complete Hugging Face model of a supported "
+                           "architecture") from None
     model.eval()
     return model

@@ -15,6 +15,8 @@ from pathlib import Path
 import yaml
 
 from trtpipe.checkpoint.convert import ConvertSummary, convert_checkpoint
+from trtpipe.resolve import resolve
+from trtpipe.spec_loader import load_spec
 
 
 def spec_text(
@@ -45,9 +47,6 @@ def spec_text(
 
 def convert_local(model_dir: Path, out_dir: Path, **recipe: object) -> ConvertSummary:
     """Convert `model_dir` into a new `out_dir` (atomically) with the recipe keywords of `spec_text`."""
-    from trtpipe.resolve import resolve
-    from trtpipe.spec_loader import load_spec
-
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))

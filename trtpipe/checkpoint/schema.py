@@ -10,14 +10,12 @@ Expected layout (ModelOpt 0.37 export, llama layout, also used for Qwen2; shapes
   the last holds transformer.ln_f and lm_head [pad(vocab, tp)/tp, hidden].
   Per layer: input_layernorm, post_layernorm [hidden]; attention.qkv [(q + 2 kv)/tp, hidden] (+ bias for
   Qwen2); attention.dense [hidden, q/tp]; mlp.fc and mlp.gate [inter/tp, hidden]; mlp.proj [hidden, inter/tp].
-  Quantized GEMMs (all of qkv, dense, fc, gate, proj; lm_head excluded):
-    FP8                  weight F8_E4M3 [out, in]; weights_scaling_factor, activation_scaling_factor F32 [1]
-    W4A16_AWQ            weight I8 [out/2, in]; weights_scaling_factor F32 [out, in/group];
-                         prequant_scaling_factor <dtype> [in]
-    W4A8_AWQ             as W4A16_AWQ + weights_scaling_factor_2, activation_scaling_factor F32 [1]
-    W8A8_SQ_PER_CHANNEL  weight I8 [out, in]; weights_scaling_factor F32 [out];
-                         activation_scaling_factor F32 [1]; prequant_scaling_factor <dtype> [in]
-  FP8 KV cache: attention.kv_cache_scaling_factor F32 [1] (k_/v_cache_scaling_factor [1] may accompany it).
+  Quantized GEMMs (all of qkv, dense, fc, gate, proj; lm_head excluded): the tensors of the checkpoint's
+  format in the quantization table (trtpipe.quant, `tensors`), e.g. FP8: weight F8_E4M3 [out, in] with
+  weights_scaling_factor and activation_scaling_factor F32 [1]; W4A16_AWQ: weight I8 [out/2, in],
+  weights_scaling_factor F32 [out, in/group], prequant_scaling_factor <dtype> [in].
+  A quantized KV cache: its scale tensors per attention layer (FP8: kv_cache_scaling_factor F32 [1];
+  k_/v_cache_scaling_factor [1] may accompany it).
 """
 
 from __future__ import annotations
@@ -28,20 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtpipe.errors import TrtpipeError
-from trtpipe.spec import BuildSpec, KvCacheDtype, QuantAlgo
+from trtpipe import quant
+from trtpipe.errors import IntegrityError
+from trtpipe.resolve import SUPPORTED_ARCHITECTURES
+from trtpipe.spec import BuildSpec
 
 SAFETENSORS_DTYPE = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}
-SPEC_QUANT_ALGO = {
-    QuantAlgo.none: None,
-    QuantAlgo.fp8: "FP8",
-    QuantAlgo.int4_awq: "W4A16_AWQ",
-    QuantAlgo.w4a8_awq: "W4A8_AWQ",
-    QuantAlgo.int8_sq: "W8A8_SQ_PER_CHANNEL",
-}
-QUANT_ALGOS = (None, "FP8", "W4A16_AWQ", "W4A8_AWQ", "W8A8_SQ_PER_CHANNEL")
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-OPTIONAL_KV_SCALES = ("k_cache_scaling_factor", "v_cache_scaling_factor")
+# The checkpoint formats an exporter here writes: those whose tensors the quantization table knows.
+EXPORTED_FORMATS = {f.checkpoint_algo: f for f in quant.FORMATS.values() if f.tensors is not None and f.refused is None}
+EXPORTED_KV = {k.checkpoint_algo: k for k in quant.KV_CACHES.values() if k.checkpoint_algo and k.refused is None}
 RANK_FILE = re.compile(r"^rank(\d+)\.safetensors$")
 
 
@@ -51,9 +44,9 @@ class TensorSpec:
     shape: tuple[int, ...]
 
 
-def _fail(where: Path, message: str, fix: str | None = None) -> TrtpipeError:
-    return TrtpipeError(
-        f"checkpoint {where}: {message}",
+def _fail(where: Path, message: str, fix: str | None = None) -> IntegrityError:
+    return IntegrityError(
+        f"checkpoint {where}: {message}", path=str(where),
         fix=fix or "this is a bug in the conversion: report it with the spec and the ModelOpt version",
     )
 
@@ -61,34 +54,8 @@ def _fail(where: Path, message: str, fix: str | None = None) -> TrtpipeError:
 def _linear_tensors(
     name: str, out: int, inp: int, dtype: str, algo: str | None, group: int | None
 ) -> dict[str, TensorSpec]:
-    scalar = TensorSpec("F32", (1,))
-    if algo is None:
-        return {f"{name}.weight": TensorSpec(dtype, (out, inp))}
-    if algo == "FP8":
-        return {
-            f"{name}.weight": TensorSpec("F8_E4M3", (out, inp)),
-            f"{name}.weights_scaling_factor": scalar,
-            f"{name}.activation_scaling_factor": scalar,
-        }
-    if algo in ("W4A16_AWQ", "W4A8_AWQ"):
-        assert group is not None
-        tensors = {
-            f"{name}.weight": TensorSpec("I8", (out // 2, inp)),
-            f"{name}.weights_scaling_factor": TensorSpec("F32", (out, inp // group)),
-            f"{name}.prequant_scaling_factor": TensorSpec(dtype, (inp,)),
-        }
-        if algo == "W4A8_AWQ":
-            tensors[f"{name}.weights_scaling_factor_2"] = scalar
-            tensors[f"{name}.activation_scaling_factor"] = scalar
-        return tensors
-    if algo == "W8A8_SQ_PER_CHANNEL":
-        return {
-            f"{name}.weight": TensorSpec("I8", (out, inp)),
-            f"{name}.weights_scaling_factor": TensorSpec("F32", (out,)),
-            f"{name}.activation_scaling_factor": scalar,
-            f"{name}.prequant_scaling_factor": TensorSpec(dtype, (inp,)),
-        }
-    raise AssertionError(algo)
+    fmt = EXPORTED_FORMATS[algo]
+    return {key: TensorSpec(*spec) for key, spec in quant.linear_tensors(fmt, name, out, inp, dtype, group).items()}
 
 
 def expected_rank_tensors(config: dict[str, Any], rank: int) -> dict[str, TensorSpec]:
@@ -127,8 +94,9 @@ def expected_rank_tensors(config: dict[str, Any], rank: int) -> dict[str, Tensor
         tensors.update(_linear_tensors(f"{p}.mlp.fc", inter // tp, hidden, dtype, algo, group))
         tensors.update(_linear_tensors(f"{p}.mlp.gate", inter // tp, hidden, dtype, algo, group))
         tensors.update(_linear_tensors(f"{p}.mlp.proj", hidden, inter // tp, dtype, algo, group))
-        if quantization.get("kv_cache_quant_algo") == "FP8":
-            tensors[f"{p}.attention.kv_cache_scaling_factor"] = TensorSpec("F32", (1,))
+        kv = EXPORTED_KV.get(quantization.get("kv_cache_quant_algo"))
+        for scale in kv.scale_tensors if kv is not None else ():
+            tensors[f"{p}.attention.{scale}"] = TensorSpec("F32", (1,))
     return tensors
 
 
@@ -157,12 +125,15 @@ def _check_config(ckpt_dir: Path, config: dict[str, Any], spec: BuildSpec | None
     if config["dtype"] not in SAFETENSORS_DTYPE:
         raise _fail(where, f"dtype {config['dtype']!r} is not float16, bfloat16 or float32")
     quantization = config.get("quantization") or {}
-    if quantization.get("quant_algo") not in QUANT_ALGOS:
+    fmt = EXPORTED_FORMATS.get(quantization.get("quant_algo"))
+    if fmt is None:
         raise _fail(where, f"quantization.quant_algo {quantization.get('quant_algo')!r} is not one trtpipe exports")
-    if quantization.get("quant_algo") in ("W4A16_AWQ", "W4A8_AWQ") and not quantization.get("group_size"):
-        raise _fail(where, "AWQ quantization without a group_size")
-    if quantization.get("kv_cache_quant_algo") not in (None, "FP8"):
-        raise _fail(where, f"kv_cache_quant_algo {quantization.get('kv_cache_quant_algo')!r} is not FP8 or null")
+    if fmt.grouped and not quantization.get("group_size"):
+        raise _fail(where, f"{fmt.checkpoint_algo} quantization without a group_size")
+    kv_algo = quantization.get("kv_cache_quant_algo")
+    if kv_algo is not None and kv_algo not in EXPORTED_KV:
+        raise _fail(where, f"kv_cache_quant_algo {kv_algo!r} is not one trtpipe exports "
+                           f"({', '.join(map(str, EXPORTED_KV))} or null)")
     if config["architecture"] == "Qwen2ForCausalLM" and config.get("qwen_type") != "qwen2":
         raise _fail(where, "a Qwen2 checkpoint needs qwen_type 'qwen2' (TRT-LLM's Qwen loader reads it)")
     mapping = config["mapping"]
@@ -179,20 +150,21 @@ def _check_config(ckpt_dir: Path, config: dict[str, Any], spec: BuildSpec | None
             f"mapping tp={mapping['tp_size']} pp={mapping['pp_size']} but the spec asks tp={spec.target.tp} pp={spec.target.pp}",
             fix,
         )
-    wanted = SPEC_QUANT_ALGO.get(spec.quantization.algo, spec.quantization.algo.value)
+    wanted_format = quant.FORMATS[spec.quantization.algo]
+    wanted = wanted_format.checkpoint_algo
     if quantization.get("quant_algo") != wanted:
         raise _fail(where, f"quant_algo {quantization.get('quant_algo')} but the spec asks {wanted}", fix)
-    wanted_kv = "FP8" if spec.quantization.kv_cache == KvCacheDtype.fp8 else None
+    wanted_kv = quant.KV_CACHES[spec.quantization.kv_cache].checkpoint_algo
     if quantization.get("kv_cache_quant_algo") != wanted_kv:
         raise _fail(where, f"kv_cache_quant_algo {quantization.get('kv_cache_quant_algo')} but the spec asks {wanted_kv}", fix)
-    if wanted in ("W4A16_AWQ", "W4A8_AWQ") and quantization.get("group_size") != spec.quantization.group_size:
+    if wanted_format.grouped and quantization.get("group_size") != spec.quantization.group_size:
         raise _fail(where, f"group_size {quantization.get('group_size')} but the spec asks {spec.quantization.group_size}", fix)
     if spec.model.dtype.value != "auto" and config["dtype"] != spec.model.dtype.value:
         raise _fail(where, f"dtype {config['dtype']} but the spec asks {spec.model.dtype.value}", fix)
 
 
 def validate_checkpoint(ckpt_dir: Path, spec: BuildSpec | None = None) -> None:
-    """Raise a TrtpipeError naming the file and tensor if the checkpoint is not what its config (and spec) say."""
+    """Raise an IntegrityError naming the file and tensor if the checkpoint is not what its config (and spec) say."""
     ckpt_dir = Path(ckpt_dir)
     config_path = ckpt_dir / "config.json"
     if not config_path.is_file():
@@ -206,7 +178,8 @@ def validate_checkpoint(ckpt_dir: Path, spec: BuildSpec | None = None) -> None:
     ranks = sorted(int(m.group(1)) for p in ckpt_dir.iterdir() if (m := RANK_FILE.match(p.name)))
     if ranks != list(range(world)):
         raise _fail(ckpt_dir, f"rank files {ranks} but world_size {world} needs rank0..rank{world - 1}.safetensors")
-    kv_fp8 = (config.get("quantization") or {}).get("kv_cache_quant_algo") == "FP8"
+    kv = EXPORTED_KV.get((config.get("quantization") or {}).get("kv_cache_quant_algo"))
+    optional = kv.optional_scale_tensors if kv is not None else ()
     for rank in range(world):
         path = ckpt_dir / f"rank{rank}.safetensors"
         found = _read_header(path)
@@ -222,6 +195,6 @@ def validate_checkpoint(ckpt_dir: Path, spec: BuildSpec | None = None) -> None:
         for name, have in found.items():
             if name in expected:
                 continue
-            if kv_fp8 and name.rsplit(".", 1)[-1] in OPTIONAL_KV_SCALES and have == TensorSpec("F32", (1,)):
+            if name.rsplit(".", 1)[-1] in optional and have == TensorSpec("F32", (1,)):
                 continue
             raise _fail(path, f"unexpected tensor {name} ({have.dtype} {list(have.shape)})")

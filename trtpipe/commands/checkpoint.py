@@ -31,8 +31,8 @@ def default_checkpoint_dir(spec: object) -> Path:
     """out/checkpoints/<name>-<algo>[-kvfp8]-tp<T>-pp<P>, relative to the current folder."""
     quant = spec.quantization  # type: ignore[attr-defined]
     target = spec.target  # type: ignore[attr-defined]
-    kv = f"-kv{quant.kv_cache.value}" if quant.kv_cache.value != "auto" else ""
-    name = f"{spec.artifact_name}-{quant.algo.value}{kv}-tp{target.tp}-pp{target.pp}"  # type: ignore[attr-defined]
+    kv = f"-kv{quant.kv_cache}" if quant.kv_cache != "auto" else ""
+    name = f"{spec.artifact_name}-{quant.algo}{kv}-tp{target.tp}-pp{target.pp}"  # type: ignore[attr-defined]
     return Path("out") / "checkpoints" / name
 
 

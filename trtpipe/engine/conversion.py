@@ -7,7 +7,7 @@ environment (local) or in the toolchain's pinned container (docker), with GPU ca
 only plans, checks and stores. cpu-reference targets keep converting in-process.
 
 The key does not change with where the conversion runs: the checkpoint key
-(trtpipe.store.keys.checkpoint_key) covers the weights, config, recipe, calibration data, tp/pp and the
+(trtpipe.stages.checkpoint.checkpoint_key) covers the weights, config, recipe, calibration data, tp/pp and the
 toolchain's ModelOpt and transformers pins, never the executor. So the executor must convert with
 exactly those pins:
 - local: the installed nvidia-modelopt and transformers must match them (checked from package metadata
@@ -18,15 +18,12 @@ exactly those pins:
   line 188 `tensorrt_llm==1.0.0`; r25.12 @5419275f line 181 `tensorrt_llm==1.1.0`; r26.04 @ce68ff5f
   line 163 `tensorrt_llm==1.2.1`, into /opt/venv-tritonserver, first on PATH from line 121). The
   toolchain table's modelopt_version / transformers_version are those requirements (each cited in
-  build_configs/toolchains.yaml), so the container carries the key's pins. A toolchain without both pins
-  is refused (the key could not name what the container converts with), and convert_checkpoint checks
-  the installed versions again inside, before it loads the model.
+  build_configs/toolchains.yaml), so the container carries the key's pins. trtpipe.resolve refuses a
+  toolchain without both pins (the key could not name what the container converts with), or whose pins
+  trtpipe's converter is not written for (trtpipe.quant.CONVERTER_MODELOPT: trtllm-0.21.0 and trtllm-1.0.0);
+  convert_checkpoint checks the installed versions again inside, before it loads the model.
 
-trtpipe's converter (trtpipe.checkpoint.convert) is written against ModelOpt 0.37's quantization configs
-and TensorRT-LLM exporter, and passes `dtype=` to `from_pretrained`, an argument transformers added in
-4.56.0 (huggingface/transformers PR #39782; older versions ignore it and load float32). Toolchains whose
-pins fall outside (trtllm-0.21.0: ModelOpt 0.31.0 / transformers 4.51.3; trtllm-1.0.0: 0.33 / 4.53.1)
-are refused before anything runs, rather than converted with an exporter nobody checked.
+The conversion gets `engine.conversion_timeout` seconds on either executor (the spec's field; default 4 h).
 """
 
 from __future__ import annotations
@@ -39,12 +36,15 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from trtpipe.engine.executors.base import ConversionJob, ExecutorResult
-from trtpipe.errors import TrtpipeError
-
-# ModelOpt line and oldest transformers the converter is written for (see the module docstring).
-CONVERTER_MODELOPT = "0.37"
-CONVERTER_MIN_TRANSFORMERS = (4, 56)
+from trtpipe.checkpoint.calibration import calibration_source
+from trtpipe.checkpoint.convert import ConvertSummary
+from trtpipe.checkpoint.schema import validate_checkpoint
+from trtpipe.engine.executors.base import BuildFailed, ConversionJob, ExecutorResult
+from trtpipe.engine.executors.docker import DockerExecutor, conversion_container_spec
+from trtpipe.engine.executors.local import LocalExecutor
+from trtpipe.engine.plan import BuildPlan, make_build_plan
+from trtpipe.engine.stage import choose_executor_name, preflight
+from trtpipe.errors import InvalidInput, TrtpipeError
 
 # The distributions whose modules a conversion imports, and how the toolchain's container has them.
 # (A test runs a real conversion and checks that every third-party module it imports belongs to the
@@ -76,50 +76,6 @@ class ConversionPreview(BaseModel):
     container: dict[str, Any] | None = None
 
 
-# ------------------------------------------------------------------------------------------------ rules
-
-
-def _version_tuple(version: str) -> tuple[int, ...]:
-    from trtpipe.toolchain import version_tuple
-
-    return version_tuple(version)
-
-
-def check_converter_supports(resolved: Any) -> None:
-    """Refuse (exit 2, at the spec's toolchain field) a toolchain whose converter pins the key cannot
-    name, or that trtpipe's converter is not written for. Pure: reads the toolchain table only."""
-    toolchain = resolved.toolchain
-    modelopt, transformers = toolchain.modelopt_version, toolchain.transformers_version
-    if not modelopt or not transformers:
-        unpinned = " and ".join(n for n, v in (("nvidia-modelopt", modelopt), ("transformers", transformers)) if not v)
-        raise resolved.error(
-            ("toolchain",),
-            f"toolchain {toolchain.name} pins no {unpinned} version, so the checkpoint key cannot name what "
-            "its executor would convert with",
-            "pin it in build_configs/toolchains.yaml (from the TensorRT-LLM release's requirements)",
-        )
-    if not converter_supports(toolchain):
-        from trtpipe.toolchain import load_toolchains
-
-        usable = [t.name for t in load_toolchains().values() if converter_supports(t)]
-        raise resolved.error(
-            ("toolchain",),
-            f"toolchain {toolchain.name} converts with nvidia-modelopt {modelopt} and transformers {transformers}, "
-            f"but trtpipe's converter is written for nvidia-modelopt {CONVERTER_MODELOPT} with transformers >= "
-            f"{'.'.join(map(str, CONVERTER_MIN_TRANSFORMERS))}",
-            f"use toolchain {' or '.join(usable)}" if usable else "pin a toolchain whose ModelOpt is 0.37",
-        )
-
-
-def converter_supports(toolchain: Any) -> bool:
-    """Whether trtpipe's converter is written for the toolchain's ModelOpt and transformers pins."""
-    from trtpipe.checkpoint.convert import versions_match
-
-    modelopt, transformers = toolchain.modelopt_version, toolchain.transformers_version
-    return bool(modelopt and transformers and versions_match(str(modelopt), CONVERTER_MODELOPT)
-                and _version_tuple(str(transformers))[:2] >= CONVERTER_MIN_TRANSFORMERS)
-
-
 # ------------------------------------------------------------------------------------------------ the job
 
 
@@ -143,8 +99,6 @@ def _symlink_target_dirs(root: Path) -> list[Path]:
 def conversion_inputs(resolved: Any) -> list[Path]:
     """The host paths a conversion reads, as real paths: model folder (and its symlinks' targets),
     tokenizer folder, calibration file. Nothing else of the host reaches the executor."""
-    from trtpipe.checkpoint.calibration import calibration_source
-
     paths: list[Path] = []
     for folder in (resolved.model_dir, resolved.tokenizer_dir):
         if folder is not None:
@@ -183,7 +137,7 @@ def make_job(resolved: Any, out_dir: Path, *, device: str = "cuda", placeholders
     target = resolved.spec.target
     if resolved.model_dir is None:
         if not placeholders:
-            raise TrtpipeError("the spec gives no model weights to convert",
+            raise InvalidInput("the spec gives no model weights to convert",
                                fix="set model.path to a local HF folder (or model.repo_id + revision, downloaded)")
         read_only = [Path(MODEL_PLACEHOLDER)]
     else:
@@ -196,30 +150,21 @@ def make_job(resolved: Any, out_dir: Path, *, device: str = "cuda", placeholders
 
 
 def make_conversion_executor(resolved: Any, build_plan: Any, *, progress: bool = True) -> Any:
-    from trtpipe.engine.stage import choose_executor_name
-
     name = choose_executor_name(resolved)
+    timeout_s = resolved.spec.engine.conversion_timeout
     if name == "local":
-        from trtpipe.engine.executors.local import LocalExecutor
-
-        return LocalExecutor(resolved.toolchain, target_sm=build_plan.gpu_sm, show_progress=progress)
+        return LocalExecutor(resolved.toolchain, target_sm=build_plan.gpu_sm, show_progress=progress,
+                             timeout_s=timeout_s)
     if name == "docker":
-        from trtpipe.engine.executors.docker import DockerExecutor
-
-        return DockerExecutor(resolved.toolchain, show_progress=progress)
+        return DockerExecutor(resolved.toolchain, show_progress=progress, timeout_s=timeout_s)
     raise TrtpipeError(f"the {name} executor converts nothing: cpu-reference checkpoints convert in-process")
 
 
 def preflight_conversion(resolved: Any, build_plan: Any) -> str:
-    """In well under a second and before anything heavy: the toolchain's converter pins (exit 2), then
-    everything this host lacks to convert AND build there, in one line (exit 3). Returns the executor."""
-    from trtpipe.engine.stage import choose_executor_name, preflight
-
-    check_converter_supports(resolved)
+    """In well under a second and before anything heavy: everything this host lacks to convert AND build
+    there, in one line (exit 3). Returns the executor."""
     name = choose_executor_name(resolved)
     if name == "local":
-        from trtpipe.engine.executors.local import LocalExecutor
-
         LocalExecutor(resolved.toolchain, target_sm=build_plan.gpu_sm).preflight(conversion=True)
     else:
         preflight(resolved, build_plan)  # docker: a pinned image and a daemon that answers
@@ -227,20 +172,16 @@ def preflight_conversion(resolved: Any, build_plan: Any) -> str:
 
 
 def convert_in_executor(
-    resolved: Any, out_dir: Path, log_path: Path, *, progress: bool = True, executor: Any = None,
-    device: str = "cuda",
+    resolved: Any, out_dir: Path, log_path: Path, *, build_plan: BuildPlan | None = None, progress: bool = True,
+    executor: Any = None, device: str = "cuda",
 ) -> dict[str, Any]:
-    """Convert `resolved`'s checkpoint into `out_dir` through the engine's executor; return the meta
-    the store records (the converter's summary, where it ran, its log).
+    """Convert `resolved`'s checkpoint into `out_dir` through the engine's executor; return what the build
+    record keeps (the converter's summary, where it ran, its log).
 
     The checkpoint is validated here, on the host, against the spec (config and every tensor's name,
     dtype and shape) before the caller may commit it. `executor` and `device` are for tests."""
-    from trtpipe.checkpoint.convert import ConvertSummary
-    from trtpipe.checkpoint.schema import validate_checkpoint
-    from trtpipe.engine.plan import make_build_plan
-
     if executor is None:
-        build_plan = make_build_plan(resolved)
+        build_plan = build_plan or make_build_plan(resolved)
         preflight_conversion(resolved, build_plan)
         executor = make_conversion_executor(resolved, build_plan, progress=progress)
     job = make_job(resolved, Path(out_dir), device=device)
@@ -251,8 +192,8 @@ def convert_in_executor(
         os.replace(staging, job.spec_path)
         result: ExecutorResult = executor.run_conversion(job, Path(log_path))
         if not job.summary_path.is_file():
-            raise TrtpipeError(f"checkpoint conversion ({executor.name}) exited 0 but wrote no summary; log: {log_path}",
-                               fix=f"read the log, or run `trtpipe doctor {log_path}`")
+            raise BuildFailed(f"checkpoint conversion ({executor.name}) exited 0 but wrote no summary; log: {log_path}",
+                              fix="read the end of the log: the conversion's own message is there", log_path=log_path)
         summary = ConvertSummary.model_validate_json(job.summary_path.read_text(encoding="utf-8"))
     finally:
         shutil.rmtree(job.job_dir, ignore_errors=True)
@@ -270,18 +211,9 @@ def convert_in_executor(
 def preview_conversion(resolved: Any, out_dir: Path) -> ConversionPreview:
     """Where and how the conversion of `resolved` would run, for `trtpipe build --dry-run`. Pure: no
     daemon, nothing written; a reason instead of a container where there can be none."""
-    from trtpipe.engine.stage import choose_executor_name
-
     name = choose_executor_name(resolved)
     job = make_job(resolved, Path(out_dir), placeholders=True)
-    try:
-        check_converter_supports(resolved)
-        refusal = None
-    except TrtpipeError as err:
-        refusal = err.one_line()
     if name == "local":
-        from trtpipe.engine.executors.local import LocalExecutor
-
         executor = LocalExecutor(resolved.toolchain, target_sm=resolved.sm, check_host=False)
         preview = ConversionPreview(
             executor="local", command=executor.conversion_command(job),
@@ -289,8 +221,6 @@ def preview_conversion(resolved: Any, out_dir: Path) -> ConversionPreview:
                   "environment, on its GPUs",
         )
     else:
-        from trtpipe.engine.executors.docker import conversion_container_spec
-
         try:
             spec = conversion_container_spec(resolved.toolchain, job, user=f"{os.getuid()}:{os.getgid()}")
         except TrtpipeError as err:
@@ -300,6 +230,4 @@ def preview_conversion(resolved: Any, out_dir: Path) -> ConversionPreview:
             executor="docker", command=spec.command, container=spec.model_dump(mode="json"),
             where=f"docker executor: the container {spec.image_tag} on {job.world_size} GPU(s), not on this host",
         )
-    if refusal is not None:
-        preview.where += f" (refused: {refusal})"
     return preview

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import trtpipe
     from trtpipe.checkpoint.convert import convert_checkpoint
-    from trtpipe.errors import TrtpipeError
+    from trtpipe.errors import InvalidInput, TrtpipeError
     from trtpipe.resolve import resolve
     from trtpipe.spec_loader import load_spec
     from trtpipe.versions import installed_version
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         resolved = resolve(load_spec(args.spec))
         if not args.out.is_dir():
-            raise TrtpipeError(f"{args.out}: the output directory does not exist", fix="create it first")
+            raise InvalidInput(f"{args.out}: the output directory does not exist", fix="create it first")
         summary = convert_checkpoint(resolved, args.out, show_progress=True, progress_lines=True,
                                      device=args.device)
     except TrtpipeError as err:

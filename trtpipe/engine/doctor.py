@@ -37,7 +37,7 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         "tensorrt-serialization-version",
         _p(r"Serialization assertion stdVersionRead == (?:kSERIALIZATION_VERSION|serializationVersion) failed"),
         "the engine was serialized by a different TensorRT version than the one loading it",
-        "rebuild the engine with the toolchain the server runs (trtpipe build pins TensorRT per toolchain), "
+        "rebuild the engine with the toolchain the server runs (a build pins TensorRT per toolchain), "
         "or serve it with the container of the toolchain it was built with",
     ),
     KnownFailure(
@@ -113,13 +113,15 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         "container-oom-killed",
         _p(r"\[trtpipe\] container was OOM-killed"),
         "the build container exceeded host memory and the kernel killed it",
-        "give the build host more RAM (or swap), or lower --workers; a 70B build needs well over 100 GB host RAM",
+        "give the build host more RAM (or swap), or build fewer ranks at once (trtllm-build's workers); a 70B build "
+        "needs well over 100 GB host RAM",
     ),
     KnownFailure(
         "build-timeout",
         _p(r"\[trtpipe\] killed after timeout"),
         "the build took longer than the executor's timeout",
-        "raise the spec's engine.timeout (engine.conversion_timeout for the conversion) or build on a faster/larger GPU host",
+        "raise engine.timeout in the spec (engine.conversion_timeout for a conversion), or build on a "
+        "faster/larger GPU host",
     ),
 )
 

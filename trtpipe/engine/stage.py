@@ -1,8 +1,9 @@
 """The engine stage: pick the executor for a resolved spec, build, validate.
 
 cpu-reference -> reference; otherwise `target.executor` (auto = local when TensorRT-LLM is
-installed here, else docker). The engine is validated against the plan before it is returned;
-the caller (the store's `building(...)` block) commits only what comes back from here.
+installed here, else docker). trtllm-build gets `engine.timeout` seconds on either executor (the
+spec's field; default 4 h). The engine is validated against the plan before it is returned; the
+caller (the store's `building(...)` block) commits only what comes back from here.
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ from typing import Any
 from pydantic import BaseModel
 
 from trtpipe.engine.executors.base import ExecutorResult
+from trtpipe.engine.executors.docker import DockerExecutor, connect
+from trtpipe.engine.executors.local import LocalExecutor
+from trtpipe.engine.executors.reference import ReferenceExecutor
 from trtpipe.engine.plan import BuildPlan
 from trtpipe.engine.validate import EngineValidation, validate_engine
+from trtpipe.errors import MissingCapability
 
 
 class EngineResult(BaseModel):
@@ -28,20 +33,6 @@ class EngineResult(BaseModel):
     image: str | None
     validation: EngineValidation
 
-    @property
-    def manifest_meta(self) -> dict[str, Any]:
-        """What the store's manifest should record about the engine."""
-        return {
-            "executor": self.executor,
-            "trtllm_version": self.validation.trtllm_version,
-            "tensorrt_version": self.validation.tensorrt_version,
-            "gpu_sm": self.validation.gpu_sm,
-            "gpu_product": self.validation.gpu_product,
-            "world_size": self.validation.world_size,
-            "reference": self.validation.reference,
-            "image": self.image,
-        }
-
 
 def choose_executor_name(resolved: Any) -> str:
     """reference | local | docker for this spec and host (no side effects, no heavy imports)."""
@@ -49,31 +40,21 @@ def choose_executor_name(resolved: Any) -> str:
     if spec.target.is_cpu_reference:
         return "reference"
     chosen = spec.target.executor.value
-    if chosen == "reference":
-        raise resolved.error(
-            ("target", "executor"), "the reference executor only builds for target.gpu: cpu-reference",
-            "use local, docker or auto",
-        )
+    assert chosen != "reference", "trtpipe.resolve refuses the reference executor for a GPU target"
     if chosen == "auto":
         return "local" if find_spec("tensorrt_llm") is not None else "docker"
     return chosen
 
 
-def make_executor(resolved: Any, plan: BuildPlan, *, gpus: int | list[str] | None = None,
-                  timeout_s: float | None = None) -> Any:
+def make_executor(resolved: Any, plan: BuildPlan, *, gpus: int | list[str] | None = None) -> Any:
+    """The executor that builds `plan`, with the spec's `engine.timeout`."""
     name = choose_executor_name(resolved)
     if name == "reference":
-        from trtpipe.engine.executors.reference import ReferenceExecutor
-
         return ReferenceExecutor(resolved.spec)
+    timeout_s = resolved.spec.engine.timeout
     if name == "local":
-        from trtpipe.engine.executors.local import DEFAULT_TIMEOUT_S, LocalExecutor
-
-        return LocalExecutor(resolved.toolchain, target_sm=plan.gpu_sm,
-                             timeout_s=timeout_s if timeout_s is not None else DEFAULT_TIMEOUT_S)
-    from trtpipe.engine.executors.docker import DockerExecutor
-
-    return DockerExecutor(resolved.toolchain, gpus=gpus, **({"timeout_s": timeout_s} if timeout_s else {}))
+        return LocalExecutor(resolved.toolchain, target_sm=plan.gpu_sm, timeout_s=timeout_s)
+    return DockerExecutor(resolved.toolchain, gpus=gpus, timeout_s=timeout_s)
 
 
 def preflight(resolved: Any, plan: BuildPlan) -> str:
@@ -85,15 +66,9 @@ def preflight(resolved: Any, plan: BuildPlan) -> str:
     """
     name = choose_executor_name(resolved)
     if name == "local":
-        from trtpipe.engine.executors.local import LocalExecutor
-
         LocalExecutor(resolved.toolchain, target_sm=plan.gpu_sm).preflight()
     elif name == "docker":
-        from trtpipe.engine.executors.docker import connect
-
         if not resolved.toolchain.triton_container:
-            from trtpipe.errors import MissingCapability
-
             raise MissingCapability(
                 f"docker executor: toolchain {resolved.toolchain.name} pins no triton_container",
                 fix="add the NGC image to build_configs/toolchains.yaml or use target.executor: local",

@@ -27,7 +27,7 @@ class EngineValidationError(TrtpipeError):
         self.problems = problems
         super().__init__(
             f"engine {engine_dir} failed validation: {'; '.join(problems)}",
-            fix="rebuild it (trtpipe build --force engine); an engine that does not match its plan is never stored",
+            fix="rebuild the engine stage; an engine that does not match its plan is never stored",
         )
 
 

@@ -16,6 +16,9 @@ Layouts (verified by exporting a tiny Llama with ModelOpt 0.37.0 on this machine
   `activation_scaling_factor` f32 [1] (per-tensor int8 activations), `prequant_scaling_factor` [in].
 - INT8 weight-only (`W8A16`): `weight` int8 [out, in], `weights_scaling_factor` [out].
 
+Which layout and which activation quantization a checkpoint's `quant_algo` has is its row in the
+quantization table (trtpipe.quant: `dequant`, `activation_quant`); this module implements each kind.
+
 Activations: by default the runtime also simulates the activation quantization the engine performs
 (FP8 for FP8/W4A8, per-tensor INT8 for SmoothQuant) with the checkpoint's static `activation_scaling_factor`,
 so a bad activation scale shows up in parity just as it would on the GPU. Pass
@@ -28,21 +31,24 @@ from dataclasses import dataclass
 
 import torch
 
-from trtpipe.errors import TrtpipeError
+from trtpipe import quant
+from trtpipe.errors import IntegrityError
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn value
 INT8_MAX = 127.0
 
-# quant_algo values (TRT-LLM QuantAlgo names) this runtime can dequantize.
-UNQUANTIZED = None
-FP8 = "FP8"
-W4A16_AWQ = "W4A16_AWQ"
-W4A8_AWQ = "W4A8_AWQ"
-W8A8_SQ_PER_CHANNEL = "W8A8_SQ_PER_CHANNEL"
-W8A16 = "W8A16"
-SUPPORTED_QUANT_ALGOS = (FP8, W4A16_AWQ, W4A8_AWQ, W8A8_SQ_PER_CHANNEL, W8A16)
-INT4_ALGOS = (W4A16_AWQ, W4A8_AWQ)
-INT8_WEIGHT_ALGOS = (W8A8_SQ_PER_CHANNEL, W8A16)
+# quant_algo values (TRT-LLM QuantAlgo names) this runtime can dequantize: the table's formats with a `dequant`.
+SUPPORTED_QUANT_ALGOS = tuple(f.checkpoint_algo for f in quant.FORMATS.values() if f.dequant is not None)
+
+
+def _dequant_kind(quant_algo: str | None) -> str | None:
+    fmt = quant.by_checkpoint_algo(quant_algo)
+    return fmt.dequant if fmt is not None else None
+
+
+def _scale_name(quant_algo: str | None) -> str:
+    fmt = quant.by_checkpoint_algo(quant_algo)
+    return fmt.weight_scale if fmt is not None else "weights_scaling_factor"
 
 
 @dataclass(frozen=True)
@@ -103,7 +109,7 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
 def _require(tensors: dict[str, torch.Tensor], prefix: str, name: str) -> torch.Tensor:
     key = f"{prefix}.{name}"
     if key not in tensors:
-        raise TrtpipeError(
+        raise IntegrityError(
             f"checkpoint tensor {key} is missing",
             fix="re-export the checkpoint; its quantization config and its tensors disagree",
         )
@@ -118,35 +124,42 @@ def dequantize_weight(tensors: dict[str, torch.Tensor], prefix: str, quant_algo:
     """The float32 [out, in] weight of linear `prefix` (e.g. transformer.layers.0.attention.qkv)."""
     weight = _require(tensors, prefix, "weight")
     if weight.dtype == torch.float8_e4m3fn:
-        scale = _require(tensors, prefix, "weights_scaling_factor")
-        # CPU torch cannot do arithmetic on float8: upcast first.
-        return weight.to(torch.float32) * _scalar(scale)
+        scale = _require(tensors, prefix, _scale_name(quant_algo)).to(torch.float32).reshape(-1)
+        if scale.numel() not in (1, weight.shape[0]):
+            raise IntegrityError(
+                f"checkpoint tensor {prefix}.{_scale_name(quant_algo)} has {scale.numel()} values; expected one per "
+                f"tensor or one per output channel ({weight.shape[0]})", fix="re-export the checkpoint")
+        # CPU torch cannot do arithmetic on float8: upcast first. One scale per tensor, or per output row.
+        return weight.to(torch.float32) * (scale if scale.numel() == 1 else scale.reshape(-1, 1))
     if weight.dtype in (torch.float16, torch.bfloat16, torch.float32):
         return weight.to(torch.float32)
     if weight.dtype != torch.int8:
-        raise TrtpipeError(f"checkpoint tensor {prefix}.weight has unsupported dtype {weight.dtype}")
-    scale = _require(tensors, prefix, "weights_scaling_factor").to(torch.float32)
-    if quant_algo in INT4_ALGOS:
+        raise IntegrityError(f"checkpoint tensor {prefix}.weight has unsupported dtype {weight.dtype}",
+                             fix="re-export the checkpoint")
+    scale = _require(tensors, prefix, _scale_name(quant_algo)).to(torch.float32)
+    kind = _dequant_kind(quant_algo)
+    if kind == "int4-grouped":
         values = unpack_int4(weight)
         out_dim, in_dim = values.shape
         if scale.dim() != 2 or scale.shape[0] != out_dim or in_dim % scale.shape[1] != 0:
-            raise TrtpipeError(
+            raise IntegrityError(
                 f"checkpoint tensor {prefix}.weights_scaling_factor has shape {tuple(scale.shape)}; "
-                f"expected [{out_dim}, {in_dim}/group_size] for {quant_algo}",
+                f"expected [{out_dim}, {in_dim}/group_size] for {quant_algo}", fix="re-export the checkpoint",
             )
         group = in_dim // scale.shape[1]
         return values * scale.repeat_interleave(group, dim=1)
-    if quant_algo in INT8_WEIGHT_ALGOS:
+    if kind == "int8-per-channel":
         out_dim = weight.shape[0]
         if scale.numel() != out_dim:
-            raise TrtpipeError(
+            raise IntegrityError(
                 f"checkpoint tensor {prefix}.weights_scaling_factor has {scale.numel()} values; "
-                f"expected one per output channel ({out_dim}) for {quant_algo}",
+                f"expected one per output channel ({out_dim}) for {quant_algo}", fix="re-export the checkpoint",
             )
         return weight.to(torch.float32) * scale.reshape(out_dim, 1)
-    raise TrtpipeError(
+    int8_algos = [f.checkpoint_algo for f in quant.FORMATS.values() if f.dequant in ("int4-grouped", "int8-per-channel")]
+    raise IntegrityError(
         f"checkpoint tensor {prefix}.weight is int8 but quant_algo is {quant_algo!r}",
-        fix=f"the reference runtime dequantizes int8 weights for {', '.join(INT4_ALGOS + INT8_WEIGHT_ALGOS)}",
+        fix=f"the reference runtime dequantizes int8 weights for {', '.join(map(str, int8_algos))}",
     )
 
 
@@ -155,10 +168,11 @@ def activation_quant_for(
 ) -> ActivationQuant | None:
     """The activation quantization the engine applies before linear `prefix`, if any."""
     key = f"{prefix}.activation_scaling_factor"
-    if key not in tensors or quant_algo in (W4A16_AWQ, W8A16, None):
+    fmt = quant.by_checkpoint_algo(quant_algo)
+    kind = fmt.activation_quant if fmt is not None else None
+    if key not in tensors or kind is None:
         return None
-    kind = "int8" if quant_algo == W8A8_SQ_PER_CHANNEL else "fp8"
-    if quant_algo == FP8 and tensors[f"{prefix}.weight"].dtype != torch.float8_e4m3fn:
+    if fmt is not None and fmt.dequant == "fp8" and tensors[f"{prefix}.weight"].dtype != torch.float8_e4m3fn:
         return None  # an excluded (unquantized) layer inside an FP8 checkpoint
     return ActivationQuant(kind=kind, scale=_scalar(tensors[key]))
 

@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from trtpipe.errors import TrtpipeError, UsageError
+from trtpipe import quant
+from trtpipe.errors import InvalidInput, NotFound, UsageError
 from trtpipe.reference.runtime import ReferenceModel
 
 
@@ -38,29 +39,35 @@ class ParityBounds(BaseModel):
     )
 
 
-# Bounds per checkpoint format (quant_algo, with "+FP8KV" when the KV cache is FP8). The numbers come
-# from measurements of correct conversions of the tiny example Llama and Qwen2 (TP=1 and 2) against the
-# same conversions deliberately broken; each bound sits between the worst correct value and the best
-# broken one with margin on both sides. The measurements are recorded in
-# tests/reference/test_quantized_parity.py next to the tests that enforce them.
-DEFAULT_BOUNDS: dict[str, ParityBounds] = {
-    "none": ParityBounds(max_rel_error=0.01, min_top1_agreement=0.99, require_greedy_equal=True),
-    "FP8": ParityBounds(max_rel_error=0.05, min_top1_agreement=0.90),
-    "FP8+FP8KV": ParityBounds(max_rel_error=0.06, min_top1_agreement=0.90),
-    "W4A16_AWQ": ParityBounds(max_rel_error=0.10, min_top1_agreement=0.85),
-    "W4A16_AWQ+FP8KV": ParityBounds(max_rel_error=0.11, min_top1_agreement=0.85),
-    "W4A8_AWQ": ParityBounds(max_rel_error=0.12, min_top1_agreement=0.85),
-    "W4A8_AWQ+FP8KV": ParityBounds(max_rel_error=0.13, min_top1_agreement=0.85),
-    "W8A8_SQ_PER_CHANNEL": ParityBounds(max_rel_error=0.06, min_top1_agreement=0.90),
-    "W8A16": ParityBounds(max_rel_error=0.03, min_top1_agreement=0.95),
-}
+def _bounds(bound: quant.ParityBound) -> ParityBounds:
+    return ParityBounds(max_rel_error=bound.max_rel_error, min_top1_agreement=bound.min_top1_agreement,
+                        require_greedy_equal=bound.require_greedy_equal)
+
+
+# Bounds per checkpoint format (quant_algo, with "+FP8KV" when the KV cache is FP8), from the quantization
+# table (trtpipe.quant: `parity`, `parity_with_kv`). The numbers come from measurements of correct
+# conversions of the tiny example Llama and Qwen2 (TP=1 and 2) against the same conversions deliberately
+# broken; each bound sits between the worst correct value and the best broken one with margin on both
+# sides. The measurements are recorded in tests/reference/test_quantized_parity.py next to the tests that
+# enforce them.
+def _default_bounds() -> dict[str, ParityBounds]:
+    bounds: dict[str, ParityBounds] = {}
+    for fmt in quant.FORMATS.values():
+        if fmt.parity is not None:
+            bounds[format_key(fmt.checkpoint_algo, None)] = _bounds(fmt.parity)
+        for kv, bound in fmt.parity_with_kv.items():
+            bounds[format_key(fmt.checkpoint_algo, quant.KV_CACHES[kv].checkpoint_algo)] = _bounds(bound)
+    return bounds
 
 
 def format_key(quant_algo: str | None, kv_cache_quant_algo: str | None) -> str:
     key = quant_algo or "none"
-    if kv_cache_quant_algo == "FP8":
-        key += "+FP8KV"
+    if kv_cache_quant_algo is not None:
+        key += f"+{kv_cache_quant_algo}KV"
     return key
+
+
+DEFAULT_BOUNDS: dict[str, ParityBounds] = _default_bounds()
 
 
 def bounds_for(quant_algo: str | None, kv_cache_quant_algo: str | None = None) -> ParityBounds:
@@ -71,7 +78,7 @@ def bounds_for(quant_algo: str | None, kv_cache_quant_algo: str | None = None) -
     if quant_algo in DEFAULT_BOUNDS:  # e.g. FP8 KV on a format without its own entry
         base = DEFAULT_BOUNDS[quant_algo or "none"]
         return base.model_copy(update={"max_rel_error": base.max_rel_error * 1.2, "require_greedy_equal": False})
-    raise TrtpipeError(f"no parity bounds for checkpoint format {key}", fix="pass bounds= explicitly")
+    raise InvalidInput(f"no parity bounds for checkpoint format {key}", fix="pass bounds= explicitly")
 
 
 class PromptParity(BaseModel):
@@ -121,9 +128,10 @@ def _load_hf(hf_dir: Path) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM  # heavy: imported only when parity runs
 
     if not (hf_dir / "config.json").is_file():
-        raise TrtpipeError(f"{hf_dir}/config.json not found", fix="point hf_dir at the HF model the checkpoint came from")
+        raise NotFound(f"{hf_dir}/config.json not found", what="model", ref=str(hf_dir),
+                       fix="point hf_dir at the HF model the checkpoint came from")
     if not any(hf_dir.glob("*.safetensors")):
-        raise TrtpipeError(f"{hf_dir} has no .safetensors weights", fix="parity loads safetensors only")
+        raise InvalidInput(f"{hf_dir} has no .safetensors weights", fix="parity loads safetensors only")
     model = AutoModelForCausalLM.from_pretrained(
         hf_dir, dtype=torch.float32, trust_remote_code=False, use_safetensors=True
     )

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from trtpipe.errors import TrtpipeError, UsageError
+from trtpipe.errors import IntegrityError, InvalidInput, NotFound, UsageError
 from trtpipe.reference import dequant, sampling
 from trtpipe.reference.dequant import Linear
 
@@ -73,21 +73,21 @@ class ModelConfig:
     def from_checkpoint_config(cls, cfg: dict[str, Any], source: Path) -> ModelConfig:
         def need(key: str) -> Any:
             if key not in cfg:
-                raise TrtpipeError(f"{source}: field {key} is missing", fix="re-export the checkpoint")
+                raise IntegrityError(f"{source}: field {key} is missing", path=str(source), fix="re-export the checkpoint")
             return cfg[key]
 
         arch = need("architecture")
         if arch not in SUPPORTED_ARCHITECTURES:
-            raise TrtpipeError(
+            raise InvalidInput(
                 f"{source}: architecture {arch!r} is not supported by the reference runtime",
                 fix=f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}",
             )
         act = cfg.get("hidden_act", "silu")
         if act not in SUPPORTED_ACTIVATIONS:
-            raise TrtpipeError(f"{source}: hidden_act {act!r} is not supported", fix="supported: silu")
+            raise InvalidInput(f"{source}: hidden_act {act!r} is not supported", fix="supported: silu")
         pos = cfg.get("position_embedding_type", "rope_gpt_neox")
         if pos != "rope_gpt_neox":
-            raise TrtpipeError(f"{source}: position_embedding_type {pos!r} is not supported", fix="use rope_gpt_neox")
+            raise InvalidInput(f"{source}: position_embedding_type {pos!r} is not supported", fix="use rope_gpt_neox")
         num_heads = int(need("num_attention_heads"))
         hidden = int(need("hidden_size"))
         head_size = int(cfg.get("head_size") or hidden // num_heads)
@@ -95,13 +95,13 @@ class ModelConfig:
         quant = cfg.get("quantization") or {}
         quant_algo = quant.get("quant_algo")
         if quant_algo is not None and quant_algo not in dequant.SUPPORTED_QUANT_ALGOS:
-            raise TrtpipeError(
+            raise InvalidInput(
                 f"{source}: quantization.quant_algo {quant_algo!r} is not supported by the reference runtime",
                 fix=f"supported: {', '.join(dequant.SUPPORTED_QUANT_ALGOS)}",
             )
         kv_algo = quant.get("kv_cache_quant_algo")
         if kv_algo not in (None, "FP8"):
-            raise TrtpipeError(
+            raise InvalidInput(
                 f"{source}: quantization.kv_cache_quant_algo {kv_algo!r} is not supported",
                 fix="supported: FP8 or none",
             )
@@ -109,7 +109,8 @@ class ModelConfig:
         pp = int(mapping.get("pp_size", 1))
         world = int(mapping.get("world_size", tp * pp))
         if world != tp * pp:
-            raise TrtpipeError(f"{source}: mapping.world_size {world} != tp_size*pp_size ({tp}*{pp})")
+            raise IntegrityError(f"{source}: mapping.world_size {world} != tp_size*pp_size ({tp}*{pp})", path=str(source),
+                                 fix="re-export the checkpoint")
         return cls(
             architecture=arch,
             num_layers=int(need("num_hidden_layers")),
@@ -165,14 +166,16 @@ def _read_config(path: Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(checkpoint config, build config or None) from a checkpoint or reference engine directory."""
     config_path = path / "config.json"
     if not config_path.is_file():
-        raise TrtpipeError(f"{config_path} not found", fix="point at a TRT-LLM checkpoint or reference engine directory")
+        raise NotFound(f"{config_path} not found", what="checkpoint", ref=str(path),
+                       fix="point at a TRT-LLM checkpoint or reference engine directory")
     try:
         raw = json.loads(config_path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
-        raise TrtpipeError(f"{config_path}: not valid JSON ({exc})") from exc
+        raise IntegrityError(f"{config_path}: not valid JSON ({exc})", path=str(config_path),
+                             fix="re-export the checkpoint") from exc
     if "pretrained_config" in raw:
         if not raw.get("trtpipe_reference"):
-            raise TrtpipeError(
+            raise InvalidInput(
                 f"{config_path} is a TensorRT engine config, not a trtpipe reference engine",
                 fix="the CPU reference runtime runs checkpoints and cpu-reference engines only",
             )
@@ -185,7 +188,8 @@ def _load_rank(path: Path, rank: int) -> dict[str, torch.Tensor]:
 
     file = path / f"rank{rank}.safetensors"
     if not file.is_file():
-        raise TrtpipeError(f"{file} not found", fix="the checkpoint's mapping.world_size says this rank exists")
+        raise IntegrityError(f"{file} not found", path=str(file),
+                             fix="the checkpoint's mapping.world_size says this rank exists: re-export it")
     return load_file(str(file))
 
 
@@ -277,7 +281,7 @@ class ReferenceModel:
             offset += len(indices)
             others.append([s[1] for s in split])
         if sorted(layer_shards) != list(range(config.num_layers)):
-            raise TrtpipeError(
+            raise IntegrityError(
                 f"{path}: rank files hold layers {sorted(layer_shards)}, config says num_hidden_layers={config.num_layers}",
                 fix="re-export the checkpoint",
             )
@@ -299,14 +303,16 @@ class ReferenceModel:
             for rank in stage:
                 if name in rank:
                     return rank[name]
-        raise TrtpipeError(f"{path}: checkpoint tensor {name} is missing from every rank file", fix="re-export the checkpoint")
+        raise IntegrityError(f"{path}: checkpoint tensor {name} is missing from every rank file", path=str(path),
+                             fix="re-export the checkpoint")
 
     @staticmethod
     def _merge_vocab(config: ModelConfig, rank_tensors: list[dict[str, torch.Tensor]], name: str, path: Path) -> torch.Tensor:
         """Merge an embedding-like table split on the vocab dim, dropping the vocab padding."""
         shards = [r[name].to(torch.float32) for r in rank_tensors if name in r]
         if not shards:
-            raise TrtpipeError(f"{path}: checkpoint tensor {name} is missing from every rank file", fix="re-export the checkpoint")
+            raise IntegrityError(f"{path}: checkpoint tensor {name} is missing from every rank file", path=str(path),
+                             fix="re-export the checkpoint")
         if len(shards) == 1 or shards[0].shape[0] >= config.vocab_size:
             table = shards[0]  # not split (replicated)
         elif name == "lm_head.weight" or config.embedding_sharding_dim == 0:
@@ -314,7 +320,8 @@ class ReferenceModel:
         else:
             table = torch.cat(shards[: config.tp_size], dim=1)
         if table.shape[0] < config.vocab_size:
-            raise TrtpipeError(f"{path}: {name} has {table.shape[0]} rows, fewer than vocab_size {config.vocab_size}")
+            raise IntegrityError(f"{path}: {name} has {table.shape[0]} rows, fewer than vocab_size {config.vocab_size}",
+                                 path=str(path), fix="re-export the checkpoint")
         return table[: config.vocab_size].contiguous()
 
     @staticmethod
@@ -338,7 +345,7 @@ class ReferenceModel:
         for rank in range(tp):
             qkv = linear(rank, "attention.qkv")
             if qkv.weight.shape[0] != q_size + 2 * kv_size:
-                raise TrtpipeError(
+                raise IntegrityError(
                     f"checkpoint tensor {where} (rank {rank}) has {qkv.weight.shape[0]} output rows; "
                     f"expected q {q_size} + k {kv_size} + v {kv_size} for tp={tp}",
                     fix="re-export the checkpoint",
@@ -353,13 +360,15 @@ class ReferenceModel:
         if config.kv_cache_quant_algo == "FP8":
             key = "attention.kv_cache_scaling_factor"
             if key not in shards[0]:
-                raise TrtpipeError(f"checkpoint tensor {LAYER_PREFIX}{index}.{key} is missing", fix="re-export the checkpoint")
+                raise IntegrityError(f"checkpoint tensor {LAYER_PREFIX}{index}.{key} is missing",
+                                     fix="re-export the checkpoint")
             kv_scale = float(shards[0][key].to(torch.float32).reshape(-1)[0])
 
         def norm(name: str) -> torch.Tensor:
             key = f"{name}.weight"
             if key not in shards[0]:
-                raise TrtpipeError(f"checkpoint tensor {LAYER_PREFIX}{index}.{key} is missing", fix="re-export the checkpoint")
+                raise IntegrityError(f"checkpoint tensor {LAYER_PREFIX}{index}.{key} is missing",
+                                     fix="re-export the checkpoint")
             return shards[0][key].to(torch.float32)
 
         return DecoderLayer(
@@ -495,7 +504,7 @@ class ReferenceModel:
         if beam_width != 1:
             raise UsageError(
                 f"beam_width {beam_width} is not supported by the CPU reference runtime (it runs beam width 1 only)",
-                fix="send beam_width 1, or serve a TensorRT engine built with --max_beam_width for beam search",
+                fix="send beam_width 1, or serve a TensorRT engine built with engine.max_beam_width > 1 for beam search",
             )
         if not math.isfinite(length_penalty):
             raise UsageError(f"length_penalty {length_penalty} is not a finite number", fix="send a finite value")
@@ -563,7 +572,7 @@ def rope_inverse_frequencies(config: ModelConfig) -> torch.Tensor:
         result = torch.where(wavelen > old_context / low, inv_freq / factor, blended)
         result = torch.where(wavelen < old_context / high, inv_freq, result)
         return result.to(torch.float32)
-    raise TrtpipeError(
+    raise InvalidInput(
         f"rotary_scaling type {kind!r} is not supported by the reference runtime",
         fix="supported: linear, llama3",
     )

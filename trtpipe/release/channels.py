@@ -9,7 +9,6 @@ compare-and-swap and the audit append.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -20,19 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trtpipe.atomic import write_text_atomically
 from trtpipe.errors import IntegrityError, TimedOut, UsageError
+from trtpipe.names import check_name  # the one plain-name rule: the spec is checked against it too
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 LOCK_TIMEOUT_S = 60.0
-
-
-def check_name(what: str, value: str) -> str:
-    """Channel, model and target names become path parts and tags: plain names only."""
-    if not _NAME_RE.match(value or "") or value in (".", ".."):
-        raise UsageError(
-            f"{what} {value!r} is not a plain name",
-            fix=f"use letters, digits, '.', '_' or '-' (not starting with '.' or '-') for the {what}",
-        )
-    return value
 
 
 class ChannelScope(BaseModel):

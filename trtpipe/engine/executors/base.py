@@ -18,7 +18,9 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trtpipe.errors import TrtpipeError
+from trtpipe.engine.convert_entry import ERROR_PREFIX
+from trtpipe.engine.doctor import diagnose
+from trtpipe.errors import TimedOut, TrtpipeError
 
 
 class ExecutorResult(BaseModel):
@@ -87,8 +89,6 @@ class Executor(Protocol):
 def conversion_failure(log_path: Path, returncode: int | None, *, where: str, reason: str | None = None) -> BuildFailed:
     """A failed conversion: the entry point's own one-line error when it wrote one (with its exit
     status: 2 bad input, 3 missing capability), else the doctor's diagnosis of the log."""
-    from trtpipe.engine.convert_entry import ERROR_PREFIX
-
     text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
     own = [line[len(ERROR_PREFIX):].strip() for line in text.splitlines() if line.startswith(ERROR_PREFIX)]
     if own and reason is None:
@@ -102,8 +102,6 @@ def conversion_failure(log_path: Path, returncode: int | None, *, where: str, re
 
 def failure_from_log(what: str, log_path: Path, returncode: int | None, *, reason: str | None = None) -> BuildFailed:
     """A BuildFailed for a failed run, with the first diagnosis from the log as cause and fix."""
-    from trtpipe.engine.doctor import diagnose
-
     text = log_path.read_text(encoding="utf-8", errors="replace") if log_path.is_file() else ""
     diagnoses = diagnose(text)
     status = reason or f"exit status {returncode}"
@@ -115,7 +113,16 @@ def failure_from_log(what: str, log_path: Path, returncode: int | None, *, reaso
         )
     return BuildFailed(
         f"{what} failed ({status}); log: {log_path}",
-        fix=f"read the log, or run `trtpipe doctor {log_path}`", log_path=log_path, diagnoses=[],
+        fix="read the end of the log: the failing step's own message is there", log_path=log_path, diagnoses=[],
+    )
+
+
+def timed_out(what: str, seconds: float | None, log_path: Path, *, spec_field: str) -> TimedOut:
+    """A run stopped at its deadline (its process group killed): which limit, where it is set, the log."""
+    return TimedOut(
+        f"{what} ran past its limit of {seconds:g}s and was stopped; log: {log_path}",
+        operation=what, seconds=float(seconds or 0),
+        fix=f"raise {spec_field} in the spec (seconds), or run it on a faster or larger GPU host",
     )
 
 

@@ -18,9 +18,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
+import trtpipe
 from trtpipe.engine.executors.base import ConversionJob, ExecutorResult, conversion_failure, failure_from_log
+from trtpipe.engine.executors.base import timed_out as timed_out_error
 from trtpipe.engine.executors.local import CONVERSION_ENV
-from trtpipe.errors import MissingCapability, TrtpipeError
+from trtpipe.errors import InvalidInput, MissingCapability
+from trtpipe.spec import DEFAULT_TIMEOUT_S
+from trtpipe.toolchain import build_configs_dir
 
 CHECKPOINT_MOUNT = "/trtpipe/checkpoint"
 ENGINE_MOUNT = "/trtpipe/engine"
@@ -136,7 +140,7 @@ def image_reference(toolchain: Any) -> tuple[str, str, str | None]:
     """(image to run, tag reference, digest): by digest when the toolchain has pinned one."""
     tag_ref = toolchain.triton_container
     if not tag_ref:
-        raise TrtpipeError(
+        raise MissingCapability(
             f"toolchain {toolchain.name} pins no triton_container image",
             fix="add the NGC image (and its digest) to build_configs/toolchains.yaml, or use target.executor: local",
         )
@@ -155,12 +159,12 @@ def _gpu_selection(gpus: int | list[str] | list[int] | None, world_size: int) ->
         return world_size, None
     if isinstance(gpus, int):
         if gpus < world_size:
-            raise TrtpipeError(f"{gpus} GPU(s) requested but the engine's world size is {world_size}",
+            raise InvalidInput(f"{gpus} GPU(s) requested but the engine's world size is {world_size}",
                                fix=f"request at least {world_size} GPUs")
         return gpus, None
     ids = [str(g) for g in gpus]
     if len(ids) < world_size:
-        raise TrtpipeError(f"GPU ids {ids} are fewer than the engine's world size {world_size}",
+        raise InvalidInput(f"GPU ids {ids} are fewer than the engine's world size {world_size}",
                            fix=f"give {world_size} GPU ids")
     return None, ids
 
@@ -201,9 +205,6 @@ def container_spec(
 
 def trtpipe_source_dirs() -> tuple[Path, Path]:
     """(this trtpipe package, its build_configs folder): what a conversion container mounts of trtpipe."""
-    import trtpipe
-    from trtpipe.toolchain import build_configs_dir
-
     return Path(trtpipe.__file__).resolve().parent, build_configs_dir()
 
 
@@ -299,7 +300,7 @@ class DockerExecutor:
         toolchain: Any,
         *,
         gpus: int | list[str] | None = None,
-        timeout_s: float | None = 4 * 3600.0,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
         client: Any = None,
         pull: bool = True,
         show_progress: bool = True,
@@ -391,8 +392,11 @@ class DockerExecutor:
             except Exception:
                 pass
         code = int(status.get("StatusCode", 1)) if isinstance(status, dict) else int(status)
-        if timed_out or oom or code != 0:
-            reason = f"timed out after {self.timeout_s}s" if timed_out else ("OOM-killed" if oom else None)
+        if timed_out:
+            field = "engine.conversion_timeout" if what == "checkpoint conversion" else "engine.timeout"
+            raise timed_out_error(f"{what} (docker, {spec.image_tag})", self.timeout_s, log, spec_field=field)
+        if oom or code != 0:
+            reason = "OOM-killed" if oom else None
             if what == "checkpoint conversion":
                 raise conversion_failure(log, code, where=f"docker, {spec.image_tag}", reason=reason)
             raise failure_from_log(what, log, code, reason=reason)

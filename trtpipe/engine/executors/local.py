@@ -20,11 +20,13 @@ from trtpipe.engine.executors.base import (
     conversion_failure,
     failure_from_log,
     run_logged_process,
+    timed_out,
 )
 from trtpipe.errors import MissingCapability
-from trtpipe.versions import TENSORRT_DISTRIBUTIONS, TRTLLM_DISTRIBUTIONS, installed_version
+from trtpipe.gpu import probe_host
+from trtpipe.spec import DEFAULT_TIMEOUT_S
+from trtpipe.versions import TENSORRT_DISTRIBUTIONS, TRTLLM_DISTRIBUTIONS, installed_version, versions_match
 
-DEFAULT_TIMEOUT_S = 4 * 3600.0
 # What a conversion process gets in its environment on every executor: Hugging Face offline (the
 # model is local: a conversion never downloads), and the fixed cuBLAS workspace that PyTorch's
 # reproducibility notes require for repeatable cuBLAS results (the same GPU model, the same inputs).
@@ -39,8 +41,6 @@ def _same_release(installed: str, pinned: str) -> bool:
 
 def host_gpus_with_sm(sm: int, probe: Any = None) -> list[Any]:
     """The host's GPUs of compute capability `sm` (via Foundation's NVML probe)."""
-    from trtpipe.gpu import probe_host
-
     try:
         host = probe_host(probe)
     except Exception:  # no driver / no NVML: the same as no GPU for our purpose
@@ -104,8 +104,6 @@ class LocalExecutor:
 
     def missing_converter_packages(self) -> list[str]:
         """ModelOpt / transformers that are absent or differ from the toolchain's pins (metadata only)."""
-        from trtpipe.checkpoint.convert import versions_match
-
         missing: list[str] = []
         pins = {"nvidia-modelopt": self.toolchain.modelopt_version,
                 "transformers": self.toolchain.transformers_version}
@@ -139,7 +137,7 @@ class LocalExecutor:
             title=f"trtllm-build {plan.trtllm_version}",
         )
         if outcome.timed_out:
-            raise failure_from_log("trtllm-build", log, outcome.returncode, reason=f"timed out after {self.timeout_s}s")
+            raise timed_out("trtllm-build", self.timeout_s, log, spec_field="engine.timeout")
         if outcome.returncode != 0:
             raise failure_from_log("trtllm-build", log, outcome.returncode)
         return ExecutorResult(
@@ -182,8 +180,7 @@ class LocalExecutor:
         outcome = run_logged_process(argv, log, timeout_s=self.timeout_s, env=self.conversion_env(),
                                      show_progress=self.show_progress, title="checkpoint conversion")
         if outcome.timed_out:
-            raise conversion_failure(log, outcome.returncode, where="local",
-                                     reason=f"timed out after {self.timeout_s}s")
+            raise timed_out("checkpoint conversion (local)", self.timeout_s, log, spec_field="engine.conversion_timeout")
         if outcome.returncode != 0:
             raise conversion_failure(log, outcome.returncode, where="local")
         return ExecutorResult(executor=self.name, returncode=0, log_path=log, duration_s=outcome.duration_s,

@@ -15,18 +15,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trtpipe.checkpoint.schema import validate_checkpoint
 from trtpipe.engine.executors.base import ExecutorResult
-from trtpipe.errors import TrtpipeError
+from trtpipe.errors import IntegrityError
 
 
 def checkpoint_rank_files(checkpoint_dir: Path, world_size: int) -> list[Path]:
-    """rank0..rank{world_size-1}.safetensors of a TRT-LLM checkpoint; TrtpipeError naming what is missing."""
+    """rank0..rank{world_size-1}.safetensors of a TRT-LLM checkpoint; IntegrityError naming what is missing."""
     files = [checkpoint_dir / f"rank{rank}.safetensors" for rank in range(world_size)]
     missing = [f.name for f in files if not f.is_file()]
     if missing:
-        raise TrtpipeError(
+        raise IntegrityError(
             f"checkpoint {checkpoint_dir} lacks {', '.join(missing)} for world size {world_size}",
-            fix="rebuild the checkpoint (trtpipe build --force checkpoint)",
+            path=str(checkpoint_dir), fix="rebuild the checkpoint stage from its inputs",
         )
     return files
 
@@ -36,14 +37,6 @@ def link_or_copy(source: Path, target: Path) -> None:
         os.link(source, target)
     except OSError:  # another filesystem, or links not allowed
         shutil.copy2(source, target)
-
-
-def _validate_checkpoint(checkpoint_dir: Path, spec: Any) -> None:
-    try:
-        from trtpipe.checkpoint.schema import validate_checkpoint
-    except ImportError:  # the checkpoint area's validator is not installed; the structural checks below still run
-        return
-    validate_checkpoint(checkpoint_dir, spec)
 
 
 class ReferenceExecutor:
@@ -59,15 +52,16 @@ class ReferenceExecutor:
         log.parent.mkdir(parents=True, exist_ok=True)
         config_path = checkpoint_dir / "config.json"
         if not config_path.is_file():
-            raise TrtpipeError(f"checkpoint {checkpoint_dir} has no config.json", fix="rebuild the checkpoint")
-        _validate_checkpoint(checkpoint_dir, self.spec)
+            raise IntegrityError(f"checkpoint {checkpoint_dir} has no config.json", path=str(checkpoint_dir),
+                                 fix="rebuild the checkpoint stage from its inputs")
+        validate_checkpoint(checkpoint_dir, self.spec)
         pretrained = json.loads(config_path.read_text(encoding="utf-8"))
         mapping = pretrained.get("mapping") or {}
         world = int(mapping.get("world_size") or int(mapping.get("tp_size", 1)) * int(mapping.get("pp_size", 1)))
         if world != plan.world_size:
-            raise TrtpipeError(
+            raise IntegrityError(
                 f"checkpoint world size {world} != plan world size {plan.world_size} (tp={plan.tp}, pp={plan.pp})",
-                fix="rebuild the checkpoint with the spec's tp/pp",
+                path=str(checkpoint_dir), fix="rebuild the checkpoint with the spec's tp/pp",
             )
         rank_files = checkpoint_rank_files(checkpoint_dir, world)
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -9,8 +9,8 @@ SM). The data - which rule applies to which version, what it does, where it is w
 `build_configs/trtllm_build_flags/rules.yaml`; each rule id there has exactly one check function here.
 
 `simulate()` answers "what would the pinned trtllm-build do with this command": the settings it ends
-with, and a `Finding` for every refusal and override. `check_spec_settings()` runs only the rules a
-spec alone decides (stage `spec`), for `resolve`.
+with, and a `Finding` for every refusal and override. trtpipe.trtllm_build.config replays them on a
+spec's whole build configuration, which is how `resolve` refuses what a build would.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trtpipe import quant
 from trtpipe.datafiles import read_yaml
-from trtpipe.errors import TrtpipeError
-
-RULES_PATH = Path(__file__).resolve().parents[2] / "build_configs" / "trtllm_build_flags" / "rules.yaml"
+from trtpipe.errors import IntegrityError
+from trtpipe.toolchain import build_configs_dir
 
 Effect = Literal["refuse", "override"]
 Stage = Literal["build", "spec", "serving"]
@@ -38,13 +38,6 @@ INT_WEIGHT_ONLY_ALGOS = ("W4A16_AWQ", "W4A16", "W4A16_GPTQ", "W8A16", "W8A16_GPT
 SMOOTHQUANT_PREFIX = "W8A8_SQ"
 REDUCE_FUSION_ARCHITECTURES = ("LlamaForCausalLM", "Gemma2ForCausalLM", "MedusaForCausalLM")
 
-# trtpipe spec `quantization.algo` -> the checkpoint's quant_algo (the converter's own map is
-# trtpipe.checkpoint.schema.SPEC_QUANT_ALGO; tests/engine/test_rules.py keeps the two equal where both exist).
-TRTLLM_QUANT_ALGO: dict[str, str | None] = {
-    "none": None, "fp8": "FP8", "int4_awq": "W4A16_AWQ", "w4a8_awq": "W4A8_AWQ", "int8_sq": "W8A8_SQ_PER_CHANNEL",
-    "int8_wo": "W8A16", "nvfp4": "NVFP4",
-}
-TRTLLM_KV_CACHE_QUANT_ALGO: dict[str, str | None] = {"fp8": "FP8", "int8": "INT8"}
 _TRUE_WORDS = ("enable", "enabled", "true", "on", "yes")
 _FALSE_WORDS = ("disable", "disabled", "false", "off", "no", "none")
 
@@ -126,15 +119,17 @@ def _load(path: Path, mtime_ns: int) -> RuleTable:
     table = RuleTable.model_validate(read_yaml(path))
     unknown_sources = {c.source for r in table.rules for c in r.cite} - set(table.sources)
     if unknown_sources:
-        raise TrtpipeError(f"{path}: citations name unknown sources {sorted(unknown_sources)}", fix="add them to sources:")
+        raise IntegrityError(f"{path}: citations name unknown sources {sorted(unknown_sources)}", path=str(path),
+                             fix="add them to sources:")
     missing = {r.id for r in table.rules} - set(CHECKS)
     if missing:
-        raise TrtpipeError(f"{path}: rules without a check in trtpipe/engine/rules.py: {sorted(missing)}",
-                           fix="implement them or remove the rows")
+        raise IntegrityError(f"{path}: rules without a check in trtpipe/trtllm_build/rules.py: {sorted(missing)}",
+                             path=str(path), fix="implement them or remove the rows")
     return table
 
 
-def load_rules(path: Path = RULES_PATH) -> RuleTable:
+def load_rules(path: Path | None = None) -> RuleTable:
+    path = path or build_configs_dir() / "trtllm_build_flags" / "rules.yaml"
     return _load(path, path.stat().st_mtime_ns)
 
 
@@ -143,13 +138,27 @@ def load_rules(path: Path = RULES_PATH) -> RuleTable:
 
 @dataclass(frozen=True)
 class BuildFacts:
-    """What trtllm-build knows that its command line does not say."""
+    """What trtllm-build knows that its command line does not say.
+
+    `for_recipe` derives them from a spec's quantization (the checkpoint's QuantAlgo names come from the
+    quantization table, trtpipe.quant)."""
 
     quant_algo: str | None = None  # the checkpoint's quantization.quant_algo (TRT-LLM QuantAlgo name)
     kv_cache_quant_algo: str | None = None  # "FP8", "INT8" or None
     architecture: str | None = None  # the checkpoint's architecture, e.g. LlamaForCausalLM
     tp_size: int = 1
     sm: int | None = None  # the build GPU's SM (TRT-LLM builds for the GPU it runs on); None: unknown
+
+    @classmethod
+    def for_recipe(
+        cls, algo: str, kv_cache: str, *, architecture: str | None, tp_size: int, sm: int | None
+    ) -> BuildFacts:
+        """The facts of a checkpoint converted with quantization `algo` and KV cache `kv_cache` (spec names)."""
+        return cls(
+            quant_algo=quant.FORMATS[algo].checkpoint_algo,
+            kv_cache_quant_algo=quant.KV_CACHES[kv_cache].checkpoint_algo,
+            architecture=architecture, tp_size=tp_size, sm=sm,
+        )
 
     @property
     def fp8_kv(self) -> bool:
@@ -590,16 +599,3 @@ def simulate(
 
 def simulate_command(toolchain: str, argv: list[str], facts: BuildFacts) -> Simulation:
     return simulate(toolchain, parse_command(argv), facts)
-
-
-def check_spec_settings(toolchain: str, plugins: dict[str, Any], facts: BuildFacts) -> list[Finding]:
-    """What a spec alone decides (rules of stage `spec`): refusals, and overrides of a setting the spec gives.
-
-    `plugins` are the spec's `engine.plugins`, any spelling (`spec_value` converts them); every other
-    setting is trtllm-build's default.
-    """
-    given = {key: spec_value(key, raw) for key, raw in plugins.items()}
-    if given.get("paged_kv_cache") is not None and "kv_cache_type" not in given:
-        given["kv_cache_type"] = "paged" if given.pop("paged_kv_cache") else "continuous"
-    sim = simulate(toolchain, given, facts, stages=("spec",))
-    return sim.refusals + [f for f in sim.overrides if set(f.changes) & set(given)]

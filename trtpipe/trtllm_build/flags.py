@@ -15,9 +15,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from trtpipe.datafiles import read_yaml
-from trtpipe.errors import TrtpipeError
+from trtpipe.errors import IntegrityError
+from trtpipe.toolchain import build_configs_dir
 
-FLAGS_DIR = Path(__file__).resolve().parents[2] / "build_configs" / "trtllm_build_flags"
+
+def flags_dir() -> Path:
+    return build_configs_dir() / "trtllm_build_flags"
 
 FlagKind = Literal["int", "str", "path", "paths", "strs", "switch", "choice"]
 
@@ -117,7 +120,7 @@ class FlagContract(BaseModel):
 
 
 def contract_path(toolchain_name: str) -> Path:
-    return FLAGS_DIR / f"{toolchain_name}.yaml"
+    return flags_dir() / f"{toolchain_name}.yaml"
 
 
 @lru_cache(maxsize=16)
@@ -130,15 +133,16 @@ def load_contract(toolchain_name: str) -> FlagContract:
     path = contract_path(toolchain_name)
     if not path.is_file():
         known = ", ".join(known_contracts()) or "none"
-        raise TrtpipeError(
-            f"no trtllm-build flag contract for toolchain {toolchain_name!r} (known: {known})",
-            fix=f"add {path.relative_to(FLAGS_DIR.parents[1])} taken from that version's tensorrt_llm/commands/build.py",
+        raise IntegrityError(
+            f"no trtllm-build flag contract for toolchain {toolchain_name!r} (known: {known})", path=str(path),
+            fix=f"add build_configs/trtllm_build_flags/{path.name} taken from that version's "
+                "tensorrt_llm/commands/build.py",
         )
     return _load_contract_cached(path, path.stat().st_mtime_ns)
 
 
 def known_contracts() -> list[str]:
-    return sorted(p.stem for p in FLAGS_DIR.glob("trtllm-*.yaml"))  # rules.yaml beside them is not a contract
+    return sorted(p.stem for p in flags_dir().glob("trtllm-*.yaml"))  # rules.yaml beside them is not a contract
 
 
 def render_value(value: object) -> str | None:

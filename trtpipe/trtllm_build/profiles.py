@@ -11,6 +11,9 @@ it is set, taken from NVIDIA's TensorRT-LLM performance guides:
 
 The in-flight batching requirements (GPT attention plugin, packed input, paged KV cache) are set by
 `inflight_batching_settings` and are never left to a version's defaults.
+
+The GPU family is the catalog's `architecture` (build_configs/gpus.yaml); what a quantization format
+asks of the build (its GEMM plugin, whether FP8 kernels apply) is its row in trtpipe.quant.
 """
 
 from __future__ import annotations
@@ -19,14 +22,15 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from trtpipe.errors import TrtpipeError
+from trtpipe import quant
 
 DOC_BUILD_FLAGS = "TRT-LLM performance-tuning-guide/useful-build-time-flags"
 DOC_LIMITS = "TRT-LLM performance-tuning-guide/tuning-max-batch-size-and-max-num-tokens"
 DOC_BEST = "TRT-LLM performance/perf-best-practices"
 DOC_IFB = "tensorrtllm_backend: TrtGptModelInflightBatching requires GPT attention plugin, packed input, paged KV cache"
 
-GpuFamily = Literal["ampere", "ada", "hopper", "blackwell", "reference"]
+GpuFamily = Literal["ampere", "ada", "hopper", "blackwell", "reference"]  # the catalog's architectures + reference
+FP8_FAMILIES = ("ada", "hopper", "blackwell")  # FP8 tensor cores
 ProfileName = Literal["throughput", "latency"]
 
 # Architectures whose TRT-LLM model implements the AllReduce + ResidualAdd + RMSNorm fusion.
@@ -36,24 +40,6 @@ REDUCE_FUSION_ARCHITECTURES = frozenset({"LlamaForCausalLM"})
 class Setting(BaseModel):
     value: str | bool | int | None
     why: str
-
-
-def gpu_family(sm: int | None) -> GpuFamily:
-    """The GPU family of a compute capability (SM 80 -> ampere, 89 -> ada, 90 -> hopper, 100+ -> blackwell)."""
-    if sm is None:
-        return "reference"
-    if sm in (80, 86, 87):
-        return "ampere"
-    if sm == 89:
-        return "ada"
-    if sm == 90:
-        return "hopper"
-    if 100 <= sm < 130:
-        return "blackwell"
-    raise TrtpipeError(
-        f"no build profile for GPU SM {sm}",
-        fix="TensorRT-LLM 1.x supports SM 80 (Ampere) and newer; pick a supported target.gpu",
-    )
 
 
 def inflight_batching_settings(tokens_per_block: int) -> dict[str, Setting]:
@@ -82,6 +68,13 @@ def inflight_batching_settings(tokens_per_block: int) -> dict[str, Setting]:
     }
 
 
+_GEMM_PLUGIN_WHY = {
+    None: f"FP8: TensorRT's own FP8 GEMM tactics beat the cuBLASLt plugin; keep the GEMM plugin off [{DOC_BUILD_FLAGS}]",
+    "nvfp4": "NVFP4 GEMMs run through the plugin on Blackwell (TRT-LLM enables it for nvfp4 unless disabled)",
+    "auto": f"FP16/BF16 GEMMs: the cuBLASLt GEMM plugin is recommended and uses the model dtype [{DOC_BUILD_FLAGS}]",
+}
+
+
 def profile_settings(
     family: GpuFamily,
     profile: ProfileName,
@@ -92,7 +85,8 @@ def profile_settings(
     kv_cache: str = "auto",
 ) -> dict[str, Setting]:
     """Plugin and feature settings of one profile (beyond the in-flight batching requirements)."""
-    fp8 = quant_algo == "fp8"
+    fmt = quant.FORMATS[quant_algo]
+    fp8 = fmt.fp8_gemms
     settings: dict[str, Setting] = {}
 
     settings["use_fused_mlp"] = Setting(
@@ -109,23 +103,12 @@ def profile_settings(
 
     # GEMM plugin: cuBLASLt GEMMs help FP16/BF16 (and the unquantized GEMMs of weight-only INT4);
     # for FP8 the guide recommends leaving it off and letting TensorRT choose FP8 kernels.
-    if fp8:
-        settings["gemm_plugin"] = Setting(
-            value=None,
-            why=f"FP8: TensorRT's own FP8 GEMM tactics beat the cuBLASLt plugin; keep the GEMM plugin off [{DOC_BUILD_FLAGS}]",
-        )
-    elif quant_algo == "nvfp4":
-        settings["gemm_plugin"] = Setting(
-            value="nvfp4",
-            why="NVFP4 GEMMs run through the plugin on Blackwell (TRT-LLM enables it for nvfp4 unless disabled)",
-        )
-    else:
-        settings["gemm_plugin"] = Setting(
-            value="auto",
-            why=f"FP16/BF16 GEMMs: the cuBLASLt GEMM plugin is recommended and uses the model dtype [{DOC_BUILD_FLAGS}]",
-        )
+    settings["gemm_plugin"] = Setting(value=fmt.gemm_plugin, why=_GEMM_PLUGIN_WHY.get(
+        fmt.gemm_plugin, f"{fmt.name}: the GEMM plugin its row of the quantization table names (trtpipe.quant)"))
+    for flag, value in fmt.build_plugins.items():
+        settings[flag] = Setting(value=value, why=f"{fmt.name} runs its GEMMs through this plugin (trtpipe.quant)")
 
-    fp8_fmha = fp8 and kv_cache == "fp8" and family in ("ada", "hopper", "blackwell")
+    fp8_fmha = fp8 and kv_cache == "fp8" and family in FP8_FAMILIES
     settings["use_fp8_context_fmha"] = Setting(
         value=fp8_fmha,
         why=(

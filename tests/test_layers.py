@@ -1,0 +1,126 @@
+"""The package's own import graph: no cycle between its packages, and no lower layer importing a higher one.
+
+Read from the source with `ast` (every `import trtpipe.x` / `from trtpipe.x import ...`, at module level or
+inside a function: a lazy import is a dependency too). A unit is a top-level module (trtpipe/resolve.py)
+or package (trtpipe/serving/). Layers, low -> high; a unit may import its own layer and the ones below:
+
+    0  errors, settings, atomic, versions, names, datafiles     what everything may use
+    1  toolchain, gpu, quant, spec, spec_loader, trtllm_build   the tables and the spec (trtllm_build: the
+                                                                trtllm-build backend's flag and rule tables)
+    2  resolve, plan, hostcheck                                 every rule, the memory plan, the host check
+    3  store, results, build_record                             where artifacts, results and records live
+    4  checkpoint, engine, reference, serving                   what the stages call, and serving their output
+    5  stages, pipeline                                         the declared stages and the runner
+    6  bench, release, repair                                   what works on built and served artifacts
+    7  workspace, commands, cli                                 the shell
+
+So serving never imports the stages or the runner, the store never imports a stage, and resolve reads
+the trtllm-build rule tables from below instead of from the engine. serving sits beside the stage
+implementations (not above the runner, as issue 13's first sketch had it): the publish stage calls its
+repository writer, and serving itself imports only lower layers (the reference runtime, results, store).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "trtpipe"
+
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "settings", "atomic", "versions", "names", "datafiles"),
+    ("toolchain", "gpu", "quant", "spec", "spec_loader", "trtllm_build"),
+    ("resolve", "plan", "hostcheck"),
+    ("store", "results", "build_record"),
+    ("checkpoint", "engine", "reference", "serving"),
+    ("stages", "pipeline"),
+    ("bench", "release", "repair"),
+    ("workspace", "commands", "cli"),
+)
+LAYER = {unit: index for index, units in enumerate(LAYERS) for unit in units}
+
+
+def _unit(module: str) -> str | None:
+    """`trtpipe.serving.smoke` -> `serving`; None for the package itself."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "trtpipe" else None
+
+
+def _source_unit(path: Path, package: Path) -> str:
+    return path.relative_to(package).parts[0].removesuffix(".py")
+
+
+def imports(package: Path = PACKAGE) -> dict[str, set[tuple[str, str]]]:
+    """unit -> {(imported unit, 'file:line')} over every trtpipe import in the package."""
+    found: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package).as_posix()
+        if rel == "__init__.py":
+            continue
+        source = _source_unit(path, package)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                # `from trtpipe import quant` imports the unit `quant`
+                modules = ([f"{node.module}.{alias.name}" for alias in node.names] if node.module == "trtpipe"
+                           else [node.module])
+            else:
+                continue
+            for module in modules:
+                target = _unit(module)
+                if target is not None and target != source and target != "__version__":
+                    found[source].add((target, f"{rel}:{node.lineno}"))
+    return found
+
+
+def upward_imports(package: Path = PACKAGE) -> list[str]:
+    return [f"{where}: {source} (layer {LAYER[source]}) imports {target} (layer {LAYER[target]})"
+            for source, edges in imports(package).items() for target, where in sorted(edges)
+            if LAYER[target] > LAYER[source]]
+
+
+def cycles(package: Path = PACKAGE) -> list[list[str]]:
+    graph = {source: {target for target, _ in edges} for source, edges in imports(package).items()}
+    found: list[list[str]] = []
+
+    def visit(unit: str, path: list[str], done: set[str]) -> None:
+        for nxt in sorted(graph.get(unit, ())):
+            if nxt in path:
+                found.append(path[path.index(nxt):] + [nxt])
+            elif nxt not in done:
+                visit(nxt, path + [nxt], done)
+        done.add(unit)
+
+    done: set[str] = set()
+    for start in sorted(graph):
+        if start not in done:
+            visit(start, [start], done)
+    return found
+
+
+def test_every_unit_has_a_layer() -> None:
+    units = {_source_unit(p, PACKAGE) for p in PACKAGE.rglob("*.py")
+             if p.relative_to(PACKAGE).as_posix() != "__init__.py"}
+    units |= {target for edges in imports().values() for target, _ in edges}
+    assert sorted(units - set(LAYER)) == [], "place each new module or package in LAYERS (and the docstring)"
+
+
+def test_no_lower_layer_imports_a_higher_one() -> None:
+    assert upward_imports() == []
+
+
+def test_no_cycle_between_packages() -> None:
+    assert cycles() == []
+
+
+def test_the_checks_catch_a_lazy_upward_import_and_a_cycle(tmp_path: Path) -> None:
+    """A package where resolve imports the engine inside a function (the import issue 13 removed) and the
+    engine imports resolve back: both checks fail on it."""
+    package = tmp_path / "trtpipe"
+    (package / "engine").mkdir(parents=True)
+    (package / "resolve.py").write_text("def rules():\n    from trtpipe.engine.rules import simulate\n")
+    (package / "engine" / "rules.py").write_text("from trtpipe import resolve\n")
+    assert upward_imports(package) == ["resolve.py:2: resolve (layer 2) imports engine (layer 4)"]
+    assert cycles(package) == [["engine", "resolve", "engine"]]

@@ -1,0 +1,51 @@
+"""Declared stages, per backend: what the runner (trtpipe.pipeline) builds for a spec, in order.
+
+A stage module imports what keys it at the top and its implementation (converters, executors, the
+repository writer) inside `build` and `preview`: the one place imports are deferred, so a warm build
+(every stage a hit) loads no converter, executor or writer, let alone torch, transformers or ModelOpt.
+
+resolve and plan are plain steps of the runner; the stored stages come from the spec's backend. Adding a
+backend is one entry here with its stages (its artifact stage, its repository writer's publish stage),
+next to its variant on the toolchain (trtpipe.toolchain.Backend) and its contract tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from trtpipe.engine.plan import make_build_plan
+from trtpipe.resolve import ResolvedSpec
+from trtpipe.stages.base import InputRef, NoKey, Preview, StageContext, StoredStage
+from trtpipe.stages.checkpoint import CheckpointStage
+from trtpipe.stages.engine import EngineStage
+from trtpipe.stages.publish import PublishStage
+
+
+@dataclass(frozen=True)
+class BackendStages:
+    """How one backend builds: its build plan and its stored stages, each after the stages it builds on."""
+
+    plan: Callable[[ResolvedSpec], Any]
+    stages: tuple[StoredStage, ...]
+
+
+BACKEND_STAGES: dict[str, BackendStages] = {
+    # The GPU path: convert where the engine is built (the executor), run the pinned trtllm-build.
+    "trtllm-build": BackendStages(
+        plan=make_build_plan,
+        stages=(CheckpointStage(in_executor=True), EngineStage(renders_command=True), PublishStage()),
+    ),
+    # The CPU reference: convert here, wrap the checkpoint as the runtime's engine, same repository contract.
+    "reference": BackendStages(
+        plan=make_build_plan,
+        stages=(CheckpointStage(in_executor=False), EngineStage(renders_command=False), PublishStage()),
+    ),
+}
+
+# Every stored stage's name (what `--force` takes), in build order.
+STORED_STAGE_NAMES = tuple(dict.fromkeys(s.name for b in BACKEND_STAGES.values() for s in b.stages))
+
+__all__ = ["BACKEND_STAGES", "STORED_STAGE_NAMES", "BackendStages", "InputRef", "NoKey", "Preview",
+           "StageContext", "StoredStage"]
