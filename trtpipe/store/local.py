@@ -29,8 +29,10 @@ store, at any path, on any day give the same manifest bytes and so the same dige
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import stat
 import re
 import tempfile
 import time
@@ -45,13 +47,11 @@ from trtpipe.errors import IntegrityError, InternalError, InvalidInput, NotFound
 from trtpipe.store.digest_cache import DigestCache
 from trtpipe.store.keys import canonical_json
 from trtpipe.store.locking import KeyLocks
+from trtpipe.store.manifest import KINDS, MANIFEST, MANIFEST_VERSION, entry_path_problem, parse_manifest, sound_files
 from trtpipe.store.objects import ObjectStore, sha256_file
 from trtpipe.store.readonly import DIR_MODE, freeze_tree, normalized_mode, remove_tree
 
-KINDS = ("checkpoint", "engine", "repository")
-MANIFEST = "manifest.json"
-# Bump when the manifest's shape changes: entries of another version are misses (rebuilt), never errors.
-MANIFEST_VERSION = 2
+__all__ = ["KINDS", "MANIFEST", "MANIFEST_VERSION", "Building", "Entry", "Problem", "Store", "manifest_digest"]
 _KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -79,13 +79,15 @@ class Entry:
     kind: str
     key: str
     path: Path
-    manifest: dict[str, Any]
+    manifest: dict[str, Any]  # always a dict; {} when manifest.json is not a JSON object
     digest: str
+    damage: str | None = None  # why manifest.json is unusable (None: sound, or merely outdated)
 
-    @property
+    @functools.cached_property
     def files(self) -> list[dict[str, Any]]:
-        files = self.manifest.get("files")
-        return list(files) if isinstance(files, list) else []
+        """The manifest's file items ({path, mode, size, sha256}); none for a damaged manifest, and only the
+        well-formed ones of an outdated one, so every reader may index them."""
+        return [] if self.damage is not None else sound_files(self.manifest)
 
     @property
     def inputs(self) -> dict[str, Any]:
@@ -111,8 +113,13 @@ class Entry:
 
     @property
     def current(self) -> bool:
-        """Written in this trtpipe's manifest format (an older one is a miss: rebuilt, not used)."""
-        return self.manifest.get("manifest_version") == MANIFEST_VERSION
+        """Written in this trtpipe's manifest format, and sound (an older one is a miss: rebuilt, not used)."""
+        return self.damage is None and self.manifest.get("manifest_version") == MANIFEST_VERSION
+
+    @property
+    def outdated(self) -> bool:
+        """A sound manifest of another trtpipe's format: rebuilt by the next build, not damage."""
+        return self.damage is None and not self.current
 
     @property
     def size(self) -> int:
@@ -222,36 +229,28 @@ class Store:
             raw = (path / MANIFEST).read_bytes()
         except (FileNotFoundError, NotADirectoryError):
             return None
-        try:
-            manifest = json.loads(raw)
-        except ValueError:
-            manifest = {"files": None}
-        return Entry(kind=kind, key=key, path=path, manifest=manifest, digest=manifest_digest(raw))
+        except OSError as err:  # unreadable (permissions, I/O error) or not a file: damage, named
+            raw = b""
+            manifest, damage = {}, f"cannot be read ({err.strerror or err})"
+        else:
+            manifest, damage = parse_manifest(raw, kind, key)
+        return Entry(kind=kind, key=key, path=path, manifest=manifest, digest=manifest_digest(raw), damage=damage)
 
     def check(self, entry: Entry, *, digests: bool) -> list[Problem]:
         """Integrity problems of an entry: sizes always, sha256 and stray files when `digests`."""
+        if entry.damage is not None:
+            return [Problem(entry.kind, entry.key, MANIFEST, entry.damage)]
         problems: list[Problem] = []
-        files = entry.manifest.get("files")
-        if not isinstance(files, list) or entry.manifest.get("key") != entry.key or entry.manifest.get("kind") != entry.kind:
-            return [Problem(entry.kind, entry.key, MANIFEST, "manifest is unreadable or names another key")]
         listed = set()
-        for item in files:
-            rel = item.get("path", "")
+        for item in entry.files:
+            rel = item["path"]
             listed.add(rel)
             target = entry.path / rel
-            if not _inside(entry.path, target):
-                problems.append(Problem(entry.kind, entry.key, rel, "path escapes the entry"))
-                continue
-            try:
-                size = target.stat().st_size
-            except FileNotFoundError:
-                problems.append(Problem(entry.kind, entry.key, rel, "missing"))
-                continue
-            if size != item.get("size"):
-                problems.append(Problem(entry.kind, entry.key, rel, f"size {size} != {item.get('size')}"))
-                continue
-            if digests and sha256_file(target) != item.get("sha256"):
-                problems.append(Problem(entry.kind, entry.key, rel, "sha256 mismatch"))
+            why = _file_problem(target, item["size"])
+            if why is None and digests:
+                why = _digest_problem(lambda: sha256_file(target), item["sha256"])
+            if why is not None:
+                problems.append(Problem(entry.kind, entry.key, rel, why))
         if digests:
             problems += self._stray_files(entry, listed)
         return problems
@@ -273,15 +272,17 @@ class Store:
         if problems:
             return problems
         for item in entry.files:
-            if self.digests.digest(entry.path / item["path"]) != item.get("sha256"):
-                problems.append(Problem(entry.kind, entry.key, item["path"], "sha256 mismatch"))
+            path = entry.path / item["path"]
+            why = _digest_problem(lambda: self.digests.digest(path), item["sha256"])
+            if why is not None:
+                problems.append(Problem(entry.kind, entry.key, item["path"], why))
         return problems + self._stray_files(entry, {item["path"] for item in entry.files})
 
     def get(self, kind: str, key: str, *, verify: bool = False, touch: bool = True) -> Entry | None:
         """The entry of `kind/key`, or None. A corrupt entry is moved aside and None returned; an
         entry written in an older manifest format is a plain miss (the build replaces it)."""
         entry = self._load(kind, key)
-        if entry is None or not entry.current:
+        if entry is None or entry.outdated:
             return None
         problems = self.check(entry, digests=verify)
         if problems:
@@ -375,6 +376,10 @@ class Store:
         files: list[dict[str, Any]] = []
         for path in _walk_files(tmp_dir):
             rel = path.relative_to(tmp_dir).as_posix()
+            why = entry_path_problem(rel)
+            if why is not None:  # what a registry pull would refuse, the store refuses to publish
+                raise InternalError(f"the {kind} stage wrote {rel[:120]!r}: {why}",
+                                    fix="report this bug: a stage writes portable file names only")
             if path.is_symlink():
                 raise InternalError(f"the {kind} stage wrote a symlink {rel}",
                                     fix="report this bug: a stage writes regular files only")
@@ -396,43 +401,27 @@ class Store:
         """
         kind, key, tmp_dir = handle.kind, handle.key, Path(handle.dir or "")
         where = f"the {kind} manifest of {key[:16]}"
-        try:
-            manifest = json.loads(raw)
-        except ValueError:
-            raise IntegrityError(f"{where} is not JSON; refused") from None
-        if not isinstance(manifest, dict) or manifest.get("manifest_version") != MANIFEST_VERSION:
-            version = manifest.get("manifest_version") if isinstance(manifest, dict) else None
+        manifest, damage = parse_manifest(raw, kind, key)
+        if damage is None and manifest.get("manifest_version") != MANIFEST_VERSION:
             raise IntegrityError(
-                f"{where} has manifest version {version!r}, not {MANIFEST_VERSION}; refused",
+                f"{where} has manifest version {manifest.get('manifest_version')!r}, not {MANIFEST_VERSION}; refused",
                 fix="rebuild it with this trtpipe (older artifacts are rebuilt, never reused)",
             )
-        if canonical_json(manifest) != raw:
-            raise IntegrityError(f"{where} is not canonical JSON (so its digest is not its content's); refused")
-        if (manifest.get("kind"), manifest.get("key")) != (kind, key):
-            raise IntegrityError(f"{where} names {manifest.get('kind')}/{manifest.get('key')}; refused")
-        files = manifest.get("files")
-        if not isinstance(files, list):
-            raise IntegrityError(f"{where} lists no files; refused")
-        listed: dict[str, dict[str, Any]] = {}
-        for item in files:
-            rel = item.get("path") if isinstance(item, dict) else None
-            if not isinstance(rel, str) or rel in listed:
-                raise IntegrityError(f"{where} lists {rel!r} twice or malformed; refused")
-            listed[rel] = item
+        if damage is not None:
+            raise IntegrityError(f"{where}: {damage}; refused")
+        listed: dict[str, dict[str, Any]] = {item["path"]: item for item in manifest["files"]}
         present = {p.relative_to(tmp_dir).as_posix(): p for p in _walk_files(tmp_dir)}
         if set(present) != set(listed) or set(verified) != set(listed):
             odd = sorted(set(present) ^ set(listed) | set(verified) ^ set(listed))
             raise IntegrityError(f"{where} and the files received differ ({', '.join(odd[:3])}); refused")
         for rel, item in listed.items():
             path = present[rel]
-            if item.get("sha256") != verified[rel] or item.get("size") != path.stat().st_size:
+            if item["sha256"] != verified[rel] or item["size"] != path.stat().st_size:
                 raise IntegrityError(
-                    f"{where} lists {rel} as sha256:{str(item.get('sha256'))[:12]}..., but its bytes are "
+                    f"{where} lists {rel} as sha256:{item['sha256'][:12]}..., but its bytes are "
                     f"sha256:{verified[rel][:12]}...; refused",
                     fix="the artifact was tampered with; push it again from a good copy",
                 )
-            if item.get("mode") not in ("0644", "0755"):
-                raise IntegrityError(f"{where} gives {rel} the mode {item.get('mode')!r}; refused")
         entry = self._install(kind, key, tmp_dir, raw, manifest)
         handle.entry = entry  # tells `building` the staging dir was consumed
         return entry
@@ -547,11 +536,28 @@ class Store:
             os.close(fd)
 
 
-def _inside(root: Path, path: Path) -> bool:
+def _file_problem(path: Path, size: int) -> str | None:
+    """Why a listed file is not there as listed (cheap: one lstat), or None."""
     try:
-        return os.path.commonpath([os.path.abspath(root), os.path.abspath(path)]) == os.path.abspath(root)
-    except ValueError:
-        return False
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return "missing"
+    except OSError as err:
+        return f"unreadable ({err.strerror or err})"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"  # a symlink, folder or FIFO in place of a stored file (never opened)
+    if st.st_size != size:
+        return f"size {st.st_size} != {size}"
+    return None
+
+
+def _digest_problem(digest: Callable[[], str], expected: str) -> str | None:
+    """"sha256 mismatch", "unreadable (...)" or None: a file that cannot be read cannot be vouched for."""
+    try:
+        actual = digest()
+    except OSError as err:
+        return f"unreadable ({err.strerror or err})"
+    return None if actual == expected else "sha256 mismatch"
 
 
 def _walk_files(root: Path) -> Iterator[Path]:
