@@ -317,3 +317,24 @@ def test_a_port_that_refuses_is_one_line(tmp_path: Path, capsys: pytest.CaptureF
         port = sock.getsockname()[1]
     code, err = _pull(tmp_path / "store", f"oci://127.0.0.1:{port}/a/b:v1", capsys)
     assert code == 1 and len(err.strip().splitlines()) == 1 and "unreachable" in err
+
+
+def test_pull_hashes_each_file_once_as_it_streams_and_the_entry_is_then_vouched_for(
+    env, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = Store.open(tmp_path / "a")
+    with source.building("engine", KEY) as handle:
+        for rel, body in FILES.items():
+            (handle.dir / rel).write_bytes(body)
+        entry = handle.commit(inputs={"name": "x"})
+    url = f"oci://{env.host}/travel/pull"
+    assert main(["cache", "push", f"engine/{KEY}", "--to", url, "--tag", "v1", "--store", str(tmp_path / "a")]) == 0
+    rehashed: list[str] = []
+    original = hashlib.file_digest
+    monkeypatch.setattr(hashlib, "file_digest", lambda f, d: rehashed.append(f.name) or original(f, d))
+    assert main(["cache", "pull", f"{url}:v1", "--store", str(tmp_path / "b")]) == 0, capsys.readouterr().err
+    assert rehashed == []  # hashed while streaming (hashlib.sha256 updates), never read back
+    pulled = Store(tmp_path / "b")
+    got = pulled.peek("engine", KEY)
+    assert got is not None and got.digest == entry.digest
+    assert pulled.verify_entry(got) == [] and rehashed == []  # the digest cache vouches: nothing read

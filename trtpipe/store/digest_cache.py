@@ -137,20 +137,26 @@ class DigestCache:
             self._conn = None
 
     def cached(self, path: Path) -> str | None:
-        """The remembered sha256 of `path` if the file is exactly as it was when hashed; never reads it."""
-        real = str(Path(path).resolve())
+        """The remembered sha256 of `path`'s bytes if its inode is exactly as it was when they were hashed,
+        under whichever of its names (a stored object and the entry files linked to it are one inode);
+        never reads the file."""
         try:
-            st = os.stat(real)
+            st = os.stat(Path(path).resolve())
         except FileNotFoundError:
             return None
         row = self._execute(
-            "SELECT sha256 FROM file_digests WHERE path=? AND size=? AND mtime_ns=? AND ctime_ns=? AND inode=?",
-            (real, *_ident(st)),
+            "SELECT sha256 FROM file_digests WHERE inode=? AND size=? AND mtime_ns=? AND ctime_ns=? LIMIT 1",
+            (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns),
         ).fetchone()
         return row[0] if row is not None else None
 
     def digest(self, path: Path) -> str:
         """sha256 hex of `path`; reads the file only if it changed since it was last hashed."""
+        return self.digest_with_stat(path)[0]
+
+    def digest_with_stat(self, path: Path) -> tuple[str, os.stat_result]:
+        """(sha256 hex, the stat it describes): what the store remembers as the moment it vouched for an
+        inode's bytes, so its own later links can re-date the rows (`restamp`)."""
         real = str(Path(path).resolve())
         st = os.stat(real)
         row = self._execute(
@@ -158,18 +164,28 @@ class DigestCache:
             (real, *_ident(st)),
         ).fetchone()
         if row is not None:
-            return row[0]
+            return row[0], st
         value = sha256_file(Path(real))
         self.hashed_bytes += st.st_size
         self._remember(real, value, st)
-        return value
+        return value, st
 
-    def _remember(self, real: str, value: str, st: os.stat_result) -> None:
+    def vouch(self, path: Path, sha256: str) -> os.stat_result | None:
+        """Remember `sha256` for `path` without reading it: the caller knows the bytes (it hashed them while
+        writing, or they came verified). Only for a settled file (racy rule). Returns the stat remembered."""
+        real = str(Path(path).resolve())
+        try:
+            st = os.stat(real)
+        except FileNotFoundError:
+            return None
+        return st if self._remember(real, sha256, st) else None
+
+    def _remember(self, real: str, value: str, st: os.stat_result) -> bool:
         """Store `value` for the file as `st` saw it, if it is unchanged since and settled (racy rule)."""
         try:
             after = os.stat(real)
         except FileNotFoundError:
-            return
+            return False
         unchanged = _ident(after) == _ident(st)
         settled = time.time_ns() - st.st_mtime_ns >= RACY_WINDOW_NS
         if unchanged and settled:
@@ -177,26 +193,34 @@ class DigestCache:
                 "INSERT OR REPLACE INTO file_digests(path, size, mtime_ns, ctime_ns, inode, sha256) VALUES (?,?,?,?,?,?)",
                 (real, *_ident(st), value),
             )
+        return unchanged and settled
 
     def restamp(self, path: Path, before: os.stat_result) -> bool:
-        """After our own link or unlink of `path`'s inode: move its row to the new ctime.
+        """After our own link or unlink of `path`'s inode: move its rows (every path's) to the new ctime.
 
-        `before` is the stat taken just before that operation; the row moves only if it matched
+        `before` is the stat taken just before that operation; the rows move only if they matched
         `before` exactly (nothing happened to the inode between the last verification and our
-        operation) and size, mtime and inode are still the same. True when the row moved.
+        operation) and size, mtime and inode are still the same. True when a row moved.
         """
-        real = str(Path(path).resolve())
         try:
-            now = os.stat(real)
+            now = os.stat(Path(path).resolve())
         except FileNotFoundError:
             return False
+        return self.restamp_stats(before, now)
+
+    def restamp_stats(self, before: os.stat_result, now: os.stat_result) -> bool:
+        """`restamp` with both stats in hand (an unlink through a kept descriptor: `os.fstat` before and after).
+        Rows are matched by inode, not path: a stored inode has one row per path it is known by (entries,
+        objects), and one link or unlink moves the ctime of all of them."""
         if (now.st_size, now.st_mtime_ns, now.st_ino) != (before.st_size, before.st_mtime_ns, before.st_ino):
             return False
+        if now.st_ctime_ns == before.st_ctime_ns:
+            return True
         cursor = self._execute(
-            "UPDATE file_digests SET ctime_ns=? WHERE path=? AND size=? AND mtime_ns=? AND ctime_ns=? AND inode=?",
-            (now.st_ctime_ns, real, *_ident(before)),
+            "UPDATE file_digests SET ctime_ns=? WHERE inode=? AND size=? AND mtime_ns=? AND ctime_ns=?",
+            (now.st_ctime_ns, before.st_ino, before.st_size, before.st_mtime_ns, before.st_ctime_ns),
         )
-        return cursor.rowcount == 1
+        return cursor.rowcount >= 1
 
     def __enter__(self) -> DigestCache:
         return self

@@ -21,7 +21,6 @@ from pydantic import BaseModel
 
 from trtpipe.errors import UsageError
 from trtpipe.store.local import KINDS, MANIFEST, Entry, Problem, Store
-from trtpipe.store.readonly import remove_tree
 
 _SIZE_UNITS = {
     "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -200,7 +199,7 @@ def _clean_leftovers(store: Store, report: GcReport, now: float, dry_run: bool, 
             if stale:
                 size = _tree_bytes(child)
                 if not dry_run:
-                    remove_tree(child)
+                    store.discard_tree(child)
                 report.add(GcAction(what="tmp", name=child.name, bytes=size, reason="leftover of an interrupted build"))
     # A quarantined entry a channel pins stays until a healthy entry of its digest is back; one whose
     # manifest is unreadable (its digest unknowable) stays while any pin has no intact entry here.
@@ -228,7 +227,7 @@ def _clean_leftovers(store: Store, report: GcReport, now: float, dry_run: bool, 
                 continue
             size = _tree_bytes(child) if child.is_dir() else child.stat().st_size
             if not dry_run:
-                remove_tree(child)
+                store.discard_tree(child)
             report.add(GcAction(what=folder, name=child.name, bytes=size, reason="quarantined (corrupt)" if folder == "quarantine" else "deleted entry"))
     _clean_serving_dirs(store, report, dry_run)
     # Stray staging files of objects (a process killed between link and rename).
@@ -246,7 +245,7 @@ def _clean_serving_dirs(store: Store, report: GcReport, dry_run: bool) -> None:
     for path in stale_serving_dirs(store.root):
         size = _tree_bytes(path) if path.is_dir() else 0
         if not dry_run:
-            remove_tree(path)
+            store.discard_tree(path)
             if not path.name.endswith(LOCK_SUFFIX):
                 path.with_name(path.name + LOCK_SUFFIX).unlink(missing_ok=True)
         report.add(GcAction(what="serving", name=path.name, bytes=size, reason="serving directory of a stopped server"))
