@@ -78,7 +78,7 @@ def _write_big(path: Path, size: int) -> None:
             written += len(chunk)
 
 
-def bench_digest(work: Path, size: int, repeats: int = 3) -> dict:
+def bench_digest(work: Path, size: int, repeats: int = 6) -> dict:
     from trtpipe.store.objects import sha256_file
 
     big = work / "big.bin"
@@ -87,23 +87,33 @@ def bench_digest(work: Path, size: int, repeats: int = 3) -> dict:
         while handle.read(16 * 1024 * 1024):
             pass
 
-    def best(run) -> tuple[float, str]:
-        results = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            value = run()
-            results.append((time.perf_counter() - started, value))
-        return min(results)
-
-    ours_s, ours = best(lambda: sha256_file(big))
-
     def stdlib() -> str:
         with open(big, "rb") as handle:
             return hashlib.file_digest(handle, "sha256").hexdigest()
 
-    stdlib_s, theirs = best(stdlib)
-    openssl_s, tool = best(lambda: subprocess.run(["openssl", "dgst", "-sha256", "-r", str(big)], capture_output=True,
-                                                  text=True, check=True).stdout.split()[0])
+    def openssl() -> str:
+        return subprocess.run(["openssl", "dgst", "-sha256", "-r", str(big)], capture_output=True, text=True,
+                              check=True).stdout.split()[0]
+
+    import resource
+
+    def cpu_seconds() -> float:  # this process and its waited-for children, user + system
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+    contenders = {"trtpipe": lambda: sha256_file(big), "hashlib": stdlib, "openssl": openssl}
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    cpu: dict[str, list[float]] = {name: [] for name in contenders}
+    values: dict[str, str] = {}
+    for round_ in range(repeats):  # interleaved, in a rotating order: a busy moment hits each the same
+        names = list(contenders)[round_ % 3:] + list(contenders)[: round_ % 3]
+        for name in names:
+            started, started_cpu = time.perf_counter(), cpu_seconds()
+            values[name] = contenders[name]()
+            times[name].append(time.perf_counter() - started)
+            cpu[name].append(cpu_seconds() - started_cpu)
+    ours_s, stdlib_s, openssl_s = (min(times[n]) for n in ("trtpipe", "hashlib", "openssl"))
+    ours, theirs, tool = values["trtpipe"], values["hashlib"], values["openssl"]
     assert ours == theirs == tool
     big.unlink()
     gb = size / 1e9
@@ -115,6 +125,8 @@ def bench_digest(work: Path, size: int, repeats: int = 3) -> dict:
         "hashlib_file_digest_gbs": round(gb / stdlib_s, 3),
         "openssl_dgst_gbs": round(gb / openssl_s, 3),
         "trtpipe_vs_openssl": round(openssl_s / ours_s, 3),
+        # Per CPU second (user + system): what a loaded machine distorts least.
+        "cpu_gbs": {name: round(gb / min(cpu[name]), 3) for name in contenders},
         "openssl": version,
         "cpu_sha_instructions": "sha_ni" in Path("/proc/cpuinfo").read_text(),
     }
@@ -185,7 +197,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--only", default="build,digest,digest_cache",
                         help="comma-separated sections to run: build, digest, digest_cache")
-    parser.add_argument("--repeats", type=int, default=3, help="digest: best of this many runs per contender")
+    parser.add_argument("--repeats", type=int, default=6, help="digest: best of this many interleaved runs per contender")
     args = parser.parse_args()
     size = int(args.size_gb * 1e9)
     only = set(args.only.split(","))
