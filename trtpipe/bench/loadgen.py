@@ -320,8 +320,14 @@ class TritonSender:
 
     def open_streams(self, count: int) -> None:
         """Open `count` streams now (before the run's clock starts), so no measured request pays for
-        opening its channel and stream."""
+        opening its channel and stream. gRPC connects a channel lazily: one liveness call on each makes
+        the connection now (a server that is not there is then the run's first request's error, as before)."""
         opened = [_Stream(self.url, self._grpc) for _ in range(max(0, count - len(self._idle)))]
+        for stream in opened:
+            try:
+                stream.client.is_server_live(client_timeout=min(5.0, self.timeout))
+            except Exception:  # noqa: BLE001 - no server yet: the requests will say so, each in its record
+                break
         with self._lock:
             self._idle.extend(opened)
 
