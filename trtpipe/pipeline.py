@@ -382,9 +382,13 @@ class _Runner:
         if inputs != before and stage.key(self.ctx, inputs).key != key.key:
             raise _InputRebuilt  # an input came back with other bytes, and this key names the old ones
         build_started = time.monotonic()
+        self.ctx.written.clear()
         facts = stage.build(self.ctx, handle.dir, inputs, key) or {}
         seconds = time.monotonic() - build_started
-        entry = handle.commit(inputs=key.inputs)
+        # Digests travel with the bytes: files linked from the verified inputs, and those the stage hashed
+        # while writing, are not read again to be hashed (issue 15).
+        entry = handle.commit(inputs=key.inputs, sources=[self.entries[name] for name in stage.inputs],
+                              known=dict(self.ctx.written))
         self.store.log_built(handle.kind, handle.key, entry.digest, seconds)
         return entry, {**facts, "build_seconds": round(seconds, 6)}
 
