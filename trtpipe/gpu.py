@@ -14,9 +14,8 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trtpipe.datafiles import load_table
 from trtpipe.errors import InvalidInput, NotFound, TrtpipeError
-from trtpipe.toolchain import build_configs_dir
+from trtpipe.settings import build_configs_dir
 
 Architecture = Literal["ampere", "ada", "hopper", "blackwell"]
 
@@ -58,6 +57,9 @@ class UnknownGpu(TrtpipeError):
 
 def load_catalog(path: Path | None = None) -> dict[str, GpuInfo]:
     """Every GPU of the catalog by canonical name."""
+    # YAML loads only with the catalog: a build record's host probe (this module's NVML half) needs none.
+    from trtpipe.datafiles import load_table
+
     path = path or build_configs_dir() / "gpus.yaml"
     return {gpu.name: gpu for gpu in load_table(path, "GPU catalog", "gpus", GpuInfo)}
 
