@@ -173,8 +173,10 @@ def check_memo(spec_path: Path | str, store_root: Path) -> dict[str, Any]:
         raise Stale(f"its memo {where} is unreadable ({err})") from None
     try:
         _check(memo, real)
-    except (KeyError, TypeError, ValueError, AttributeError) as err:  # a memo of another shape: never trusted
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:  # another shape: never trusted
         raise Stale(f"its memo {where} is not in this trtpipe's format ({err!r})") from None
+    except OSError as err:  # whatever the normal path makes of it, it says so itself
+        raise Stale(f"{err.filename or where} could not be read ({err.strerror})") from None
     return memo
 
 
@@ -272,16 +274,28 @@ def warm_build(spec_path: Path | str, store: Store, *, progress: bool) -> BuildR
 # ----------------------------------------------------------------------------------------------- remembering
 
 
-def _path_fields(model: Any, at: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
-    """(field path, value) of every Path-valued field of a spec (pydantic models nested in models)."""
+def _holds_a_path(value: Any) -> bool:
+    if isinstance(value, Path):
+        return True
+    if hasattr(type(value), "model_fields"):
+        return any(_holds_a_path(getattr(value, name)) for name in type(value).model_fields)
+    if isinstance(value, dict):
+        return any(_holds_a_path(v) for v in value.values())
+    if isinstance(value, (list, tuple, set)):
+        return any(_holds_a_path(v) for v in value)
+    return False
+
+
+def _path_fields(model: Any, at: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Path]]:
+    """(field path, value) of every Path-valued field of a spec (pydantic models nested in models); Stale
+    for a path inside a list or mapping, which the memo does not follow."""
     for name in type(model).model_fields:
         value = getattr(model, name)
         if isinstance(value, Path):
             yield (*at, name), value
         elif hasattr(type(value), "model_fields"):
             yield from _path_fields(value, (*at, name))
-        elif isinstance(value, (list, tuple, dict)) and any(
-                isinstance(v, Path) for v in (value.values() if isinstance(value, dict) else value)):
+        elif _holds_a_path(value):
             raise Stale(f"{'.'.join((*at, name))} holds paths in a collection, which the memo does not follow")
 
 
@@ -381,6 +395,6 @@ def remember(store_root: Path, spec_path: Path | str, *, resolved: ResolvedSpec,
         memo = memo_of(spec_path, resolved=resolved, report=report, stage_kinds=stage_kinds, started_ns=started_ns)
         path = memo_path(store_root, memo["spec"]["path"])
         write_text_atomically(path, json.dumps(memo, separators=(",", ":")), mode=0o644)
-    except (Stale, OSError, ValueError, KeyError):
+    except Exception:  # noqa: BLE001 - a memo is only ever a shortcut: the build it would describe stands
         return None
     return path
