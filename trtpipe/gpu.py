@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import sys
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -128,11 +129,26 @@ class HostProbe(Protocol):
     def probe(self) -> HostInfo: ...
 
 
+# What pynvml's NVMLError_LibraryNotFound says (nvidia-ml-py: NVML_ERROR_LIBRARY_NOT_FOUND's string).
+NVML_LIBRARY_NOT_FOUND = "NVML Shared Library Not Found"
+
+
 class NvmlProbe:
     """Asks NVML (nvidia-ml-py) on this host. No GPU or no driver is an answer, not an error."""
 
     def record(self) -> dict[str, Any]:
         """The raw answer, in the JSON format RecordedProbe replays (`trtpipe check --record-probe FILE`)."""
+        if sys.platform.startswith("linux"):
+            # The library nvmlInit loads first (pynvml's loader does the same dlopen): where it is missing, the
+            # answer is known without importing the bindings, which cost more than the rest of a warm build's
+            # host probe on a machine without NVIDIA's driver.
+            import ctypes
+
+            try:
+                ctypes.CDLL("libnvidia-ml.so.1")
+            except OSError:
+                return {"error": f"NVML is not available: {NVML_LIBRARY_NOT_FOUND} (no NVIDIA driver or GPU on this "
+                                 "host)", "gpus": []}
         try:
             import pynvml
         except ImportError:

@@ -10,7 +10,9 @@ what it can, builds nothing and shows what would run where. The runner knows no 
 key and how a stage builds is the stage's.
 
 A warm run (every stage a hit) imports no torch, transformers, ModelOpt or tritonclient: the stage
-implementations import those inside the functions that convert, run or serve.
+implementations import those inside the functions that convert, run or serve. A successful build also
+leaves its resolution memo (trtpipe.warm), with which the next `trtpipe build` of an unchanged spec skips
+this module altogether.
 """
 
 from __future__ import annotations
