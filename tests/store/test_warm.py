@@ -447,3 +447,29 @@ json.dump({{"seen": seen, "sys_path": [os.path.abspath(p) for p in sys.path], "c
             continue  # Python's modules and installed packages
         uncovered.append(path)
     assert uncovered == [], uncovered
+
+
+def test_what_the_memo_cannot_follow_leaves_no_memo() -> None:
+    """A Hub model resolves through the Hugging Face cache, and a path inside a list or mapping has no single
+    YAML text to re-resolve: neither is remembered (the build resolves every time)."""
+    from types import SimpleNamespace
+
+    from pydantic import BaseModel
+
+    from trtpipe.build_report import BuildReport
+
+    report = BuildReport(spec_path="spec.yaml", status="ok", record_path="records/x.json")
+    hub = SimpleNamespace(spec=SimpleNamespace(model=SimpleNamespace(repo_id="org/model")))
+    with pytest.raises(warm.Stale, match="Hugging Face cache"):
+        warm.memo_of("spec.yaml", resolved=hub, report=report, stage_kinds={}, started_ns=0)  # type: ignore[arg-type]
+
+    class Inner(BaseModel):
+        files: list[Path] = [Path("a.txt")]
+
+    class Outer(BaseModel):
+        path: Path = Path("model")
+        nested: dict[str, Inner] = {"x": Inner()}
+
+    with pytest.raises(warm.Stale, match="nested holds paths"):
+        list(warm._path_fields(Outer()))
+    assert list(warm._path_fields(Inner.model_construct(files=[]))) == []
