@@ -39,10 +39,9 @@ class ArtifactTrust(BaseModel):
 def artifact_trust(home: Path, digest: str, entry_dir: Path | None) -> ArtifactTrust:
     """The signature and provenance status of the artifact `digest` (stored at `entry_dir`, or None
     when the workspace's store does not hold it). No signature is recorded anywhere yet."""
-    where = "not in this store" if entry_dir is None else "no signature recorded"
     return ArtifactTrust(
         signature="unsigned",
-        signature_detail=f"{where} (this trtpipe does not sign artifacts yet)",
+        signature_detail="no signature recorded" + (" (artifact not in this store)" if entry_dir is None else ""),
         provenance="none",
         provenance_detail="no provenance attestation recorded",
     )
