@@ -24,7 +24,7 @@ def report_command(
     from trtpipe.release.report import write_report
 
     workspace = open_workspace(store)
-    outcome = write_report(workspace.root, out, model=model, tolerance_pct=tolerance)
+    outcome = write_report(workspace.root, out, model=model, tolerance_pct=tolerance, settings=workspace.settings)
     summary = outcome.summary()
     if as_json:
         print_json(summary)

@@ -23,6 +23,7 @@ from filelock import FileLock
 
 from trtpipe.errors import UsageError
 from trtpipe.release.report_data import DEFAULT_TOLERANCE_PCT, BenchRow, ReportData, Version, gather
+from trtpipe.settings import Settings
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "data" / "report" / "release.html.j2"
 REPORT_FILES = ("index.html", "report.json")
@@ -119,12 +120,12 @@ def _check_out(out: Path) -> None:
 
 
 def write_report(home: Path, out: Path, *, model: str | None = None,
-                 tolerance_pct: float = DEFAULT_TOLERANCE_PCT) -> ReportOutcome:
+                 tolerance_pct: float = DEFAULT_TOLERANCE_PCT, settings: Settings | None = None) -> ReportOutcome:
     """Write the release page of the workspace at `home` into the folder `out` (replaced whole, atomically)."""
     if tolerance_pct < 0:
         raise UsageError(f"--tolerance {tolerance_pct:g} is negative", fix="give a percentage of 0 or more, e.g. 10")
     out = Path(out).absolute()
-    data = gather(Path(home), model=model, tolerance_pct=tolerance_pct)
+    data = gather(Path(home), model=model, tolerance_pct=tolerance_pct, settings=settings)
     if model is not None and not (data.channels or data.audit.rows or data.builds or data.versions):
         raise UsageError(f"the workspace {home} has no channel, audit record, build or version of {model!r}",
                          fix="name a model this workspace built or promoted (see `trtpipe channels`), or leave --model out")

@@ -28,8 +28,9 @@ from trtpipe.release.audit import AuditRecord, read_audit, verify_audit
 from trtpipe.release.channels import ChannelPointer, ChannelStore
 from trtpipe.release.gates import LATENCY_METRICS, THROUGHPUT_METRIC, GateResult, bench_metric, evaluate_gates
 from trtpipe.release.promote import load_gates, results_for
-from trtpipe.release.trust import ArtifactTrust, artifact_trust
+from trtpipe.release.report_trust import ArtifactTrust, artifact_trust
 from trtpipe.results import ResultRecord
+from trtpipe.settings import Settings
 from trtpipe.spec import ChannelGates
 
 DEFAULT_TOLERANCE_PCT = 10.0
@@ -174,9 +175,8 @@ class _StoreIndex:
         entry = self.by_digest.get(digest)
         return entry.manifest if entry is not None else {}
 
-    def path(self, digest: str) -> Path | None:
-        entry = self.by_digest.get(digest)
-        return Path(entry.path) if entry is not None else None
+    def entry(self, digest: str) -> Any | None:
+        return self.by_digest.get(digest)
 
 
 def _gates_for(index: _StoreIndex, digest: str, channel: str) -> tuple[ChannelGates, str]:
@@ -292,8 +292,10 @@ def _regressions(audit: list[AuditRecord], index: _StoreIndex, home: Path, cache
     return out
 
 
-def gather(home: Path, *, model: str | None = None, tolerance_pct: float = DEFAULT_TOLERANCE_PCT) -> ReportData:
-    """Everything the report shows for the workspace at `home` (one model's, with `model`)."""
+def gather(home: Path, *, model: str | None = None, tolerance_pct: float = DEFAULT_TOLERANCE_PCT,
+           settings: Settings | None = None) -> ReportData:
+    """Everything the report shows for the workspace at `home` (one model's, with `model`); `settings` reach
+    the signature adapter (`trtpipe.release.report_trust`)."""
     home = Path(home)
     index = _StoreIndex(home)
     pointers = [p for p in ChannelStore(home).all() if model is None or p.model == model]
@@ -320,7 +322,7 @@ def gather(home: Path, *, model: str | None = None, tolerance_pct: float = DEFAU
             model=p.model, target=p.target, channel=p.channel, digest=p.digest, version=labels.get(p.digest), ref=p.ref,
             set_at=p.set_at, set_by=p.set_by, previous=previous, history_depth=len(p.history),
             last_action=last.action if last else None, last_reason=last.reason if last else None,
-            gates=evaluated, gates_source=source, trust=artifact_trust(home, p.digest, index.path(p.digest)),
+            gates=evaluated, gates_source=source, trust=artifact_trust(home, p.digest, index.entry(p.digest), p.channel, settings),
         ))
     return ReportData(
         generated_at=_now(), home=str(home), model=model, channels=channels, audit=audit_section,
