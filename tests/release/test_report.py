@@ -308,7 +308,7 @@ def test_a_worse_figure_beyond_the_channels_tolerance_is_highlighted(isolated_ho
     assert _cli("promote", v1, "--to", "staging")[0] == 0
     code, text = _cli("promote", v2, "--to", "staging")
     assert code != 0 and "regression.ttft_p99_ms" in text  # the gate agrees with what the page will show
-    assert _cli("promote", v2, "--to", "staging", "--force", "--reason", "accepted: longer prompts")[0] == 0
+    assert _cli("promote", v2, "--to", "staging", "--force", "--reason", "<script>alert('longer prompts')</script>")[0] == 0
 
     out = tmp_path / "report"
     code, text = _cli("report", "--out", str(out), "--tolerance", "60", "--json")
@@ -324,6 +324,7 @@ def test_a_worse_figure_beyond_the_channels_tolerance_is_highlighted(isolated_ho
     html = (out / "index.html").read_text()
     assert "150 vs 100 in channel: 50.0% worse (limit 10% worse)" in html
     assert html.count("recorded without per-run aggregates") == 2
+    assert page.scripts == 0 and "&lt;script&gt;alert(&#39;longer prompts&#39;)&lt;/script&gt;" in html  # escaped
 
     code, text = _cli("report", "--out", str(out), "--tolerance", "-1")
     assert code == 2 and "--tolerance -1 is negative" in text
@@ -336,3 +337,20 @@ def test_an_empty_workspace_renders(isolated_home: Path, tmp_path: Path) -> None
     assert summary["channels"] == [] and summary["versions"] == [] and summary["builds"] == 0
     assert "No channel holds an artifact yet." in (tmp_path / "r" / "index.html").read_text()
     assert not (isolated_home / "repository").exists()  # a report creates no store
+
+
+def test_a_refusal_about_no_channel_shows_in_every_models_report(isolated_home: Path, store_entry, tmp_path: Path) -> None:
+    """Audit records with model "-" (a pull or serve refused before any channel) are in a --model report too,
+    and make no version of a model "-"."""
+    from trtpipe.release.audit import append_audit
+
+    v1 = store_entry(isolated_home, "c" * 64, seed="c", gates={"dev": {"smoke": False}}).digest
+    assert _cli("promote", v1, "--to", "dev")[0] == 0
+    append_audit(isolated_home, at="2026-01-01T00:00:00.000+00:00", who="ci", action="refused", channel="-", model="-",
+                 target="-", from_digest=None, to_digest="sha256:" + "d" * 64, reason="pull refused: unsigned")
+    code, text = _cli("report", "--out", str(tmp_path / "r"), "--model", "tiny-llama", "--json")
+    assert code == 0, text
+    summary = json.loads(text)
+    assert summary["audit_records"] == 2 and summary["audit_refusals"] == 1
+    assert [(v["label"], v["digest"]) for v in summary["versions"]] == [("v1", v1)]
+    assert "pull refused: unsigned" in (tmp_path / "r" / "index.html").read_text()

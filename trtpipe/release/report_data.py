@@ -37,6 +37,7 @@ DEFAULT_TOLERANCE_PCT = 10.0
 MOVES = ("promote", "force-promote", "rollback")
 HIGHLIGHTED_ACTIONS = ("refused", "conflict", "force-promote")
 FIGURES = (*LATENCY_METRICS, THROUGHPUT_METRIC)
+UNSCOPED = "-"  # the model/target/channel of an audit record about no channel
 
 
 class _Model(BaseModel):
@@ -195,7 +196,9 @@ def _audit(home: Path, model: str | None) -> tuple[AuditSection, list[AuditRecor
     except TrtpipeError as err:
         section.unreadable = err.one_line()
         return section, []
-    chosen = [r for r in records if model is None or r.model == model]
+    # A refusal the trail could not scope to a model (model "-": a pull or serve of an untrusted artifact)
+    # is shown in every model's report rather than in none.
+    chosen = [r for r in records if model is None or r.model in (model, UNSCOPED)]
     for r in chosen:
         failed = [str(g.get("gate")) for g in r.gates if isinstance(g, dict) and g.get("status") != "passed"]
         section.rows.append(AuditRow(
@@ -243,6 +246,8 @@ def _versions(home: Path, model: str | None, builds: list[BuildRecord], audit: l
         if record.status == "ok" and record.artifacts.get("repository") and record.model:
             note(record.artifacts["repository"], record.model, record.target, record.started_at, record.id)
     for r in audit:
+        if r.model == UNSCOPED:
+            continue
         for digest in (r.from_digest, r.to_digest):
             note(digest, r.model, r.target, r.at)
     for p in pointers:
