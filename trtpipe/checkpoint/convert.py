@@ -244,23 +244,30 @@ def _torch_dtype(name: str) -> Any:
     return {"float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
-def _untouched_parameters(model: Any) -> dict[str, Any]:
-    """Parameters no quantizer will change: everything outside the decoder's Linear layers, plus their biases."""
+def _untouched_parameters(model: Any) -> list[tuple[Any, str, Any]]:
+    """Parameters no quantizer will change, as (module, attribute, original data): everything outside the
+    decoder's Linear layers, plus their biases.
+
+    A parameter shared by two modules (tied embeddings: `lm_head.weight` is `embed_tokens.weight`) is
+    recorded once, under its first owner: `named_parameters()` lists a shared tensor once, so looking
+    it up by its second name fails, and restoring one owner restores both."""
     import torch
 
-    keep: dict[str, Any] = {}
+    keep: list[tuple[Any, str, Any]] = []
+    seen: set[int] = set()
     for module_name, module in model.named_modules():
         is_decoder_linear = isinstance(module, torch.nn.Linear) and ".layers." in f".{module_name}"
         for param_name, param in module.named_parameters(recurse=False):
-            if not is_decoder_linear or param_name == "bias":
-                keep[f"{module_name}.{param_name}" if module_name else param_name] = param.data
+            if id(param) in seen or (is_decoder_linear and param_name != "bias"):
+                continue
+            seen.add(id(param))
+            keep.append((module, param_name, param.data))
     return keep
 
 
-def _restore_parameters(model: Any, originals: dict[str, Any]) -> None:
-    params = dict(model.named_parameters())
-    for name, tensor in originals.items():
-        params[name].data = tensor
+def _restore_parameters(originals: list[tuple[Any, str, Any]]) -> None:
+    for module, param_name, data in originals:
+        getattr(module, param_name).data = data
 
 
 def _calibrate_and_quantize(
@@ -446,7 +453,7 @@ def convert_checkpoint(
             originals = _untouched_parameters(model)
             model = model.to(torch.bfloat16)
             _calibrate_and_quantize(model, recipe, windows, progress)
-            _restore_parameters(model, originals)
+            _restore_parameters(originals)
         advance = progress.task("exporting", 1)
         _export(model, out_dir, export_dtype, tp, pp)
         advance(1)
