@@ -79,6 +79,8 @@ class QuantFormat:
     calibrated: bool = False  # needs calibration data (enters the checkpoint key)
     kv_caches: tuple[str, ...] = ()  # quantized KV caches the converter offers on top of this format
     modelopt_config: str | None = None  # [modelopt-0.37] config name; None: nothing to quantize
+    layerwise: bool = False  # calibrates one decoder layer at a time with the full-model result (trtpipe.checkpoint.
+                             # layerwise; equal bytes checked by tests/checkpoint/test_layerwise.py)
     tensors: tuple[TensorRule, ...] | None = None  # per quantized linear layer; None: no exporter here writes it
     dequant: Dequant | None = None  # None: unquantized, or the reference runtime cannot run it
     weight_scale: str = "weights_scaling_factor"  # the tensor holding the weight's scale(s): [1], [out] or groups
