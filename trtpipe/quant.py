@@ -123,7 +123,7 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
     ),
     QuantFormat(
         name="fp8", checkpoint_algo="FP8", precision="fp8", weight_bits=8, calibrated=True, kv_caches=("fp8",),
-        modelopt_config="FP8_DEFAULT_CFG",
+        modelopt_config="FP8_DEFAULT_CFG", layerwise=True,
         tensors=(TensorRule("weight", "F8_E4M3", ("out", "in")), TensorRule("weights_scaling_factor", "F32", _SCALAR),
                  TensorRule("activation_scaling_factor", "F32", _SCALAR)),
         dequant="fp8", activation_quant="fp8",
@@ -134,7 +134,7 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
     ),
     QuantFormat(
         name="int4_awq", checkpoint_algo="W4A16_AWQ", precision="fp16", weight_bits=4, grouped=True,
-        calibrated=True, kv_caches=("fp8",), modelopt_config="INT4_AWQ_CFG",
+        calibrated=True, kv_caches=("fp8",), modelopt_config="INT4_AWQ_CFG", layerwise=True,
         tensors=(TensorRule("weight", "I8", ("out/2", "in")),
                  TensorRule("weights_scaling_factor", "F32", ("out", "in/group")),
                  TensorRule("prequant_scaling_factor", "model", ("in",))),
@@ -146,7 +146,7 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
     ),
     QuantFormat(
         name="w4a8_awq", checkpoint_algo="W4A8_AWQ", precision="fp8", weight_bits=4, grouped=True,
-        calibrated=True, kv_caches=("fp8",), modelopt_config="W4A8_AWQ_BETA_CFG",
+        calibrated=True, kv_caches=("fp8",), modelopt_config="W4A8_AWQ_BETA_CFG", layerwise=True,
         tensors=(TensorRule("weight", "I8", ("out/2", "in")),
                  TensorRule("weights_scaling_factor", "F32", ("out", "in/group")),
                  TensorRule("prequant_scaling_factor", "model", ("in",)),
@@ -159,7 +159,7 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
     ),
     QuantFormat(
         name="int8_sq", checkpoint_algo="W8A8_SQ_PER_CHANNEL", precision="int8", weight_bits=8, calibrated=True,
-        modelopt_config="INT8_SMOOTHQUANT_CFG",
+        modelopt_config="INT8_SMOOTHQUANT_CFG", layerwise=True,
         tensors=(TensorRule("weight", "I8", ("out", "in")), TensorRule("weights_scaling_factor", "F32", ("out",)),
                  TensorRule("activation_scaling_factor", "F32", _SCALAR),
                  TensorRule("prequant_scaling_factor", "model", ("in",))),

@@ -482,7 +482,7 @@ def convert_checkpoint(
             recipe = quant_config(requested.algo, requested.kv_cache, requested.group_size)
             assert recipe is not None
             facts = convert_layerwise(resolved, source, hf_config, out_dir, recipe=recipe, dtype=export_dtype,
-                                      modelopt_version=modelopt_version, task=progress.task)
+                                      task=progress.task)
         else:
             facts = _convert_modelopt(resolved, source, out_dir, export_dtype, device, progress)
     _post_process_config(out_dir, source, spec)
