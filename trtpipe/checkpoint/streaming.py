@@ -46,7 +46,7 @@ from typing import Any
 from trtpipe.checkpoint.hf_source import HfSource, dims, expected_hf_shapes
 from trtpipe.checkpoint.rank_file import Layout, RankFileWriter
 
-BLOCK_BYTES = 32 << 20  # largest slice of an HF tensor read at once
+BLOCK_BYTES = 8 << 20  # largest slice of an HF tensor read at once
 
 # HF config aliases ModelOpt 0.37 reads into the decoder config (hf_config_map.py, HF_CONFIG_MAP; the last
 # alias present wins) for the fields that reach config.json of a llama-layout export.
@@ -126,29 +126,35 @@ def _tensor_shapes(files: tuple[Path, ...]) -> dict[str, tuple[int, ...]]:
 
 
 class HfWeights:
-    """The HF tensors of a model folder, read in row blocks (safetensors `safe_open` slices: only the rows
-    asked for are read). Counts what it reads."""
+    """The HF tensors of a model folder, read in row blocks with safetensors' `safe_open` (memory-mapped:
+    only the rows asked for are touched). Counts what it reads.
+
+    Each block is read through its own handle and copied out before the handle closes: a handle keeps
+    its whole file mapped, and every page a read touches stays resident (and in the process's RSS) as
+    long as the mapping lives. Measured on a 0.96 GB file read in 32 MiB blocks and cast: one handle
+    held for the whole file ends at 336 MB of file-backed RSS, a handle per block at 82 MB (the imports').
+    (safetensors 0.8's `backend="pread"` was slower and higher: it reads the whole tensor per slice.)"""
 
     def __init__(self, files: tuple[Path, ...]) -> None:
         from safetensors import safe_open
 
-        self._handles: dict[Path, Any] = {}
-        self._where: dict[str, tuple[Any, tuple[int, ...], int]] = {}
+        self._where: dict[str, tuple[Path, tuple[int, ...], int]] = {}
         self.bytes_read = 0
         for path in files:
-            handle = safe_open(str(path), framework="pt")
-            self._handles[path] = handle
-            for name in handle.keys():
-                piece = handle.get_slice(name)
-                shape = tuple(piece.get_shape())
-                self._where[name] = (handle, shape, _ITEM_BYTES[piece.get_dtype()])
+            with safe_open(str(path), framework="pt") as handle:
+                for name in handle.keys():
+                    piece = handle.get_slice(name)
+                    self._where[name] = (path, tuple(piece.get_shape()), _ITEM_BYTES[piece.get_dtype()])
 
     def shape(self, name: str) -> tuple[int, ...]:
         return self._where[name][1]
 
     def rows(self, name: str, start: int, stop: int) -> Any:
-        handle, shape, item = self._where[name]
-        block = handle.get_slice(name)[start:stop]
+        from safetensors import safe_open
+
+        path, shape, item = self._where[name]
+        with safe_open(str(path), framework="pt") as handle:
+            block = handle.get_slice(name)[start:stop].clone()  # a copy: the mapping goes with the handle
         self.bytes_read += (stop - start) * item * math.prod(shape[1:])
         return block
 
@@ -157,7 +163,7 @@ class HfWeights:
         return max(1, BLOCK_BYTES // max(1, item * math.prod(shape[1:])))
 
     def close(self) -> None:
-        self._handles.clear()  # safe_open handles close when dropped
+        """Nothing stays open between reads (kept for callers that hold the object in a try/finally)."""
 
 
 _ITEM_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
