@@ -186,25 +186,34 @@ def _embedding_rows(weights: streaming.HfWeights, ids: list[int], export: Any) -
 
 
 def _load_layer(layer: Any, weights: streaming.HfWeights, index: int, export: Any) -> list[tuple[Any, str, Any]]:
-    """Read layer `index` into `layer` in bfloat16; return the untouched tensors (norms, biases) in the export
-    dtype, to restore after calibration."""
+    """Read layer `index` into `layer` in bfloat16, block by block into its final tensors (file dtype -> export
+    dtype -> bfloat16, the casts from_pretrained(dtype=export) and .to(bfloat16) make); return the untouched
+    tensors (norms, biases) in the export dtype, to restore after calibration."""
     import torch
 
     prefix = f"model.layers.{index}."
-    state, keep = {}, {}
+    state, originals = {}, []
     for name in layer.state_dict():
         full = prefix + name
-        rows = weights.shape(full)[0]
-        value = weights.rows(full, 0, rows).to(export)
-        if "layernorm" in name or name.endswith(".bias"):
-            keep[name] = value
-        state[name] = value.to(torch.bfloat16)
+        shape = weights.shape(full)
+        value = torch.empty(shape, dtype=torch.bfloat16)
+        step = weights.block_rows(full)
+        for start in range(0, shape[0], step):
+            stop = min(start + step, shape[0])
+            block = weights.rows(full, start, stop).to(export)
+            if "layernorm" in name or name.endswith(".bias"):  # small: kept whole in the export dtype
+                owner, _, attribute = name.rpartition(".")
+                originals.append((layer.get_submodule(owner), attribute, block))
+            value[start:stop] = block
+        state[name] = value
     layer.load_state_dict(state, assign=True, strict=True)
-    originals = []
-    for name, value in keep.items():
-        owner_name, _, attribute = name.rpartition(".")
-        originals.append((layer.get_submodule(owner_name), attribute, value))
+    layer.requires_grad_(False)
     return originals
+
+
+def _restore(originals: list[tuple[Any, str, Any]]) -> None:
+    for module, attribute, value in originals:
+        getattr(module, attribute).data = value
 
 
 def _calibrate_and_export(skeleton: Any, layers: list[Any], weights: streaming.HfWeights, source: HfSource,
@@ -215,8 +224,6 @@ def _calibrate_and_export(skeleton: Any, layers: list[Any], weights: streaming.H
 
     import modelopt.torch.quantization as mtq
     import torch
-
-    from trtpipe.checkpoint.convert import _restore_parameters
 
     meta_config = skeleton.config.__dict__
     meta_config["training_pipeline_parallel"] = 1  # what torch_to_tensorrt_llm_checkpoint sets on one process
@@ -250,12 +257,14 @@ def _calibrate_and_export(skeleton: Any, layers: list[Any], weights: streaming.H
             if not produced:
                 raise TrtpipeError("layer-wise calibration: the quantization algorithm ran no calibration pass",
                                    fix="set quantization.converter: modelopt for this format")
-            _restore_parameters(originals)
+            _restore(originals)
+            del originals
             activation_peak = max(activation_peak, _distinct_bytes(passes + produced))
             passes = _dedupe(produced)
 
-            quantization, rank_tensors, layer_configs = _export_layer(layer, meta_config, tp, export)
-            del layer, originals
+            with torch.no_grad():  # no autograd graph may keep a layer's weights alive behind its export
+                quantization, rank_tensors, layer_configs = _export_layer(layer, meta_config, tp, export)
+            del layer
             pp_rank, local = streaming.stage_of(g, index)
             if writers is None:
                 g = streaming.geometry(source, tp, pp, vocab=_vocab_size(skeleton, quantization))
@@ -308,14 +317,13 @@ def _vocab_size(skeleton: Any, quantization: str | None) -> int:
 
 def _export_layer(layer: Any, meta_config: dict[str, Any], tp: int, export: Any) -> tuple[Any, list[dict[str, Any]], list[Any]]:
     """ModelOpt's export of one decoder layer: (its quantization format, per-TP-rank tensors named as layer 0,
-    per-rank shape-only layer configs)."""
+    per-rank shape-only layer configs). The layer's weights are released as they are packed."""
     from modelopt.torch.export.layer_utils import build_decoder_config
     from modelopt.torch.export.model_config import ModelConfig
     from modelopt.torch.export.model_config_utils import (
         merge_gate_fc,
         merge_qkv,
         model_config_to_dict,
-        pack_linear_weights,
         split_config_and_weights,
     )
     from modelopt.torch.export.postprocess import _split_model_config_for_tp, postprocess_tensors
@@ -323,12 +331,14 @@ def _export_layer(layer: Any, meta_config: dict[str, Any], tp: int, export: Any)
 
     quantization = get_quantization_format(layer)
     config = ModelConfig(quantization=quantization, layers=[build_decoder_config(layer, meta_config, "llama", tp_size=tp)])
+    layer.to("meta")  # the config holds what export needs; the module's own references go
     per_rank = _split_model_config_for_tp(config, tp) if tp > 1 else [config]
+    del config
     tensors, shapes = [], []
     for rank_config in per_rank:
         merge_qkv(rank_config)
         merge_gate_fc(rank_config)
-        pack_linear_weights(rank_config)
+        _pack_linear_weights(rank_config)
         shapes.append(_shape_only(rank_config.layers[0]))
         named: dict[str, Any] = {}
         layer_facts: dict[str, Any] = {}
@@ -336,6 +346,67 @@ def _export_layer(layer: Any, meta_config: dict[str, Any], tp: int, export: Any)
         postprocess_tensors(named, dtype=export, force_cpu=True, force_contiguous=True, force_non_view=False)
         tensors.append(named)
     return quantization, tensors, shapes
+
+
+PACK_CHUNK_BYTES = 16 << 20  # float32 bytes of weight quantized at once
+
+
+def _pack_linear_weights(model_config: Any) -> None:
+    """ModelOpt's pack_linear_weights (model_config_utils.py), on the CPU, in row chunks.
+
+    pack_linear_weights quantizes each linear's whole weight at once through ModelOpt's to_quantized_weight,
+    whose float32 intermediates are 2-4x the bf16 weight (an 8B MLP weight: 235 MB each). The same function
+    is called here on row blocks (an even number of rows: INT4 packs rows 2k and 2k+1 into one byte row) with
+    the matching rows of per-row and per-group scales; every operation in it is elementwise or within a row
+    pair, so the result is the same, byte for byte (tests/checkpoint/test_layerwise.py), and each packed
+    weight replaces its bf16 source at once, which then goes."""
+    import dataclasses
+
+    import torch
+    from modelopt.torch.export.model_config import (
+        QUANTIZATION_FP8_PC_PT,
+        QUANTIZATION_INT4_AWQ,
+        QUANTIZATION_W4A8_AWQ,
+        LinearConfig,
+    )
+    from modelopt.torch.export.quant_utils import to_quantized_weight
+
+    if not model_config.quantization:
+        return
+
+    def linears(value: Any) -> list[Any]:
+        if isinstance(value, LinearConfig):
+            return [value]
+        if isinstance(value, list):
+            return [found for item in value for found in linears(item)]
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return [found for f in dataclasses.fields(value) for found in linears(getattr(value, f.name))]
+        return []
+
+    for linear in linears(model_config):
+        if linear.weights_scaling_factor is None or linear.quantization is None:
+            continue
+        if linear.quantization == QUANTIZATION_FP8_PC_PT:
+            raise TrtpipeError("layer-wise export met an FP8 per-channel layer", fix="set quantization.converter: modelopt")
+        weight, scale = linear.weight, linear.weights_scaling_factor
+        if weight.element_size() > 1:
+            rows = weight.shape[0]
+            step = max(2, PACK_CHUNK_BYTES // (4 * weight.shape[1]) // 2 * 2)
+            per_row = scale.numel() > 1 and scale.shape[0] == rows
+            packed = None
+            for start in range(0, rows, step):
+                stop = min(start + step, rows)
+                part = to_quantized_weight(weight[start:stop], scale[start:stop] if per_row else scale,
+                                           linear.quantization, linear.weights_scaling_factor_2, linear.awq_block_size)
+                if packed is None:
+                    ratio = part.shape[0] / (stop - start)
+                    packed = torch.empty((int(rows * ratio),) + tuple(part.shape[1:]), dtype=part.dtype)
+                packed[int(start * ratio) : int(start * ratio) + part.shape[0]] = part
+            linear.weight = packed
+            del weight
+        if linear.quantization in (QUANTIZATION_INT4_AWQ, QUANTIZATION_W4A8_AWQ):
+            linear.weight = linear.weight.view(torch.int8)
+        linear.weights_scaling_factor = linear.weights_scaling_factor.cpu()
 
 
 def _shape_only(value: Any) -> Any:
