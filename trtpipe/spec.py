@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -147,6 +148,11 @@ class QuantizationSection(StrictModel):
     kv_cache: str = Field(default="auto", description="KV cache dtype: auto (the weights'), fp16, bf16, fp8.")
     group_size: int = Field(default=128, description="AWQ group size (int4_awq, w4a8_awq).")
     calibration: CalibrationSection = Field(default_factory=CalibrationSection)
+    converter: Literal["auto", "modelopt"] = Field(
+        default="auto",
+        description="auto: stream unquantized weights tensor by tensor and calibrate layer by layer where trtpipe "
+        "can (the same checkpoint bytes, a fraction of the memory); modelopt: always load the whole model into "
+        "ModelOpt (for comparison). Not part of the checkpoint key.")
 
     @field_validator("algo")
     @classmethod
