@@ -11,7 +11,8 @@ or package (trtpipe/serving/). Layers, low -> high; a unit may import its own la
     3  store, results, build_record                             where artifacts, results and records live
     4  checkpoint, engine, reference, serving                   what the stages call, and serving their output
     5  stages, pipeline                                         the declared stages and the runner
-    6  bench, release, repair                                   what works on built and served artifacts
+    6  bench, release, repair, matrix                           what works on built and served artifacts, and
+                                                                the matrix, which runs the runner on Ray workers
     7  workspace, commands, cli                                 the shell
 
 So serving never imports the stages or the runner, the store never imports a stage, and resolve reads
@@ -35,7 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("store", "results", "build_record"),
     ("checkpoint", "engine", "reference", "serving"),
     ("stages", "pipeline"),
-    ("bench", "release", "repair"),
+    ("bench", "release", "repair", "matrix"),
     ("workspace", "commands", "cli"),
 )
 LAYER = {unit: index for index, units in enumerate(LAYERS) for unit in units}
