@@ -25,10 +25,8 @@ MatrixArgument = Annotated[Path, typer.Argument(help="Matrix YAML: a base spec, 
 def _status(cell: CellPlan) -> str:
     if cell.status == "refused":
         return f"refused: {cell.reason}"
-    if cell.merged_with:
-        return f"merged with {cell.merged_with} (same keys)"
     if cell.status == "build" and cell.waits_for:
-        return f"build (after {', '.join(cell.waits_for)}: shared stages)"
+        return f"build (after {', '.join(cell.waits_for)}, whose stages it reuses)"
     return cell.status
 
 

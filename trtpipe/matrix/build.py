@@ -6,8 +6,8 @@ On the head, before anything is scheduled:
     manifests): no task goes to any node, and a build record says so;
   - a planning-only cell (model.config, no weights) is planned: the runner's dry run renders what a GPU
     node would run;
-  - cells with the same stage keys are merged into one task, and a cell that needs a stage another cell
-    builds waits for that cell;
+  - a stage key several cells share is built once: the first cell that needs it builds it, the others
+    wait for that cell and reuse it;
   - every task's request is compared with the nodes: a cell no node can run is refused at once, naming
     what it needs (or, with `wait_for_nodes`, given the pending timeout for an autoscaler to add one).
 Then the tasks run (`trtpipe.matrix.schedule`), and every cell that ran gets a build record in the head's
@@ -20,6 +20,7 @@ from __future__ import annotations
 import tempfile
 import time
 from datetime import datetime, timezone
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,15 +103,12 @@ def _tasks(plan: MatrixPlan, planned: list[PlannedCell], store: Store, remote: A
         cell = item.plan
         if cell.status not in sendable or item.request is None:
             continue
-        if cell.merged_with is not None and cell.merged_with in tasks:
-            tasks[cell.merged_with].cells.append(cell.cell)
-            continue
         job = CellJob(task=cell.cell, attempt=1, spec_name=cell.cell,
                       spec_yaml=yaml.safe_dump(item.cell.data, sort_keys=False),
                       store_dir=None if remote is not None else str(store.root),
                       remote_url=str(remote) if remote is not None else None, dry_run=dry_run,
                       expected_keys=dict(cell.keys))
-        tasks[cell.cell] = Task(name=cell.cell, cells=[cell.cell], job=job, request=item.request,
+        tasks[cell.cell] = Task(name=cell.cell, job=job, request=item.request,
                                 waits_for=[] if dry_run else list(cell.waits_for), missing=set(cell.missing),
                                 stage_keys={s.name: s.key for s in cell.stages})
     return list(tasks.values())
@@ -127,13 +125,11 @@ def _attempts_text(attempts: list[Attempt]) -> str | None:
     return said
 
 
-def _task_result(task: Task, cell: str) -> CellResult:
+def _task_result(task: Task) -> CellResult:
     result = task.result
     retried = _attempts_text(task.attempts)
-    common: dict[str, Any] = {
-        "cell": cell, "node_id": task.node_id, "host": task.host, "attempts": list(task.attempts),
-        "merged_with": task.name if cell != task.name else None,
-    }
+    common: dict[str, Any] = {"cell": task.name, "node_id": task.node_id, "host": task.host,
+                              "attempts": list(task.attempts)}
     if result is not None:
         common["seconds"] = round(result.seconds, 6)
         if task.submitted_wall is not None:
@@ -144,8 +140,8 @@ def _task_result(task: Task, cell: str) -> CellResult:
         report = result.report
         built = any(s.get("outcome") == "built" for s in report.get("stages", []))
         outcome = "planned" if task.outcome == "dry-run" else ("built" if built else "hit")
-        details = [d for d in (f"merged with {task.name}: same keys" if cell != task.name else None, retried) if d]
-        return CellResult(**common, outcome=outcome, detail="; ".join(details) or None, keys=report.get("keys", {}),
+        detail = "; ".join([*([retried] if retried else []), *result.shared]) or None
+        return CellResult(**common, outcome=outcome, detail=detail, keys=report.get("keys", {}),
                           artifacts=report.get("artifacts", {}), stages=_stages(report.get("stages", [])))
     outcome = task.outcome if task.outcome in ("refused", "cancelled") else "failed"
     detail = "; ".join(d for d in (task.detail, retried) if d) or outcome
@@ -153,29 +149,22 @@ def _task_result(task: Task, cell: str) -> CellResult:
     return CellResult(**common, outcome=outcome, detail=detail, stages=stages)
 
 
-def _record_task(plan: MatrixPlan, task: Task, results: dict[str, CellResult], store: Store,
-                 planned: dict[str, PlannedCell]) -> None:
-    """A build record per cell that ran (the worker's, under the head's workspace), or one the head writes
-    for a cell whose worker could write none (lost every time, or not run because an input failed)."""
+def _record_task(plan: MatrixPlan, task: Task, result: CellResult, store: Store, item: PlannedCell) -> None:
+    """A build record for a cell that ran: the worker's, copied into the head's workspace, or one the head
+    writes for a cell whose worker could write none (lost every time, or not run because an input failed)."""
     if task.job.dry_run or task.outcome in ("refused", "cancelled"):
         return
     worker_record = task.result.record if task.result is not None else None
-    for index, cell in enumerate(task.cells):
-        if worker_record is not None:
-            record = build_record.BuildRecord.model_validate(worker_record)
-            record = record.model_copy(update={
-                "spec_path": _spec_path(plan, cell),
-                "id": record.id if index == 0 else f"{record.id}-{index}",
-                "model": cell if index else record.model,
-            })
-        else:
-            item = planned[cell]
-            report = BuildReport(spec_path=_spec_path(plan, cell), name=cell, target=item.plan.gpu,
-                                 toolchain=item.plan.toolchain, backend=item.plan.backend, status="failed",
-                                 error=results[cell].detail)
-            record = build_record.make_record(report=report, resolved=item.resolved, memory_plan=item.memory_plan,
-                                              started_at=_now())
-        results[cell].record_path = str(build_record.write_record(store.root, record))
+    if worker_record is not None:
+        record = build_record.BuildRecord.model_validate(worker_record)
+        record = record.model_copy(update={"spec_path": _spec_path(plan, task.name)})
+    else:
+        report = BuildReport(spec_path=_spec_path(plan, task.name), name=task.name, target=item.plan.gpu,
+                             toolchain=item.plan.toolchain, backend=item.plan.backend, status="failed",
+                             error=result.detail)
+        record = build_record.make_record(report=report, resolved=item.resolved, memory_plan=item.memory_plan,
+                                          started_at=_now())
+    result.record_path = str(build_record.write_record(store.root, record))
 
 
 # ------------------------------------------------------------------------------------------- the build
@@ -192,12 +181,14 @@ def build_matrix(
     pending_timeout: float = DEFAULT_PENDING_TIMEOUT_S,
     wait_for_nodes: bool = False,
     progress: bool = True,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
 ) -> MatrixReport:
     """Build every cell of a matrix file on Ray (see the module doc). Raises MatrixInterrupted on Ctrl-C.
 
     `store`: the head's workspace store (records; the shared store itself when `remote` is None, so a
     cluster without a remote cache must see it at the same path on every node); `remote`: the shared
-    remote cache; `ray_address`: an existing cluster (None: an embedded local Ray instance)."""
+    remote cache; `ray_address`: an existing cluster (None: an embedded local Ray instance); `on_event`: told
+    each progress event a worker posts ({task, attempt, event: started|stage, node_id, host, stage ...})."""
     started = time.monotonic()
     plan, planned = plan_matrix(matrix_path, store, remote)
     report = MatrixReport(matrix=plan.matrix, file=plan.file, store=plan.store, remote=plan.remote, dry_run=dry_run,
@@ -231,7 +222,7 @@ def build_matrix(
                 else:
                     runnable.append(task)
             scheduler = Scheduler(cluster, tasks, retries=retries, pending_timeout=pending_timeout,
-                                  wait_for_nodes=wait_for_nodes, table=table)
+                                  wait_for_nodes=wait_for_nodes, table=table, on_event=on_event)
             try:
                 with table:
                     if runnable:
@@ -240,18 +231,10 @@ def build_matrix(
                 interrupted = True
             report.tasks = scheduler.submitted
         for task in tasks:
-            for cell in task.cells:
-                results[cell] = _task_result(task, cell)
-            _record_task(plan, task, results, store, by_cell)
+            results[task.name] = _task_result(task)
+            _record_task(plan, task, results[task.name], store, by_cell[task.name])
     for item in planned:
-        result = results.get(item.cell.name)
-        if result is None:  # merged into a task that never ran (its primary was refused or not sent)
-            primary = item.plan.merged_with
-            source = results.get(primary or "")
-            result = CellResult(cell=item.cell.name, outcome=source.outcome if source else "refused",
-                                detail=f"merged with {primary}: {source.detail if source else 'not run'}",
-                                merged_with=primary, where=source.where if source else "head")
-            results[item.cell.name] = result
+        result = results[item.cell.name]
         result.waits_for = list(item.plan.waits_for)
         if not result.keys:
             result.keys = dict(item.plan.keys)

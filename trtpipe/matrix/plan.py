@@ -10,8 +10,9 @@ decided here: no task is sent for it.
 A stage whose key follows an input's digest (the repository follows its engine's bytes) cannot be keyed
 before that input exists. It is keyed provisionally, with a stand-in digest derived from the input's key:
 since a key is built once and then reused, two cells have the same provisional key exactly when they will
-have the same key. That is what merging reads: cells whose stage keys are all equal are one build, and a
-cell that needs a stage another cell builds first waits for that cell (each key built once in the fleet).
+have the same key. That is what merging reads: a stage key several cells share (the checkpoint of the same
+model and recipe under two engine profiles, an engine published under two names) is built by the first
+cell that needs it, and the others wait for that cell and reuse it: each key is built once in the fleet.
 """
 
 from __future__ import annotations
@@ -65,8 +66,8 @@ class CellPlan(BaseModel):
     fits: bool | None = None
     request: str | None = Field(default=None, description="What its task asks the cluster for.")
     stages: list[StageState] = Field(default_factory=list)
-    merged_with: str | None = Field(default=None, description="The cell whose task builds exactly these keys.")
-    waits_for: list[str] = Field(default_factory=list, description="Cells that build a stage this one shares.")
+    waits_for: list[str] = Field(default_factory=list, description="Cells that first build a stage this one "
+                                                                   "shares: it runs after them and reuses it.")
 
     @property
     def keys(self) -> dict[str, str]:
@@ -210,18 +211,14 @@ def plan_cell(matrix: MatrixFile, cell: Cell, store: Store, lookup: Lookup) -> P
 
 
 def link_cells(planned: list[PlannedCell]) -> None:
-    """Merge cells with the same stage keys, and make a cell wait for the cell that builds a key it shares."""
-    first_with: dict[tuple[tuple[str, str], ...], str] = {}
+    """Each stage key missing from the shared store is built by the first cell (in file order) that needs it;
+    a later cell that needs it too waits for that cell. (Cells never share every key: each cell is its own
+    artifact, named after its labels, so its repository key is its own.)"""
     owner: dict[tuple[str, str], str] = {}
     for item in planned:
         plan = item.plan
         if plan.status != "build":
             continue
-        signature = tuple((s.kind, s.key) for s in plan.stages)
-        if signature in first_with:
-            plan.merged_with = first_with[signature]
-            continue
-        first_with[signature] = plan.cell
         waits = []
         for missing in plan.missing:
             builder = owner.setdefault(missing, plan.cell)

@@ -31,7 +31,6 @@ class CellResult(BaseModel):
     keys: dict[str, str] = Field(default_factory=dict)
     artifacts: dict[str, str] = Field(default_factory=dict, description="kind -> artifact digest")
     stages: list[dict[str, Any]] = Field(default_factory=list, description="Each step's outcome (and dry-run commands).")
-    merged_with: str | None = None
     waits_for: list[str] = Field(default_factory=list)
     record_path: str | None = None
     seconds: float | None = Field(default=None, description="The worker's run time.")

@@ -12,6 +12,7 @@ Ctrl-C cancels every task still out (force: their workers stop), and says what h
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -30,10 +31,9 @@ WAIT_S = 0.5
 
 @dataclass
 class Task:
-    """One Ray task: a cell (and the cells merged into it), its job and its request."""
+    """One Ray task: a cell, its job and its request."""
 
     name: str
-    cells: list[str]
     job: CellJob
     request: Request
     waits_for: list[str] = field(default_factory=list)
@@ -92,7 +92,8 @@ def _short(node_id: str | None) -> str:
 
 class Scheduler:
     def __init__(self, cluster: RayCluster, tasks: list[Task], *, retries: int, pending_timeout: float,
-                 wait_for_nodes: bool, table: LiveTable) -> None:
+                 wait_for_nodes: bool, table: LiveTable,
+                 on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.cluster = cluster
         self.ray = cluster.ray
         self.tasks = tasks
@@ -101,6 +102,7 @@ class Scheduler:
         self.pending_timeout = pending_timeout
         self.wait_for_nodes = wait_for_nodes
         self.table = table
+        self.on_event = on_event
         self.submitted = 0
         self.nodes: list[Node] = []
         self._nodes_at = 0.0
@@ -236,6 +238,8 @@ class Scheduler:
         except Exception:  # the board's node went away: progress stops, results still arrive
             return
         for event in events:
+            if self.on_event is not None:
+                self.on_event(event)
             task = self.by_name.get(str(event.get("task")))
             if task is None or event.get("attempt") != task.job.attempt or task.done:
                 continue

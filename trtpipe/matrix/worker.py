@@ -7,6 +7,9 @@ the remote holds is pulled (verified), a key it lacks is built and pushed, and a
 before the manifest and tags it last, so a worker lost mid-push leaves nothing the registry names. Without
 one, the local store the head names is the shared store (a one-machine cluster, or a shared filesystem).
 
+A stage this node already held (a local hit) is pushed when the remote lacks it: what a node holds alone
+would otherwise never count as shared, and the head would send its cell out again on every run.
+
 A failure is returned, never raised: the head decides about retries, and only a lost worker or node (which
 Ray reports as such) is retried. The worker posts its progress (started, each step done) to the head's
 board actor, and checks that it keys the cell as the head did: a node running another trtpipe, other
@@ -30,8 +33,9 @@ from pydantic import BaseModel, Field
 import trtpipe
 from trtpipe.build_record import records_dir
 from trtpipe.errors import TrtpipeError
-from trtpipe.pipeline import StageReport, run_build
+from trtpipe.pipeline import BuildReport, StageReport, run_build
 from trtpipe.settings import from_env, places
+from trtpipe.stages import BACKEND_STAGES
 from trtpipe.store.local import Store
 from trtpipe.store.remote import open_remote
 
@@ -40,7 +44,7 @@ from trtpipe.store.remote import open_remote
 class CellJob:
     """One task: a cell's spec and where its shared store is."""
 
-    task: str  # the cell the task is named after (merged cells share it)
+    task: str  # the cell
     attempt: int
     spec_name: str
     spec_yaml: str
@@ -65,6 +69,7 @@ class WorkerResult(BaseModel):
     report: dict[str, Any] | None = Field(default=None, description="The run's BuildReport (ok or dry-run).")
     record: dict[str, Any] | None = Field(default=None, description="The build record the run wrote.")
     stages: list[dict[str, Any]] = Field(default_factory=list, description="Each step's report, in order.")
+    shared: list[str] = Field(default_factory=list, description="Local hits this worker pushed to the remote.")
     started_at: float = 0.0
     seconds: float = 0.0
 
@@ -112,6 +117,28 @@ def _record_of(store_root: Path, spec_path: Path, since: float) -> dict[str, Any
     return None
 
 
+def share_local_hits(report: BuildReport, store: Store, remote: Any) -> list[str]:
+    """Push each stage the run found in this node's store that the remote lacks; returns one note per push
+    (or per failed push: the build stands, the next run pushes again)."""
+    kinds = {stage.name: stage.kind for backend in BACKEND_STAGES.values() for stage in backend.stages}
+    notes = []
+    for stage in report.stages:
+        if stage.outcome != "hit" or stage.key is None or stage.name not in kinds:
+            continue
+        kind = kinds[stage.name]
+        try:
+            if remote.find(kind, stage.key) is not None:
+                continue
+            entry = store.peek(kind, stage.key)
+            if entry is None:
+                continue
+            remote.push(entry)
+            notes.append(f"{stage.name}: this node held it and {remote} did not; pushed")
+        except TrtpipeError as err:
+            notes.append(f"{stage.name}: could not push it to {remote}: {err.one_line()}")
+    return notes
+
+
 def _key_mismatch(job: CellJob, keys: dict[str, str], node: str | None) -> str | None:
     for stage, expected in job.expected_keys.items():
         got = keys.get(stage)
@@ -153,6 +180,8 @@ def run_cell(job: CellJob, board: Any = None) -> dict[str, Any]:
                 mismatch = _key_mismatch(job, dict(report.keys), node)
                 if mismatch:
                     result.status, result.error, result.exit_code = "failed", mismatch, 1
+                elif remote is not None and not job.dry_run:
+                    result.shared = share_local_hits(report, store, remote)
             except TrtpipeError as err:
                 result.error, result.exit_code = err.one_line(), err.exit_code
             except Exception as err:  # a bug: say it in one line here, the traceback goes to the worker's log
