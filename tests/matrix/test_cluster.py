@@ -140,7 +140,8 @@ base:
   %(limits)s
   toolchain: trtllm-1.2.1
 axes:
-  models: [{label: llama, path: %(llama)s, dtype: float16}]
+  # bfloat16: a checkpoint no other test builds, so every stage would run (and shows what it would run)
+  models: [{label: llama, path: %(llama)s, dtype: bfloat16}]
   targets: [h100-sxm, a100-80gb, {label: h100-tp2, gpu: h100-sxm, tp: 2}]
   quantizations: [none]
 """
@@ -160,6 +161,7 @@ def test_gpu_cells_dry_run_on_the_node_with_their_accelerator(ray_cluster: RayTe
         assert engine["command"][0] == "trtllm-build"  # the rendered command the GPU node would run
         assert "--checkpoint_dir" in engine["command"]
         checkpoint = next(s for s in cell.stages if s["name"] == "checkpoint")
+        assert checkpoint["outcome"] == "would-build"
         assert checkpoint["executor"] in ("local", "docker") and checkpoint["command"]
     assert not list((tmp_path / "head" / "records").glob("*.json"))  # a dry run records no build
 

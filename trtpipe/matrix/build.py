@@ -129,7 +129,7 @@ def _task_result(task: Task) -> CellResult:
     result = task.result
     retried = _attempts_text(task.attempts)
     common: dict[str, Any] = {"cell": task.name, "node_id": task.node_id, "host": task.host,
-                              "attempts": list(task.attempts)}
+                              "attempts": list(task.attempts), "where": "worker" if task.attempts else "head"}
     if result is not None:
         common["seconds"] = round(result.seconds, 6)
         if task.submitted_wall is not None:
