@@ -221,12 +221,14 @@ class Scheduler:
         task.node_id, task.host = result.node_id, result.host
         task.attempts.append(Attempt(attempt=attempt, node_id=result.node_id, host=result.host, outcome=result.status,
                                      detail=result.error))
-        self._end(task, result.status, result.error)
+        built = any(stage.get("outcome") == "built" for stage in result.stages)
+        self._end(task, result.status, result.error, shown="built" if built else "hit")
 
-    def _end(self, task: Task, outcome: str, detail: str | None) -> None:
+    def _end(self, task: Task, outcome: str, detail: str | None, *, shown: str | None = None) -> None:
         task.state, task.outcome, task.detail = "done", outcome, detail
         task.finished = time.monotonic()
-        shown = {"ok": "done", "dry-run": "planned"}.get(outcome, outcome)
+        if outcome != "ok" or shown is None:
+            shown = {"dry-run": "planned"}.get(outcome, outcome)
         self.table.update(task.name, state=shown, stage="", finished=task.finished if task.started is not None else None)
 
     # -- progress and placement -------------------------------------------------------------------
