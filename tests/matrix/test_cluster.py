@@ -5,6 +5,8 @@ retried, a node lost in the middle."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,6 +195,46 @@ def test_unrunnable_cells_are_refused_before_scheduling_and_a_build_error_is_not
     assert h100.detail.startswith("local executor (trtllm-1.2.1) cannot run on this host: missing TensorRT-LLM 1.2.1")
     assert report.tasks == 1 and report.exit_code == 1 and report.status == "failed"
     assert h100.record_path is not None and '"status": "failed"' in Path(h100.record_path).read_text()
+
+
+AUTOSCALE = """\
+base:
+  %(limits)s
+  toolchain: trtllm-1.2.1
+axes:
+  models: [{label: llama, path: %(llama)s, dtype: bfloat16}]
+  targets: [%(target)s]
+  quantizations: [none]
+"""
+
+
+def test_waiting_for_nodes_an_autoscaler_adds_or_the_pending_timeout_refuses(
+        ray_cluster: RayTestCluster, registry: Any, tiny_llama_dir: Path, tmp_path: Path) -> None:
+    remote = registry_remote(registry, "matrix/autoscale")
+    never = write_matrix(tmp_path, AUTOSCALE % {"limits": LIMITS, "llama": tiny_llama_dir, "target": "b200"}, "b200.yaml")
+    report = _build(never, tmp_path / "head", remote, ray_cluster, dry_run=True, wait_for_nodes=True,
+                    pending_timeout=3)
+    cell = report.cells[0]
+    assert cell.outcome == "refused" and report.tasks == 1  # submitted, waited, then refused
+    assert "needs 1 GPU of Ray accelerator type B200 (b200) on one node; no alive node has that for" in cell.detail
+
+    # An "autoscaler" adds an L40S node while the cell waits: the cell runs there. (The build runs in a thread:
+    # Ray starts a node only from the main thread.)
+    later = write_matrix(tmp_path, AUTOSCALE % {"limits": LIMITS, "llama": tiny_llama_dir, "target": "l40s"}, "l40s.yaml")
+    reports: list[MatrixReport] = []
+    builder = threading.Thread(target=lambda: reports.append(_build(
+        later, tmp_path / "head", remote, ray_cluster, dry_run=True, wait_for_nodes=True, pending_timeout=300)))
+    builder.start()
+    try:
+        time.sleep(1.0)  # the cell is submitted and waiting (an earlier node would only make this test weaker)
+        added = ray_cluster.add_node("l40s", gpus=1, accelerator="L40S")
+        builder.join(300)
+    finally:
+        if "l40s" in ray_cluster.nodes:
+            ray_cluster.cluster.remove_node(ray_cluster.nodes.pop("l40s"))
+    assert reports, "the build did not finish"
+    cell = reports[0].cells[0]
+    assert cell.outcome == "planned" and cell.node_id == added.node_id, reports[0].model_dump_json(indent=1)
 
 
 NODE_LOSS = """\

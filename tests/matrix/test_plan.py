@@ -113,16 +113,16 @@ def test_matrix_plan_command(matrix: Path, tmp_path: Path, capsys: pytest.Captur
 
 
 def test_the_shipped_sample_matrix_plans(tiny_llama_dir: Path, tiny_qwen2_dir: Path, tmp_path: Path) -> None:
-    """build_configs/examples/matrix-tiny.yaml, in a checkout-like layout with the tiny models in out/."""
-    examples = tmp_path / "build_configs" / "examples"
-    examples.mkdir(parents=True)
-    (examples / "matrix-tiny.yaml").write_text((ROOT / "build_configs/examples/matrix-tiny.yaml").read_text())
+    """build_configs/examples/matrices/tiny.yaml, in a checkout-like layout with the tiny models in out/."""
+    matrices = tmp_path / "build_configs" / "examples" / "matrices"
+    matrices.mkdir(parents=True)
+    (matrices / "tiny.yaml").write_text((ROOT / "build_configs/examples/matrices/tiny.yaml").read_text())
     (tmp_path / "build_configs" / "models").symlink_to(ROOT / "build_configs" / "models")
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "tiny-llama").symlink_to(tiny_llama_dir)
     (tmp_path / "out" / "tiny-qwen2").symlink_to(tiny_qwen2_dir)
     store = Store.open(tmp_path / "store")
-    plan, _ = plan_matrix(examples / "matrix-tiny.yaml", store)
+    plan, _ = plan_matrix(matrices / "tiny.yaml", store)
     store.close()
     assert plan.counts == {"build": 6, "hit": 0, "planned": 2, "refused": 0}
     assert {c.gpu for c in plan.cells if c.status == "planned"} == {"h100-sxm", "a100-80gb"}

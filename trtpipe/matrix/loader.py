@@ -337,7 +337,7 @@ def load_matrix(path: Path | str) -> MatrixFile:
     data, positions = parse_yaml(_read_text(path, display), display)
     if data is None:
         raise SpecError("matrix file is empty", file=display, line=1, col=1,
-                        fix="write `base:` and `axes:` (see build_configs/examples/matrix-tiny.yaml)")
+                        fix="write `base:` and `axes:` (see build_configs/examples/matrices/tiny.yaml)")
     if not isinstance(data, dict):
         raise SpecError("the top level is not a mapping", file=display, line=1, col=1,
                         fix="write `name:`, `base:`, `axes:`, `exclude:`, `include:` at the start of lines")
