@@ -14,7 +14,7 @@
    127.0.0.1), with the same 50 warm builds run one by one in-process (`run_build`, every stage a hit)
    as the baseline.
 
-Usage: .venv/bin/python benchmarks/matrix.py [--workdir DIR] [--cells-50]   (about 5 minutes on 2 cores)
+Usage: .venv/bin/python benchmarks/matrix.py [--workdir DIR]   (about 5 minutes on 2 cores)
 Needs ray (the matrix extra) and, for the registry figures, the docker-registry binary.
 """
 
@@ -248,9 +248,11 @@ def bench_all_hit_50(work: Path, llama: Path, remote_url: str | None, label: str
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--workdir", type=Path, default=None, help="folder for the temporary work (made if missing)")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="trtpipe-bench-matrix-", dir=args.workdir))
     os.environ["TRTPIPE_HOME"] = str(work / "home")
     try:
