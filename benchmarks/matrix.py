@@ -148,7 +148,7 @@ def bench_matrix_vs_one_by_one(work: Path, models: dict[str, Path]) -> dict[str,
     store.close()
 
     started = time.perf_counter()
-    ray.init(object_store_memory=200 * 1024 * 1024, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", object_store_memory=200 * 1024 * 1024, include_dashboard=False, log_to_driver=False,
              logging_level="ERROR", namespace="trtpipe")
     ray_start = time.perf_counter() - started
     cpus = ray.cluster_resources().get("CPU", 0)
@@ -201,7 +201,7 @@ def bench_all_hit_50(work: Path, llama: Path, remote_url: str | None, label: str
     remote = open_remote(remote_url, Settings()) if remote_url else None
 
     store = Store.open(folder / "head")
-    ray.init(object_store_memory=200 * 1024 * 1024, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", object_store_memory=200 * 1024 * 1024, include_dashboard=False, log_to_driver=False,
              logging_level="ERROR", namespace="trtpipe")
     started = time.perf_counter()
     first = build_matrix(matrix, store=store, remote=remote, progress=False)

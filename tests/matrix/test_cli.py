@@ -52,7 +52,9 @@ def test_embedded_local_ray_builds_the_cpu_cells_plans_the_gpu_ones_then_all_hit
     matrix = write_matrix(tmp_path, ONE_CELL % {"llama": tiny_llama_dir,
                                                 "config": ROOT / "build_configs/models/llama-3-8b/config.json"})
     env = _env(tmp_path / "home", tmp_path)
-    first = _matrix("build", str(matrix), "--json", env=env)
+    # Another cluster this machine knows of (nothing listens there): the embedded default starts its own
+    # instance rather than joining it (Ray's ray.init() without an address would join it and fail).
+    first = _matrix("build", str(matrix), "--json", env={**env, "RAY_ADDRESS": "127.0.0.1:9"})
     assert first.returncode == 0, first.stderr[-3000:]
     report = json.loads(first.stdout)
     assert report["ray"] == "embedded local Ray" and report["tasks"] == 1

@@ -78,7 +78,10 @@ class RayCluster:
         common = {"log_to_driver": False, "logging_level": logging.ERROR, "namespace": NAMESPACE}
         try:
             if self.address is None:
-                ray.init(object_store_memory=EMBEDDED_OBJECT_STORE_BYTES, include_dashboard=False, **common)
+                # "local": always a new instance. Without an address Ray would join the last cluster started on
+                # this machine (/tmp/ray/ray_current_cluster, or RAY_ADDRESS), which is not the embedded default.
+                ray.init(address="local", object_store_memory=EMBEDDED_OBJECT_STORE_BYTES, include_dashboard=False,
+                         **common)
             else:
                 ray.init(address=self.address, **common)
         except (ConnectionError, RuntimeError, ValueError) as err:
