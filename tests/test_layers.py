@@ -14,7 +14,8 @@ or package (trtpipe/serving/). Layers, low -> high; a unit may import its own la
     4  checkpoint, engine, reference, serving                   what the stages call, and serving their output
     5  stages, pipeline, warm                                   the declared stages, the runner, and the warm
                                                                 path that reuses a build's resolution
-    6  bench, release, repair                                   what works on built and served artifacts
+    6  bench, release, repair, matrix                           what works on built and served artifacts, and
+                                                                the matrix, which runs the runner on Ray workers
     7  workspace, commands, cli                                 the shell
 
 So serving never imports the stages or the runner, the store never imports a stage, and resolve reads
@@ -38,7 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("store", "results", "build_record", "build_report"),
     ("checkpoint", "engine", "reference", "serving"),
     ("stages", "pipeline", "warm"),
-    ("bench", "release", "repair"),
+    ("bench", "release", "repair", "matrix"),
     ("workspace", "commands", "cli"),
 )
 LAYER = {unit: index for index, units in enumerate(LAYERS) for unit in units}

@@ -19,6 +19,7 @@ from trtpipe.commands import build as build_commands
 from trtpipe.commands import checkpoint as checkpoint_commands
 from trtpipe.commands import engine as engine_commands
 from trtpipe.commands import foundation as foundation_commands
+from trtpipe.commands import matrix as matrix_commands
 from trtpipe.commands import release as release_commands
 from trtpipe.commands import serving as serving_commands
 from trtpipe.commands import store as store_commands
@@ -29,6 +30,7 @@ AREAS = (
     foundation_commands,  # Plan
     checkpoint_commands,  # Build
     build_commands,
+    matrix_commands,
     engine_commands,
     serving_commands,  # Serve
     bench_commands,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -67,9 +67,10 @@ def _now_iso() -> str:
 class _Runner:
     def __init__(
         self, spec_path: Path, store: Store, *, dry_run: bool, force: tuple[str, ...], verify: bool, progress: bool,
-        remote: Any = None,
+        remote: Any = None, on_stage: Callable[[StageReport], None] | None = None,
     ) -> None:
         self.spec_path = spec_path
+        self.on_stage = on_stage  # told each step's report as it is added (a matrix worker's live progress)
         self.store = store
         self.remote = remote  # a remote cache (find / pull_into / push), or None
         self.dry_run = dry_run
@@ -96,6 +97,8 @@ class _Runner:
         if stage.key:
             self.report.keys[stage.name] = stage.key
         self.printer.stage(stage)
+        if self.on_stage is not None:
+            self.on_stage(stage)
         return stage
 
     def _names(self) -> list[str]:
@@ -388,12 +391,14 @@ def run_build(
     store: Store | Path | str | None = None,
     progress: bool = True,
     remote: Any = None,
+    on_stage: Callable[[StageReport], None] | None = None,
 ) -> BuildReport:
     """Build (or reuse) every stage of a spec. Raises TrtpipeError when a stage fails (BuildInterrupted on
     Ctrl-C); the report's status is "dry-run" for a dry run.
 
     `store`: a Store, a store root, or `oci://HOST/REPO` (the default store with that remote cache);
-    `remote`: a remote cache (find / pull_into / push) to consult before building and push to after."""
+    `remote`: a remote cache (find / pull_into / push) to consult before building and push to after;
+    `on_stage`: called with each step's report as soon as it is known."""
     spec_path = Path(spec_path)
     if not spec_path.is_file():
         raise UsageError(f"{spec_path}: no such spec file", fix="give the path of a build spec YAML")
@@ -401,7 +406,7 @@ def run_build(
     opened, remote = open_stores(store, remote)
     started_ns = time.time_ns()  # before anything is read: the memo's inputs must be older (trtpipe.warm)
     runner = _Runner(spec_path, opened, dry_run=dry_run, force=forced, verify=verify, progress=progress,
-                     remote=remote)
+                     remote=remote, on_stage=on_stage)
     try:
         report = runner.run()
     finally:
