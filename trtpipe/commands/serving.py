@@ -57,7 +57,7 @@ def serve_command(
     probe_interval: float = typer.Option(10, "--probe-interval", help="Seconds between real one-token probes of "
                                          "each text model (0: none); two failed in a row make the server "
                                          "unhealthy. Processes are checked every 0.5 s."),
-    probe_timeout: float = typer.Option(30, "--probe-timeout", help="Seconds one probe may take."),
+    probe_timeout: float = typer.Option(30, "--probe-timeout", help="Seconds a probe's requests may take, together."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON line per event on stdout: the server's "
                                  "addresses once ready (the first line), then unhealthy / restarting / ready."),
 ) -> None:

@@ -200,7 +200,7 @@ class TritonLLMClient:
         if dead is not None:
             model, instance = dead
             return ModelProcessDied(
-                f"the model {model}'s backend process died ({self.model} at {self.url}: {text.strip()})",
+                f"the model {model}'s backend process died or hangs ({self.model} at {self.url}: {text.strip()})",
                 remote=self.url, dead_model=model, instance=instance,
                 fix="the server must be restarted (Triton does not restart a dead Python-backend process); "
                     "if it was killed for memory, give the host more",

@@ -296,14 +296,17 @@ class TritonServerHandle:
         serving, self.serving = self.serving, None
         return serving
 
-    def stop(self, timeout: float = EXIT_TIMEOUT_S + 10) -> None:
-        """SIGTERM, then SIGKILL past `timeout` (an open client stream can hold the server up)."""
+    def stop(self, timeout: float = EXIT_TIMEOUT_S + 10, *, failed: bool = False) -> None:
+        """SIGTERM, then SIGKILL past `timeout` (an open client stream can hold the server up). `failed`: the
+        server could no longer serve, so its log is kept and a SIGKILL is expected, not worth a warning."""
+        self.keep_log = self.keep_log or failed
         if self.alive():
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                log.warning("tritonserver %d ignored SIGTERM for %.0fs; killing it", self.pid, timeout)
+                log.log(logging.INFO if failed else logging.WARNING,
+                        "tritonserver %d ignored SIGTERM for %.0fs; killing it", self.pid, timeout)
                 self.process.kill()
                 self.process.wait(timeout=10)
         self.cleanup()
@@ -474,7 +477,7 @@ def restart_server(handle: TritonServerHandle, *, start_timeout: float) -> Trito
     keep their address). If the new one does not start, the directory goes back to `handle`, whose `stop()`
     then removes it."""
     serving = handle.detach_serving()
-    handle.stop(timeout=UNHEALTHY_STOP_S)
+    handle.stop(timeout=UNHEALTHY_STOP_S, failed=True)
     try:
         home = tritonserver_home()
         return _start(serving, host=handle.host, start_timeout=start_timeout, ports=handle.ports, log_path=None,
