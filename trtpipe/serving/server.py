@@ -296,6 +296,14 @@ class TritonServerHandle:
         serving, self.serving = self.serving, None
         return serving
 
+    def stop_for_restart(self) -> None:
+        """Stop a server that can no longer serve, keeping its serving directory for the next one."""
+        serving = self.detach_serving()
+        try:
+            self.stop(timeout=UNHEALTHY_STOP_S, failed=True)
+        finally:
+            self.serving = serving
+
     def stop(self, timeout: float = EXIT_TIMEOUT_S + 10, *, failed: bool = False) -> None:
         """SIGTERM, then SIGKILL past `timeout` (an open client stream can hold the server up). `failed`: the
         server could no longer serve, so its log is kept and a SIGKILL is expected, not worth a warning."""
@@ -476,8 +484,8 @@ def restart_server(handle: TritonServerHandle, *, start_timeout: float) -> Trito
     """Stop `handle`'s server and start a new one on the same serving directory and the same ports (clients
     keep their address). If the new one does not start, the directory goes back to `handle`, whose `stop()`
     then removes it."""
+    handle.stop_for_restart()
     serving = handle.detach_serving()
-    handle.stop(timeout=UNHEALTHY_STOP_S, failed=True)
     try:
         home = tritonserver_home()
         return _start(serving, host=handle.host, start_timeout=start_timeout, ports=handle.ports, log_path=None,

@@ -356,6 +356,7 @@ def serve_watched(
                 if not again:
                     handle.stop(timeout=UNHEALTHY_STOP_S, failed=True)
                     raise _gave_up(problem, policy, restarts, handle)
+                handle.stop_for_restart()  # a broken server answers only errors: not through the backoff
                 restarts += 1
                 delay = policy.delay_before(restarts)
                 on_event(ServerRestarting(restart=restarts, max_restarts=policy.max_restarts, delay_s=delay,
