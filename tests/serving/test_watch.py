@@ -277,6 +277,52 @@ def test_serve_restarts_on_failure_and_answers_again_then_gives_up(home_copy: tu
     assert not Path(first["serving_dir"]).exists()
 
 
+def test_a_restart_that_cannot_start_counts_against_the_bound(home_copy: tuple[Path, Path]) -> None:
+    """The port is taken while serve waits to restart: that restart fails, in one line, and with no restart
+    left serve gives up (exit 1's CheckFailed), the serving directory removed."""
+    from trtpipe.errors import CheckFailed
+    from trtpipe.serving.watch import serve_watched
+
+    _home, repo = home_copy
+    events: queue.Queue = queue.Queue()
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            serve_watched(repo, on_event=events.put, stop=stop, start_timeout=180,
+                          policy=WatchPolicy(probe_interval_s=0, restart="on-failure", max_restarts=1, backoff_s=5))
+        except BaseException as err:  # noqa: BLE001 - what the test is about
+            failure.append(err)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    holder = None
+    try:
+        ready = events.get(timeout=240)
+        _kill_stub(ready.pid, "preprocessing")
+        assert events.get(timeout=REPORT_DEADLINE_S).action == "restart"
+        restarting = events.get(timeout=60)  # sent once the broken server is stopped: its ports are free
+        assert restarting.event == "restarting" and restarting.delay_s == 5
+        holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past any TIME_WAIT of the old server
+        holder.bind(("127.0.0.1", int(ready.grpc_url.rsplit(":", 1)[1])))
+        holder.listen()
+        gave_up = events.get(timeout=240)
+        thread.join(timeout=120)
+    finally:
+        stop.set()
+        thread.join(timeout=120)
+        if holder is not None:
+            holder.close()
+    assert (gave_up.event, gave_up.kind, gave_up.action) == ("unhealthy", "restart-failed", "exit")
+    assert f"the gRPC port {ready.grpc_url} is already in use by pid {os.getpid()}" in gave_up.detail
+    (err,) = failure
+    assert isinstance(err, CheckFailed) and err.check == "restarts-exhausted"
+    assert "tritonserver did not come back" in err.one_line() and "after 1 restart" in err.one_line()
+    assert not Path(ready.serving_dir).exists()
+
+
 def test_serve_notices_a_stuck_stub_by_its_probes(home_copy: tuple[Path, Path]) -> None:
     """A stub alive but stopped (SIGSTOP): liveness cannot see it, the probes do, within the stated bound."""
     home, repo = home_copy
