@@ -355,6 +355,7 @@ def test_serve_exits_1_when_tritonserver_itself_dies(home_copy: tuple[Path, Path
         served.close()
     (line,) = "".join(served.stderr).strip().splitlines()
     assert line.startswith(f"error: tritonserver (pid {ready['pid']}) was killed by SIGKILL")
+    assert "CUDA" not in line  # not the CPU-only noise of its log, which says nothing about a kill
 
 
 # --------------------------------------------------------------------------- busy ports

@@ -191,6 +191,18 @@ def port_clash(log_text: str) -> tuple[str, str, int] | None:
     return service, match.group(2), int(match.group(3))
 
 
+# Errors tritonserver logs on every start without a GPU (the notes' "quieter on CPU" flags leave these two);
+# they are never why it failed.
+CPU_ONLY_NOISE = ("CudaDriverHelper has not been initialized", "CUDA driver version is insufficient")
+
+
+def last_error(log_text: str) -> str | None:
+    """The last error line (E...) of a tritonserver log that is not CPU-only noise, else None."""
+    errors = [line for line in log_text.splitlines()
+              if line.startswith("E") and not any(noise in line for noise in CPU_ONLY_NOISE)]
+    return errors[-1] if errors else None
+
+
 def listening_ports(pid: int) -> set[int]:
     """The TCP ports process `pid` listens on (empty when it cannot be read)."""
     try:
@@ -415,7 +427,7 @@ def _start(serving: Any, *, host: str, start_timeout: float, ports: tuple[int | 
     models = repository_models(repo)
     grpc_port, http_port, metrics_port = ports
     explicit = (grpc_port, http_port, metrics_port)
-    last_error, log_seen = "", Path()
+    failure, log_seen = "", Path()
     for attempt in range(PORT_ATTEMPTS):
         ports = free_ports(3, host)
         ports = [given or picked for given, picked in zip(explicit, ports)]
@@ -462,20 +474,20 @@ def _start(serving: Any, *, host: str, start_timeout: float, ports: tuple[int | 
                 # A port the user gave, taken after the check: the same one line as the check's.
                 raise port_error(service, host, port)
             log.info("tritonserver port clash on %s (attempt %d); retrying on other ports", port, attempt + 1)
-            last_error = f"the {service} port {port} was taken by another process as the server started"
+            failure = f"the {service} port {port} was taken by another process as the server started"
             continue
-        errors = [line for line in tail.splitlines() if line.startswith("E")]
-        last_error = errors[-1] if errors else (tail.splitlines() or ["no log output"])[-1]
+        error = last_error(tail)
+        last_line = f"its last error: {error}" if error else f"its log ends: {(tail.splitlines() or ['(empty)'])[-1]}"
         if why == "timeout":
             raise TimedOut(
-                f"tritonserver did not become ready on {serving.source} within {start_timeout:g}s "
-                f"(last error in its log: {last_error})", operation="tritonserver start", seconds=start_timeout,
+                f"tritonserver did not become ready on {serving.source} within {start_timeout:g}s ({last_line})",
+                operation="tritonserver start", seconds=start_timeout,
                 fix=f"allow a longer start if the models are just slow to load; see the server log {log_seen}",
             )
-        last_error = f"{why}: {last_error}"
+        failure = f"{why}: {last_line}"
         break
     raise CheckFailed(
-        f"tritonserver did not become ready on {serving.source} ({last_error})", check="ready",
+        f"tritonserver did not become ready on {serving.source} ({failure})", check="ready",
         fix=f"see the server log {log_seen}",
     )
 

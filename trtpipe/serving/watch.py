@@ -43,7 +43,14 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from trtpipe.errors import CheckFailed, TrtpipeError, UsageError
-from trtpipe.serving.server import UNHEALTHY_STOP_S, TritonServerHandle, port_clash, restart_server, start_server
+from trtpipe.serving.server import (
+    UNHEALTHY_STOP_S,
+    TritonServerHandle,
+    last_error,
+    port_clash,
+    restart_server,
+    start_server,
+)
 
 TICK_S = 0.5
 BACKOFF_MAX_S = 30.0
@@ -305,12 +312,14 @@ class Watchdog:
             except ValueError:
                 how = f"was killed by signal {-code}"
         line = f"tritonserver (pid {self.handle.pid}) {how}"
+        if code is not None and code < 0:
+            return line  # a signal from outside: its log says nothing about it
         tail = self.handle.log_tail(80)
         clash = port_clash(tail)
         if clash is not None:
             return f"{line}: its {clash[0]} port {clash[1]}:{clash[2]} was taken by another process"
-        errors = [entry for entry in tail.splitlines() if entry.startswith("E")]
-        return f"{line}; its last error: {errors[-1]}" if errors else line
+        error = last_error(tail)
+        return f"{line}; its last error: {error}" if error else line
 
 
 def watch(handle: TritonServerHandle, policy: WatchPolicy, stop: threading.Event, *,
