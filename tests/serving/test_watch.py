@@ -208,6 +208,10 @@ def test_a_dead_stub_is_named_by_the_client_bench_doctor_and_the_watchdog(exampl
         assert problem is not None and problem.kind == "stub-died" and problem.model == "tensorrt_llm"
         assert problem.pid == stub_pid and f"pid {stub_pid}" in problem.detail
         assert "was killed by SIGKILL" in problem.detail
+        # A watchdog that starts after the death still sees a dead stub among the server's children.
+        late = Watchdog(server, WatchPolicy(probe_interval_s=0)).check()
+        assert late is not None and late.kind == "stub-died" and late.pid == stub_pid and late.model is None
+        assert "was killed by SIGKILL (out of memory, or killed) before it was watched" in late.detail
         # ... and the probes, without liveness, after two failures in a row.
         deadline = time.monotonic() + 3 * 30 + 30
         while (found := blind.check()) is None:

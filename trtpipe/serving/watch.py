@@ -145,8 +145,8 @@ ServeEvent = ServerReady | ServerUnhealthy | ServerRestarting
 @dataclass(frozen=True)
 class StubProcess:
     pid: int
-    model: str
-    instance: str
+    model: str | None  # None: it was dead when found, and a dead process no longer says
+    instance: str | None
     process: Any = field(compare=False, repr=False)  # psutil.Process: its start time guards against pid reuse
 
     def dead(self) -> bool:
@@ -170,6 +170,11 @@ def find_stubs(server_pid: int) -> list[StubProcess]:
     for child in children:
         try:
             argv = child.cmdline()
+        except psutil.ZombieProcess:
+            if _name(child).startswith(STUB_EXECUTABLE[:15]):
+                # Dead before we looked (a zombie keeps only its 15-character name): which model, it no longer says.
+                stubs.append(StubProcess(pid=child.pid, model=None, instance=None, process=child))
+            continue
         except psutil.Error:
             continue
         if len(argv) < 2 or Path(argv[0]).name != STUB_EXECUTABLE:
@@ -178,6 +183,13 @@ def find_stubs(server_pid: int) -> list[StubProcess]:
         instance = argv[8] if len(argv) > 8 else model
         stubs.append(StubProcess(pid=child.pid, model=model, instance=instance, process=child))
     return stubs
+
+
+def _name(process: Any) -> str:
+    try:
+        return str(process.name())
+    except Exception:  # noqa: BLE001 - gone meanwhile
+        return ""
 
 
 def how_it_ended(pid: int) -> str:
@@ -267,6 +279,11 @@ class Watchdog:
         if not self.handle.alive():
             return Problem("server-exited", self._server_exit())
         for stub in self.stubs:
+            if stub.dead() and stub.model is None:
+                return Problem("stub-died", pid=stub.pid,
+                               detail=f"a Python backend process of tritonserver (pid {stub.pid}) "
+                                      f"{how_it_ended(stub.pid)} before it was watched; the server cannot serve "
+                                      "the model it ran")
             if stub.dead():
                 return Problem(
                     "stub-died", model=stub.model, pid=stub.pid,
@@ -322,10 +339,8 @@ class Watchdog:
         return f"{line}; its last error: {error}" if error else line
 
 
-def watch(handle: TritonServerHandle, policy: WatchPolicy, stop: threading.Event, *,
-          tick: float = TICK_S) -> Problem | None:
+def watch(watchdog: Watchdog, stop: threading.Event, *, tick: float = TICK_S) -> Problem | None:
     """Watch until the server cannot serve (the problem) or `stop` is set (None)."""
-    watchdog = Watchdog(handle, policy)
     while not stop.wait(tick):
         problem = watchdog.check()
         if problem is not None:
@@ -352,9 +367,11 @@ def serve_watched(
                           start_timeout=start_timeout)
     restarts = 0
     try:
+        # The stubs are taken before anyone hears the server is ready: nothing a client does first goes unseen.
+        watchdog = Watchdog(handle, policy)
         on_event(ServerReady.of(handle, policy, restarts))
         while True:
-            problem = watch(handle, policy, stop)
+            problem = watch(watchdog, stop)
             if problem is None:
                 return
             while True:  # restart until one comes up, or no restart is left
@@ -377,6 +394,7 @@ def serve_watched(
                     break
                 except TrtpipeError as err:
                     problem = Problem("restart-failed", f"tritonserver did not come back: {err.one_line()}")
+            watchdog = Watchdog(handle, policy)
             on_event(ServerReady.of(handle, policy, restarts))
     finally:
         handle.stop()
