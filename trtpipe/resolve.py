@@ -12,12 +12,12 @@ touches a GPU, TensorRT or the network.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trtpipe import quant
+from trtpipe.config_json import read_model_config
 from trtpipe.errors import InvalidInput
 from trtpipe.gpu import GpuInfo, UnknownGpu, get_gpu, load_catalog
 from trtpipe.names import name_fix, name_problem
@@ -27,7 +27,6 @@ from trtpipe.toolchain import Backend, Toolchain, UnknownToolchain, get_toolchai
 from trtpipe.trtllm_build.config import RuleViolation, derive_engine_config
 from trtpipe.versions import versions_match
 
-REQUIRED_CONFIG_KEYS = ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 # The serving models read the tokenizer with the tokenizers library: a published repository needs it.
 SERVING_TOKENIZER_FILE = "tokenizer.json"
@@ -129,25 +128,14 @@ def converter_supports(toolchain: Toolchain) -> bool:
 
 
 def _read_config(loaded: LoadedSpec, field_path: tuple[str, ...], config_path: Path) -> dict[str, Any]:
+    """The model's config.json, read and checked against sane bounds (trtpipe.config_json: the one check plan,
+    convert and the reference runtime share), cited at the spec field that named it."""
     if not config_path.is_file():
         raise loaded.error(field_path, f"{config_path} does not exist", "give the HF model folder's config.json")
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise loaded.error(field_path, f"{config_path} is not valid JSON ({exc})", "restore the model's config.json")
-    if not isinstance(config, dict):
-        raise loaded.error(field_path, f"{config_path} is not a JSON object", "restore the model's config.json")
-    # multimodal wrappers keep the language model's fields in text_config
-    if "num_hidden_layers" not in config and isinstance(config.get("text_config"), dict):
-        config = {**config, **config["text_config"]}
-    missing = [key for key in REQUIRED_CONFIG_KEYS if key not in config]
-    if missing:
-        raise loaded.error(
-            field_path,
-            f"{config_path} lacks {', '.join(missing)}: not a decoder LLM config trtpipe can plan",
-            "point at a Llama/Mistral/Qwen2-style config.json",
-        )
-    return config
+        return read_model_config(config_path)
+    except InvalidInput as exc:
+        raise loaded.error(field_path, exc.message, exc.fix) from None
 
 
 def _hf_cache_snapshot(repo_id: str, revision: str) -> Path | None:
