@@ -6,8 +6,9 @@ or package (trtpipe/serving/). Layers, low -> high; a unit may import its own la
 
     0  errors, settings, atomic, versions, names, datafiles     what everything may use
     1  toolchain, gpu, quant, spec, spec_loader, trtllm_build,  the tables and the spec (trtllm_build: the
-       config_json                                              trtllm-build backend's flag and rule tables;
-                                                                config_json: a model config's bounds)
+       config_json, model_folder                                trtllm-build backend's flag and rule tables;
+                                                                config_json: a model config's bounds;
+                                                                model_folder: confinement, tokenizer check)
     2  resolve, plan, hostcheck                                 every rule, the memory plan, the host check
     3  store, results, build_record                             where artifacts, results and records live
     4  checkpoint, engine, reference, serving                   what the stages call, and serving their output
@@ -31,7 +32,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "trtpipe"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "settings", "atomic", "versions", "names", "datafiles"),
-    ("toolchain", "gpu", "quant", "spec", "spec_loader", "trtllm_build", "config_json"),
+    ("toolchain", "gpu", "quant", "spec", "spec_loader", "trtllm_build", "config_json", "model_folder"),
     ("resolve", "plan", "hostcheck"),
     ("store", "results", "build_record"),
     ("checkpoint", "engine", "reference", "serving"),

@@ -20,6 +20,7 @@ from trtpipe import quant
 from trtpipe.config_json import read_model_config
 from trtpipe.errors import InvalidInput
 from trtpipe.gpu import GpuInfo, UnknownGpu, get_gpu, load_catalog
+from trtpipe.model_folder import check_tokenizer, escapes, folder_roots, resolves_inside, shard_problems
 from trtpipe.names import name_fix, name_problem
 from trtpipe.spec import BuildSpec, Executor
 from trtpipe.spec_loader import LoadedSpec
@@ -234,14 +235,59 @@ def _resolve_model(
         # Conversion calibrates with the tokenizer; the published repository's models read tokenizer.json.
         where = ("model", "tokenizer") if model.tokenizer is not None else weights_field
         folder = tokenizer_dir or model_dir
-        if not (folder / SERVING_TOKENIZER_FILE).is_file():
+        if not (folder / SERVING_TOKENIZER_FILE).is_file() and not _is_link_out(loaded, folder / SERVING_TOKENIZER_FILE):
             raise loaded.error(
                 where, f"{folder} has no tokenizer ({SERVING_TOKENIZER_FILE}), which calibration and the "
                 "published repository's models read",
                 "copy the model's tokenizer files there (tokenizer.save_pretrained writes them), or set "
                 "model.tokenizer to a folder holding tokenizer.json",
             )
+    if model_dir is not None and (need_weights or config_path.parent == model_dir):
+        _check_model_files(loaded, model_dir, tokenizer_dir, weights_field, need_weights)
+    if need_weights and model_dir is not None:
+        where = ("model", "tokenizer") if model.tokenizer is not None else weights_field
+        try:
+            check_tokenizer(tokenizer_dir or model_dir)
+        except InvalidInput as exc:
+            raise loaded.error(where, exc.message, exc.fix) from None
     return model_dir, tokenizer_dir, config_path, config_field, config
+
+
+_LINK_FIX = ("copy the file into the folder, or set model.allow_external_links: true in the spec if you trust "
+             "where it points")
+
+
+def _is_link_out(loaded: LoadedSpec, path: Path) -> bool:
+    """A symlink (maybe dangling) that the confinement check below will name: let it speak first."""
+    return path.is_symlink() and not loaded.spec.model.allow_external_links
+
+
+def _check_model_files(loaded: LoadedSpec, model_dir: Path, tokenizer_dir: Path | None,
+                       weights_field: tuple[str, ...], need_weights: bool) -> None:
+    """The model folder is a boundary (trtpipe.model_folder): the files read from it - config.json when planning;
+    every top-level file, the shards its weight index names, the tokenizer folder's files and a calibration file
+    written inside the folder when building - must resolve inside it, unless model.allow_external_links."""
+    model = loaded.spec.model
+    external_ok = model.allow_external_links
+    if need_weights:
+        for problem in shard_problems(model_dir):
+            raise loaded.error(weights_field, problem, "restore the model's index file (shards are files of the folder)")
+    if external_ok:
+        return
+    for escape in escapes(model_dir, None if need_weights else ["config.json"]):
+        raise loaded.error(weights_field, escape.describe("model folder"), _LINK_FIX)
+    if not need_weights:
+        return
+    if tokenizer_dir is not None and tokenizer_dir != model_dir:
+        for escape in escapes(tokenizer_dir):
+            raise loaded.error(("model", "tokenizer"), escape.describe("tokenizer folder"), _LINK_FIX)
+    dataset_field = ("quantization", "calibration", "dataset")
+    dataset = loaded.written_paths.get(dataset_field)
+    folders = {model_dir, loaded.written_paths.get(("model", "path"), model_dir)}
+    if dataset is not None and any(f == dataset.parent or f in dataset.parents for f in folders):
+        if resolves_inside(dataset, folder_roots(model_dir)) is None:
+            raise loaded.error(dataset_field, f"{dataset} is in the model folder but resolves to "
+                               f"{dataset.resolve()}, outside it", _LINK_FIX)
 
 
 # ---------------------------------------------------------------------------------------------- rules

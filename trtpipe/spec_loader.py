@@ -68,6 +68,9 @@ class LoadedSpec:
     path: Path
     display_path: str = ""
     positions: dict[FieldPath, Position] = field(default_factory=dict)
+    # Each path field as written, made absolute against the spec's folder but with symlinks NOT followed (the
+    # spec's values are resolved): whether a file is "in the model folder" is a question about this path.
+    written_paths: dict[FieldPath, Path] = field(default_factory=dict)
 
     def position(self, field_path: FieldPath) -> Position | None:
         """(line, col), 1-based, of the key `field_path` in the file; None if it was not written."""
@@ -475,11 +478,14 @@ def _anchor_paths(loaded: LoadedSpec, base: Path) -> None:
             user = str(value).split("/", 1)[0]
             raise loaded.error(field_path, f"{user} names no user of this machine, so {_shown(str(value))} cannot be "
                                "found", f"write the folder's full path instead of {user}/...") from None
-        if not value.is_absolute():
-            value = base / value
+        if value.is_absolute():  # kept as written (its last name may name the artifact)
+            loaded.written_paths[field_path] = Path(os.path.normpath(value))
+            return value
+        value = base / value
         problem = path_problem(str(value))
         if problem:
             raise loaded.error(field_path, *problem)
+        loaded.written_paths[field_path] = Path(os.path.normpath(value))
         try:
             return value.resolve()
         except OSError as exc:  # ELOOP (a symlink loop), ENAMETOOLONG once links are followed
