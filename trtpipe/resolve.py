@@ -205,9 +205,12 @@ def _resolve_model(
                 "this spec gives only a config.json (planning only), so there are no weights to build from",
                 "set model.path to a local HF folder or model.repo_id + revision",
             )
+    weights_field = ("model", "path") if model.path is not None else ("model", "repo_id")
+    if model_dir is not None and config_path.parent == model_dir and not model.allow_external_links:
+        for escape in escapes(model_dir, ["config.json"]):  # before a byte of it is read
+            raise loaded.error(weights_field, escape.describe("model folder"), _LINK_FIX)
     config = _read_config(loaded, config_field, config_path)
 
-    weights_field = ("model", "path") if model.path is not None else ("model", "repo_id")
     if need_weights and model_dir is not None:
         safetensors = list(model_dir.glob("*.safetensors"))
         pickled = [p for pattern in ("*.bin", "*.pt", "*.pth") for p in model_dir.glob(pattern)]
