@@ -50,7 +50,7 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("num_attention_heads", "num_attention_heads", 1, 1024, True),
     Bound("num_key_value_heads", "num_key_value_heads", 1, 1024, False),
     Bound("head_dim", "head_size", 1, 1024, False),
-    Bound("intermediate_size", "intermediate_size", 1, 1_048_576, False),
+    Bound("intermediate_size", "intermediate_size", 1, 1_048_576, True),
     Bound("vocab_size", "vocab_size", 1, 4_194_304, True),
     Bound("max_position_embeddings", "max_position_embeddings", 1, 16_777_216, False),
 )
@@ -133,13 +133,14 @@ def check_model_config(config: Any, source: str | Path, *, flavour: Flavour = "h
     values: dict[str, int | None] = {}
     for bound in BOUNDS:
         values[bound.hf] = _whole_number(problem, config, bound, bound.hf if flavour == "hf" else bound.trtllm)
+    # A flag or a number, when written, is never null: its readers take `config.get(name, default)`.
     for name in _BOOL_FIELDS:
-        if config.get(name) is not None and not isinstance(config[name], bool):
+        if name in config and not isinstance(config[name], bool):
             raise problem.error(name, config[name], f"is {_kind(config[name])}, not true or false", f"write {name} as true or false")
     for name in _NUMBER_FIELDS:
-        value = config.get(name)
-        if value is None:
+        if name not in config:
             continue
+        value = config[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise problem.error(name, value, f"is {_kind(value)}, not a number", f"write {name} as a plain number")
         if not math.isfinite(value) or value < 0:
@@ -175,6 +176,13 @@ def check_model_config(config: Any, source: str | Path, *, flavour: Flavour = "h
                                 "equal groups", "restore the model's config.json")
     if flavour == "trtllm":
         _check_mapping(problem, config.get("mapping") or {})
+        if "embedding_sharding_dim" in config:  # TRT-LLM shards the embedding along dim 0 or 1
+            value = config["embedding_sharding_dim"]
+            if isinstance(value, bool) or value not in (0, 1):
+                raise problem.error("embedding_sharding_dim", value, "is not 0 or 1", "re-export the checkpoint")
+    rotary_pct = config.get("rotary_pct")
+    if rotary_pct is not None and rotary_pct > 1:  # a number (checked above): the share of a head that rotates
+        raise problem.error("rotary_pct", rotary_pct, "is more than 1 (the whole head)", "restore the model's config")
     return config
 
 
