@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from trtpipe.errors import (
     AccessDenied,
     Conflict,
+    DiskFull,
     GateRefused,
     IntegrityError,
     MissingCapability,
@@ -71,6 +72,8 @@ HINTS: tuple[Hint, ...] = (
     Hint(TimedOut, "raise the executor timeout in the spec (engine.timeout, engine.conversion_timeout), or build on "
                    "a faster GPU host; `trtpipe doctor LOG` reads the build log", _timed_out_building,
          example={"operation": "engine build"}),
+    Hint(DiskFull, "free space in the store with `trtpipe cache gc --max-size SIZE`, or keep the store on a larger "
+                   "disk with `trtpipe build SPEC --store DIR`"),
     Hint(AccessDenied, "registry credentials: TRTPIPE_REGISTRY_USERNAME and TRTPIPE_REGISTRY_PASSWORD, or "
                        "`docker login HOST`"),
 )
