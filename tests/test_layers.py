@@ -5,15 +5,17 @@ inside a function: a lazy import is a dependency too). A unit is a top-level mod
 or package (trtpipe/serving/). Layers, low -> high; a unit may import its own layer and the ones below:
 
     0  errors, settings, atomic, versions, names, datafiles,    what everything may use (disk: telling a
-       disk                                                     full disk from other failures)
+       hostfacts, disk                                          full disk from other failures)
     1  toolchain, gpu, quant, spec, spec_loader, trtllm_build,  the tables and the spec (trtllm_build: the
        config_json, model_folder                                trtllm-build backend's flag and rule tables;
                                                                 config_json: a model config's bounds;
                                                                 model_folder: confinement, tokenizer check)
     2  resolve, plan, hostcheck                                 every rule, the memory plan, the host check
-    3  store, results, build_record                             where artifacts, results and records live
+    3  store, results, build_record, build_report               where artifacts, results, records and build
+                                                                reports live
     4  checkpoint, engine, reference, serving                   what the stages call, and serving their output
-    5  stages, pipeline                                         the declared stages and the runner
+    5  stages, pipeline, warm                                   the declared stages, the runner, and the warm
+                                                                path that reuses a build's resolution
     6  bench, release, repair                                   what works on built and served artifacts
     7  workspace, commands, cli                                 the shell
 
@@ -32,12 +34,12 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "trtpipe"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "settings", "atomic", "versions", "names", "datafiles", "disk"),
+    ("errors", "settings", "atomic", "versions", "names", "datafiles", "hostfacts", "disk"),
     ("toolchain", "gpu", "quant", "spec", "spec_loader", "trtllm_build", "config_json", "model_folder"),
     ("resolve", "plan", "hostcheck"),
-    ("store", "results", "build_record"),
+    ("store", "results", "build_record", "build_report"),
     ("checkpoint", "engine", "reference", "serving"),
-    ("stages", "pipeline"),
+    ("stages", "pipeline", "warm"),
     ("bench", "release", "repair"),
     ("workspace", "commands", "cli"),
 )

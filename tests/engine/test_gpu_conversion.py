@@ -3,9 +3,11 @@
 Skipped here with the reason (no NVIDIA GPU; no TensorRT-LLM environment; no Docker daemon). On a GPU
 host with the pinned toolchain installed (local) or its container pullable (docker), `trtpipe build`
 of the tiny model for this host's GPU converts with GPU calibration in the executor, builds and
-validates the engine; both executors give the same checkpoint key, and the FP8 weights and their
-scales equal a CPU conversion's exactly (weight amax is the same number on any device: only the
-activation scales come from GPU arithmetic).
+validates the engine; both executors give the same checkpoint key. Against a CPU conversion of the same
+spec: the FP8 weights are bit-identical and each weight scale is within 4 float32 units in the last place
+(measured on an H200 by benchmarks/gpu_conversion.py: at most 1.2e-7 relative, i.e. 1-2 ulps, see
+docs/measurements/gpu-conversion-h200.json). Activation scales come from calibration forward passes in
+bf16 whose reductions run in another order on the GPU; they are held to 1% (a few bf16 steps of 2^-8).
 """
 
 from __future__ import annotations
@@ -69,9 +71,21 @@ def _same_weights_as_cpu(gpu_dir: Path, cpu_dir: Path) -> None:
     assert gpu.keys() == cpu.keys()
     for name in gpu:
         assert gpu[name].dtype == cpu[name].dtype and gpu[name].shape == cpu[name].shape, name
-        if name.endswith(".weight") or name.endswith("weights_scaling_factor"):
-            # bit for bit (float8 has no arithmetic on the CPU: compare the bytes)
+        if name.endswith(".weight"):
+            # FP8 weights: bit for bit (float8 has no arithmetic on the CPU: compare the bytes)
             assert gpu[name].contiguous().view(torch.uint8).equal(cpu[name].contiguous().view(torch.uint8)), name
+            continue
+        if not name.endswith("scaling_factor"):
+            continue
+        relative = ((gpu[name].float() - cpu[name].float()).abs() / cpu[name].float().abs().clamp_min(1e-30)).max()
+        bound = 4 * 2.0**-23 if name.endswith("weights_scaling_factor") else 0.01
+        assert float(relative) <= bound, f"{name}: {float(relative):.3g} relative, bound {bound:.3g}"
+
+
+def _conversion_facts(report) -> dict:
+    stage = report.stage("checkpoint")
+    assert stage is not None and stage.facts is not None, report
+    return stage.facts["conversion"]
 
 
 @pytest.mark.gpu
@@ -79,8 +93,8 @@ def _same_weights_as_cpu(gpu_dir: Path, cpu_dir: Path) -> None:
 @pytest.mark.skipif(bool(LOCAL_MISSING), reason=LOCAL_MISSING or "ready")
 def test_local_executor_converts_on_the_gpu_and_builds(tmp_path, tiny_llama_dir, monkeypatch):
     report, entry = _build_on_gpu(tmp_path, tiny_llama_dir, "local", monkeypatch)
-    meta = entry.manifest["meta"]
-    assert meta["conversion"]["executor"] == "local" and meta["conversion"]["device"] == "cuda"
+    conversion = _conversion_facts(report)
+    assert conversion["executor"] == "local" and conversion["device"] == "cuda"
     _same_weights_as_cpu(entry.path, _cpu_checkpoint(tmp_path, tiny_llama_dir))
     assert json.loads((entry.path / "config.json").read_text())["quantization"]["quant_algo"] == "FP8"
 
@@ -91,10 +105,10 @@ def test_local_executor_converts_on_the_gpu_and_builds(tmp_path, tiny_llama_dir,
 @pytest.mark.skipif(bool(DOCKER_MISSING), reason=DOCKER_MISSING or "ready")
 def test_docker_executor_converts_in_the_container_on_the_gpu_and_builds(tmp_path, tiny_llama_dir, monkeypatch):
     report, entry = _build_on_gpu(tmp_path, tiny_llama_dir, "docker", monkeypatch)
-    meta = entry.manifest["meta"]
-    assert meta["conversion"]["executor"] == "docker" and meta["conversion"]["device"] == "cuda"
-    assert meta["conversion"]["image"]
-    log = Path(meta["conversion"]["log"]).read_text()
+    conversion = _conversion_facts(report)
+    assert conversion["executor"] == "docker" and conversion["device"] == "cuda"
+    assert conversion["image"]
+    log = Path(conversion["log"]).read_text()
     assert "with trtpipe" in log and "from /opt/trtpipe-src/trtpipe," in log
     _same_weights_as_cpu(entry.path, _cpu_checkpoint(tmp_path, tiny_llama_dir))
 
