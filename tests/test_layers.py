@@ -4,10 +4,12 @@ Read from the source with `ast` (every `import trtpipe.x` / `from trtpipe.x impo
 inside a function: a lazy import is a dependency too). A unit is a top-level module (trtpipe/resolve.py)
 or package (trtpipe/serving/). Layers, low -> high; a unit may import its own layer and the ones below:
 
-    0  errors, settings, atomic, versions, names, datafiles,    what everything may use
-       hostfacts
-    1  toolchain, gpu, quant, spec, spec_loader, trtllm_build   the tables and the spec (trtllm_build: the
-                                                                trtllm-build backend's flag and rule tables)
+    0  errors, settings, atomic, versions, names, datafiles,    what everything may use (disk: telling a
+       hostfacts, disk                                          full disk from other failures)
+    1  toolchain, gpu, quant, spec, spec_loader, trtllm_build,  the tables and the spec (trtllm_build: the
+       config_json, model_folder                                trtllm-build backend's flag and rule tables;
+                                                                config_json: a model config's bounds;
+                                                                model_folder: confinement, tokenizer check)
     2  resolve, plan, hostcheck                                 every rule, the memory plan, the host check
     3  store, results, build_record, build_report               where artifacts, results, records and build
                                                                 reports live
@@ -33,8 +35,8 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "trtpipe"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "settings", "atomic", "versions", "names", "datafiles", "hostfacts"),
-    ("toolchain", "gpu", "quant", "spec", "spec_loader", "trtllm_build"),
+    ("errors", "settings", "atomic", "versions", "names", "datafiles", "hostfacts", "disk"),
+    ("toolchain", "gpu", "quant", "spec", "spec_loader", "trtllm_build", "config_json", "model_folder"),
     ("resolve", "plan", "hostcheck"),
     ("store", "results", "build_record", "build_report"),
     ("checkpoint", "engine", "reference", "serving"),

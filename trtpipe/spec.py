@@ -74,6 +74,11 @@ class ModelSection(StrictModel):
     tokenizer: Path | None = Field(default=None, description="Tokenizer directory; defaults to the model's.")
     trust_remote_code: bool = False
     allow_pickle: bool = Field(default=False, description="Allow .bin/.pt (pickle) weights. Unsafe.")
+    allow_external_links: bool = Field(
+        default=False,
+        description="Let files of the model (and tokenizer) folder be symlinks that resolve outside it. Off: every "
+                    "file read from the folder must resolve inside it (a Hugging Face cache snapshot may resolve "
+                    "into its repository's blobs/); see trtpipe/model_folder.py.")
 
     @field_validator("revision")
     @classmethod

@@ -15,6 +15,7 @@ from trtpipe.errors import (
     AccessDenied,
     CheckFailed,
     Conflict,
+    DiskFull,
     GateRefused,
     IntegrityError,
     MissingCapability,
@@ -91,6 +92,8 @@ HINTS: tuple[Hint, ...] = (
          _server_failed),
     Hint(RemoteError, "restart it; `trtpipe serve REPO --restart on-failure` does so by itself", _model_process_died),
     Hint(TimedOut, "give it longer with `trtpipe serve REPO --start-timeout SECONDS`", _server_start_timed_out),
+    Hint(DiskFull, "free space in the store with `trtpipe cache gc --max-size SIZE`, or keep the store on a larger "
+                   "disk with `trtpipe build SPEC --store DIR`"),
     Hint(AccessDenied, "registry credentials: TRTPIPE_REGISTRY_USERNAME and TRTPIPE_REGISTRY_PASSWORD, or "
                        "`docker login HOST`"),
 )

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from trtpipe.config_json import check_model_config, file_text
 from trtpipe.errors import IntegrityError, InvalidInput, NotFound, UsageError
 from trtpipe.reference import dequant, sampling
 from trtpipe.reference.dequant import Linear
@@ -71,6 +72,9 @@ class ModelConfig:
 
     @classmethod
     def from_checkpoint_config(cls, cfg: dict[str, Any], source: Path) -> ModelConfig:
+        # the bounds and types every consumer of a model's shape checks (trtpipe.config_json), before any tensor
+        check_model_config(cfg, source, flavour="trtllm", text=file_text(source))
+
         def need(key: str) -> Any:
             if key not in cfg:
                 raise IntegrityError(f"{source}: field {key} is missing", path=str(source), fix="re-export the checkpoint")
