@@ -5,8 +5,9 @@ inside a function: a lazy import is a dependency too). A unit is a top-level mod
 or package (trtpipe/serving/). Layers, low -> high; a unit may import its own layer and the ones below:
 
     0  errors, settings, atomic, versions, names, datafiles     what everything may use
-    1  toolchain, gpu, quant, spec, spec_loader, trtllm_build   the tables and the spec (trtllm_build: the
-                                                                trtllm-build backend's flag and rule tables)
+    1  toolchain, gpu, quant, spec, spec_loader, trtllm_build,  the tables and the spec (trtllm_build: the
+       llm_api                                                  trtllm-build backend's flag and rule tables;
+                                                                llm_api: the LLM-API backend's TorchLlmArgs)
     2  resolve, plan, hostcheck                                 every rule, the memory plan, the host check
     3  store, results, build_record                             where artifacts, results and records live
     4  checkpoint, engine, reference, serving                   what the stages call, and serving their output
@@ -30,7 +31,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "trtpipe"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "settings", "atomic", "versions", "names", "datafiles"),
-    ("toolchain", "gpu", "quant", "spec", "spec_loader", "trtllm_build"),
+    ("toolchain", "gpu", "quant", "spec", "spec_loader", "trtllm_build", "llm_api"),
     ("resolve", "plan", "hostcheck"),
     ("store", "results", "build_record"),
     ("checkpoint", "engine", "reference", "serving"),
