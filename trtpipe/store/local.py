@@ -48,7 +48,7 @@ from trtpipe.store.locking import KeyLocks
 from trtpipe.store.objects import ObjectStore, sha256_file
 from trtpipe.store.readonly import DIR_MODE, freeze_tree, normalized_mode, remove_tree
 
-KINDS = ("checkpoint", "engine", "repository")
+KINDS = ("checkpoint", "engine", "repository", "hf-checkpoint")
 MANIFEST = "manifest.json"
 # Bump when the manifest's shape changes: entries of another version are misses (rebuilt), never errors.
 MANIFEST_VERSION = 2

@@ -49,7 +49,7 @@ FILE_MEDIA_TYPE = "application/vnd.trtpipe.file.v1"
 TITLE_ANNOTATION = "org.opencontainers.image.title"
 ANNOTATION_PREFIX = "org.trtpipe."
 ARTIFACT_DIGEST_ANNOTATION = "org.trtpipe.artifact.digest"
-KINDS = ("checkpoint", "engine", "repository")
+KINDS = ("checkpoint", "engine", "repository", "hf-checkpoint")
 
 PROBE_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = (10.0, 300.0)  # (connect, read between bytes)
