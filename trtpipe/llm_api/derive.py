@@ -101,7 +101,8 @@ class LlmApiPlan:
         }
 
 
-def _default_of(spec: BuildSpec, path: FieldPath) -> Any:
+def default_of(spec: BuildSpec, path: FieldPath) -> Any:
+    """The default of the spec field `path` (section, name)."""
     section = type(getattr(spec, str(path[0])))
     return section.model_fields[str(path[1])].get_default(call_default_factory=True)
 
@@ -111,7 +112,7 @@ def set_without_equivalent(spec: BuildSpec) -> list[tuple[FieldPath, Any, str]]:
     found = []
     for path, why in NO_EQUIVALENT.items():
         value = getattr(getattr(spec, str(path[0])), str(path[1]))
-        if value != _default_of(spec, path):
+        if value != default_of(spec, path):
             found.append((path, value, why))
     return found
 
