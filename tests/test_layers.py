@@ -8,7 +8,8 @@ or package (trtpipe/serving/). Layers, low -> high; a unit may import its own la
     1  toolchain, gpu, quant, spec, spec_loader, trtllm_build,  the tables and the spec (trtllm_build: the
        llm_api                                                  trtllm-build backend's flag and rule tables;
                                                                 llm_api: the LLM-API backend's TorchLlmArgs)
-    2  resolve, plan, hostcheck                                 every rule, the memory plan, the host check
+    2  resolve, plan, hostcheck, migrate                        every rule, the memory plan, the host check, the
+                                                                trtllm-build -> llm-api migration report
     3  store, results, build_record                             where artifacts, results and records live
     4  checkpoint, engine, reference, serving                   what the stages call, and serving their output
     5  stages, pipeline                                         the declared stages and the runner
@@ -32,7 +33,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "trtpipe"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "settings", "atomic", "versions", "names", "datafiles"),
     ("toolchain", "gpu", "quant", "spec", "spec_loader", "trtllm_build", "llm_api"),
-    ("resolve", "plan", "hostcheck"),
+    ("resolve", "plan", "hostcheck", "migrate"),
     ("store", "results", "build_record"),
     ("checkpoint", "engine", "reference", "serving"),
     ("stages", "pipeline"),

@@ -289,8 +289,8 @@ def _check_toolchain(loaded: LoadedSpec) -> tuple[Toolchain, Backend]:
         if removed:
             raise loaded.error(
                 where, f"toolchain {toolchain.name} has no {kind} backend: {removed}",
-                "set backend: llm-api (the same spec through TensorRT-LLM's PyTorch backend; `trtpipe migrate` shows "
-                "what changes), or pick a toolchain up to trtllm-1.2.1")
+                "set backend: llm-api (the same spec through TensorRT-LLM's PyTorch backend), or pick a toolchain "
+                "up to trtllm-1.2.1")
         raise loaded.error(
             where,
             f"toolchain {toolchain.name} offers no {kind} backend (it offers: {offered})",

@@ -107,7 +107,7 @@ def test_trtllm_build_on_a_line_that_removed_it_names_the_removal_and_llm_api(gp
     line = refusal(spec)
     for pr in ("#15763", "#15767", "#15907", "#15918"):
         assert pr in line
-    assert "set backend: llm-api" in line and "trtpipe migrate" in line
+    assert "set backend: llm-api" in line and "trtllm-1.2.1" in line
 
 
 def test_the_preview_line_builds_for_cpu_reference_only(gpu_spec, tiny_spec) -> None:
