@@ -317,11 +317,11 @@ def run_checks(
         )
     )
 
-    # --- which Triton containers carry the toolchain, and which backends each serves
-    if toolchain.triton_containers or resolved is not None:
+    # --- which Triton containers carry the toolchain, and which backends each serves (where the table lists them)
+    if toolchain.triton_containers:
         wanted = resolved.backend_kind if resolved is not None else None
         serving = [c for c in toolchain.triton_containers if wanted is None or wanted in c.backends]
-        listed = "; ".join(f"{c.image}: {', '.join(c.backends)}" for c in toolchain.triton_containers) or "none"
+        listed = "; ".join(f"{c.image}: {', '.join(c.backends)}" for c in toolchain.triton_containers)
         missing = wanted is not None and wanted != "reference" and gpu_target and not serving
         rows.append(
             CheckRow(

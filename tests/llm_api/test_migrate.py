@@ -69,3 +69,14 @@ def test_an_invalid_spec_is_one_line_exit_2(tmp_path: Path) -> None:
     spec.write_text("model: {config: nowhere.json}\n")
     result = trtpipe("migrate", spec)
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_check_names_the_containers_and_the_backends_each_serves(tmp_path: Path) -> None:
+    spec = tmp_path / "h100.yaml"
+    spec.write_text(f"name: h100\nmodel: {{config: {EXAMPLES.parent / 'models' / 'llama-3-8b' / 'config.json'}}}\n"
+                    "target: {gpu: h100-sxm}\nbackend: llm-api\n")
+    report = json.loads(trtpipe("check", "--spec", spec, "--json").stdout)
+    row = next(r for r in report["rows"] if r["item"] == "containers")
+    assert row["status"] == "OK" and row["expected"] == "a container serving llm-api"
+    for tag in ("26.04", "26.05", "26.06", "26.07"):
+        assert f"nvcr.io/nvidia/tritonserver:{tag}-trtllm-python-py3: trtllm-build, llm-api" in row["found"]

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trtpipe import quant
+from trtpipe.errors import InternalError
 from trtpipe.llm_api.args import LlmArgsTable, llm_args_problems, load_args_table
 from trtpipe.spec import BuildSpec
 from trtpipe.trtllm_build.profiles import default_max_num_tokens
@@ -218,7 +219,8 @@ def derive_llm_args(spec: BuildSpec, toolchain: Any, gpu: Any, model_config: dic
         }
     problems = llm_args_problems(args, table)
     if problems:  # trtpipe's own mapping broke the table: not the spec's doing
-        raise AssertionError(f"trtpipe derived llm_args that {table.toolchain}'s table refuses: {problems[0]}")
+        raise InternalError(f"trtpipe derived llm_args that {table.toolchain}'s table refuses: {problems[0]}",
+                            fix="report this with the spec attached")
     notes = []
     unverified = table.unverified(args)
     if unverified:
