@@ -277,3 +277,10 @@ def llmapi_artifact(tiny_llama_dir: Path, tiny_qwen2_dir: Path, tmp_path_factory
         return cache[key]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def export_llmapi():
+    """export_llmapi(model_dir, out, *, algo="none", kv_cache="auto") -> a fresh LLM-API artifact (not cached):
+    parity's independent export, made again instead of read from what a server loads."""
+    return export_llmapi_artifact

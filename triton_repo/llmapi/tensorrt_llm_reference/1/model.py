@@ -66,29 +66,11 @@ def _strings(request, name: str) -> list[str]:
     return out
 
 
-def _end_id(model_dir: Path, tokenizer) -> int | None:
-    """The end token the LLM API stops on: generation_config.json eos_token_id, else the tokenizer's eos."""
-    generation = model_dir / "generation_config.json"
-    if generation.is_file():
-        eos = json.loads(generation.read_text()).get("eos_token_id")
-        if isinstance(eos, list):
-            eos = eos[0] if eos else None
-        if eos is not None:
-            return int(eos)
-    config = model_dir / "tokenizer_config.json"
-    if config.is_file():
-        eos = json.loads(config.read_text()).get("eos_token")
-        if isinstance(eos, dict):
-            eos = eos.get("content")
-        if eos and tokenizer.token_to_id(eos) is not None:
-            return tokenizer.token_to_id(eos)
-    return None
-
-
 class TritonPythonModel:
     def initialize(self, args):
         from tokenizers import Tokenizer
 
+        from trtpipe.reference.hf_loader import hf_end_id
         from trtpipe.reference.runtime import ReferenceModel  # the venv's trtpipe (editable install)
 
         self.model_config = json.loads(args["model_config"])
@@ -104,7 +86,7 @@ class TritonPythonModel:
         self.model_dir = model_dir if model_dir.is_absolute() else version_dir / model_dir
         self.model = ReferenceModel.load(self.model_dir)
         self.tokenizer = Tokenizer.from_file(str(self.model_dir / "tokenizer.json"))
-        self.end_id = _end_id(self.model_dir, self.tokenizer)
+        self.end_id = hf_end_id(self.model_dir)
         self.max_seq_len = int(settings.get("max_seq_len") or json.loads(
             (self.model_dir / "config.json").read_text()).get("max_position_embeddings"))
         self.max_num_tokens = settings.get("max_num_tokens")
