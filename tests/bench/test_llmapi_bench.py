@@ -53,6 +53,7 @@ def test_closed_loop_counts_the_served_tokens(server, llmapi_repo: Path) -> None
                        metrics_url=server.metrics_url, slo=Slo(), count_tokens=count)
     (run,) = result.runs
     assert result.model == "tensorrt_llm"  # the default model (ensemble) stands for the llmapi model
+    assert result.output_token_counting == "text"
     assert run.aggregates.requests_ok == 6 and run.aggregates.errors_by_kind == {}
     client = TritonLLMClient(server.grpc_url, model="tensorrt_llm", timeout=120)
     for record in run.records:
@@ -79,7 +80,7 @@ def test_cli_bench_with_the_llmapi_repository_as_tokenizer(server, llmapi_repo: 
                  "--metrics-url", server.metrics_url, "--output", str(out), "--json"])
     assert code == 0, capsys.readouterr().err
     summary = json.loads(capsys.readouterr().out)
-    assert summary["model"] == "tensorrt_llm"
+    assert summary["model"] == "tensorrt_llm" and summary["output_token_counting"] == "text"
     data = json.loads(out.read_text())
     assert data["workload"]["tokenizer"] == str(llmapi_repo / "tensorrt_llm/1/checkpoint/tokenizer.json")
     assert data["workload"]["server_check_skipped"] == LLMAPI_NOT_CHECKED

@@ -174,4 +174,5 @@ def run_bench(
         workload=workload,
         runs=runs,
         started_at=started_at,
+        output_token_counting="text" if contract == "llmapi" and own_sender else "server",
     )
