@@ -101,6 +101,21 @@ def test_gpu_layout_points_at_the_container(tmp_path: Path, tiny_llama_dir: Path
     assert argv[argv.index(image) + 1:argv.index(image) + 5] == ["mpirun", "--allow-run-as-root", "-n", "1"]
     assert "/opt/tritonserver/bin/tritonserver" in argv and "--grpc-port=9001" in argv
     assert "--disable-auto-complete-config" in argv and f"{repo.resolve()}:/trtpipe/repo:ro" in argv
+    assert '--gpus="device=0"' in argv  # tp x pp = 1
+
+
+def test_serve_print_gives_the_container_command(tmp_path: Path, tiny_llama_dir: Path, artifact: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    import shlex
+
+    from trtpipe.cli import main
+
+    repo = publish_llmapi_repository(resolved_spec(tmp_path, tiny_llama_dir, gpu="h100-sxm"), artifact, DIGEST,
+                                     tmp_path / "repo")
+    assert main(["serve", str(repo), "--print", "--grpc-port", "8201"]) == 0
+    printed = shlex.split(capsys.readouterr().out.strip())
+    assert printed[:2] == ["docker", "run"] and "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3" in printed
+    assert "127.0.0.1:8201:8201" in printed and printed.count("/opt/tritonserver/bin/tritonserver") == 1
 
 
 @pytest.mark.parametrize("edit,field", [

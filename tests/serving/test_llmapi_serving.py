@@ -202,6 +202,14 @@ def test_inputs_the_reference_cannot_honour_are_refused(server, name: str, value
                                "sampling_param_max_tokens": np.array([4], dtype=np.int32), name: value})
 
 
+def test_stop_is_answered_as_a_cancellation(server) -> None:
+    """`stop` cancels the in-flight requests of its request id and is answered CANCELLED (upstream
+    handle_stop_request); with nothing running under that id only the answer is sent."""
+    with pytest.raises(RuntimeError, match="Request cancelled by client"):
+        _raw(server.grpc_url, {"text_input": np.array([PROMPT.encode()], dtype=object), "stop": np.array([True])},
+             request_id="nothing-running")
+
+
 def test_limits_of_the_llm_arguments_are_enforced(server) -> None:
     client = TritonLLMClient(server.grpc_url, model="tensorrt_llm", timeout=120)
     with pytest.raises(TritonRequestError, match=r"should not exceed max_num_tokens \(64\)"):
