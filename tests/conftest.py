@@ -201,3 +201,86 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryHandl
     auth = ["  htpasswd:", "    realm: trtpipe-test", f"    path: {htpasswd}"]
     with _serve_registry(base, auth, REGISTRY_USER, REGISTRY_PASSWORD) as handle:
         yield handle
+
+
+# --------------------------------------------------------------------------- LLM-API artifacts (issue 16)
+# The llm-api backend's artifact, made here with ModelOpt's unified HF export directly (the artifact stage of the
+# llm-api backend lives in the artifact half; these tests of the repository half need the same directory):
+# ModelOpt's export (or, unquantized, the HF weights re-saved as float16 safetensors), the tokenizer files and
+# llm_args.json (the LLM() keyword arguments).
+
+LLMAPI_LIMITS = {"max_batch_size": 4, "max_seq_len": 128, "max_num_tokens": 64}
+
+
+def export_llmapi_artifact(model_dir: Path, out: Path, *, algo: str = "none", kv_cache: str = "auto",
+                           calibration_samples: int = 8, llm_args: dict | None = None) -> Path:
+    """Write an LLM-API artifact of `model_dir` into `out` (absent): none, fp8 or int4_awq, kv_cache auto or fp8."""
+    import copy
+    import json
+    import shutil
+
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    from trtpipe.checkpoint.example_model import shipped_paragraphs
+    from trtpipe.serving.publish import TOKENIZER_FILES
+
+    torch.manual_seed(0)
+    out.mkdir(parents=True)
+    if algo == "none" and kv_cache == "auto":
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float16)
+        model.save_pretrained(out, safe_serialization=True)
+    else:
+        import modelopt.torch.quantization as mtq
+        from modelopt.torch.export import export_hf_checkpoint
+
+        configs = {"none": None, "fp8": mtq.FP8_DEFAULT_CFG, "int4_awq": mtq.INT4_AWQ_CFG}
+        config = copy.deepcopy(configs[algo]) if configs[algo] is not None else {"quant_cfg": {"default": {"enable": False}},
+                                                                                "algorithm": "max"}
+        if kv_cache == "fp8":
+            config["quant_cfg"].update({k: v for k, v in mtq.FP8_KV_CFG["quant_cfg"].items() if k != "default"})
+        tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        samples = [tokenizer.encode(p).ids[:64] for p in shipped_paragraphs()[:calibration_samples]]
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)  # bf16: fast CPU calibration
+
+        def forward_loop(m: torch.nn.Module) -> None:
+            with torch.no_grad():
+                for ids in samples:
+                    m(torch.tensor([ids]))
+
+        model = mtq.quantize(model, config, forward_loop=forward_loop)
+        export_hf_checkpoint(model.to(torch.float16), export_dir=out)
+    for name in TOKENIZER_FILES:
+        if (model_dir / name).is_file() and not (out / name).exists():
+            shutil.copy2(model_dir / name, out / name)
+    args = {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, **LLMAPI_LIMITS,
+            "kv_cache_config": {"dtype": "fp8" if kv_cache == "fp8" else "auto", "enable_block_reuse": True,
+                                "free_gpu_memory_fraction": 0.9},
+            "enable_chunked_prefill": False}
+    args.update(llm_args or {})
+    (out / "llm_args.json").write_text(json.dumps(args, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+@pytest.fixture(scope="session")
+def llmapi_artifact(tiny_llama_dir: Path, tiny_qwen2_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """llmapi_artifact(arch="llama", algo="none", kv_cache="auto") -> an LLM-API artifact dir, made once per session."""
+    cache: dict[tuple[str, str, str], Path] = {}
+    models = {"llama": tiny_llama_dir, "qwen2": tiny_qwen2_dir}
+
+    def make(arch: str = "llama", algo: str = "none", kv_cache: str = "auto") -> Path:
+        key = (arch, algo, kv_cache)
+        if key not in cache:
+            out = tmp_path_factory.mktemp("llmapi") / f"{arch}-{algo}-{kv_cache}"
+            cache[key] = export_llmapi_artifact(models[arch], out, algo=algo, kv_cache=kv_cache)
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def export_llmapi():
+    """export_llmapi(model_dir, out, *, algo="none", kv_cache="auto") -> a fresh LLM-API artifact (not cached):
+    parity's independent export, made again instead of read from what a server loads."""
+    return export_llmapi_artifact

@@ -292,9 +292,11 @@ def _stream_error(stream: _Stream, timeout: float) -> BaseException | None:
 class TritonSender:
     """Streams requests to a Triton LLM model (ensemble or BLS) over gRPC, on persistent streams.
 
-    Requests are built by the serving client's `build_inputs` (the ensemble/BLS input contract);
-    responses are read the same way the serving client reads them (final flag from
-    `triton_final_response`, empty final responses accepted). Unlike `TritonLLMClient.stream`,
+    Requests are built by the serving client for the contract the model speaks (`contract`: the
+    ensemble/BLS `build_inputs`, or the llmapi model's `build_llmapi_inputs`); responses are read the same
+    way the serving client reads them (final flag from `triton_final_response`, empty final responses
+    accepted). An llmapi model returns text only, and streams the whole text so far: its responses are
+    counted with `count_tokens` (the served tokenizer, no special tokens) on the text each one adds. Unlike `TritonLLMClient.stream`,
     which opens a new gRPC client and stream for every call, streams are pooled here and reused:
     one open stream per request in flight (tritonclient allows one stream per client object). A
     fresh channel per request costs milliseconds of TTFT and E2E on a busy host, which would be
@@ -302,13 +304,25 @@ class TritonSender:
     not end cleanly (error, timeout, abandoned) is closed and never reused.
     """
 
-    def __init__(self, url: str, model: str = "ensemble", *, timeout: float = 30.0, sampling: dict | None = None) -> None:
+    def __init__(self, url: str, model: str = "ensemble", *, timeout: float = 30.0, sampling: dict | None = None,
+                 contract: str = "inflight_batcher_llm", count_tokens: Callable[[str], int] | None = None) -> None:
+        if contract == "llmapi" and count_tokens is None:
+            raise ValueError("an llmapi model returns text only: give count_tokens to count its output tokens")
         self.url = url
         self.model = model
         self.timeout = timeout
         self.sampling = dict(sampling or {})
+        self.contract = contract
+        self.count_tokens = count_tokens
         self._idle: list[_Stream] = []
         self._lock = threading.Lock()
+
+    def _inputs(self, request: RequestSpec) -> tuple[list, tuple[str, ...]]:
+        from trtpipe.serving.client import LLMAPI, LLMAPI_OUTPUTS, build_inputs, build_llmapi_inputs
+
+        if self.contract == LLMAPI:
+            return build_llmapi_inputs(request.prompt, request.max_tokens, stream=True, **self.sampling), LLMAPI_OUTPUTS
+        return build_inputs(request.prompt, request.max_tokens, stream=True, **self.sampling), BENCH_OUTPUTS
 
     def _take(self) -> _Stream:
         with self._lock:
@@ -319,17 +333,19 @@ class TritonSender:
     def __call__(self, request: RequestSpec, deadline: float) -> Iterator[TokenChunk]:
         import tritonclient.grpc as grpcclient
 
-        # the serving area's request contract and its reading of the final flag
-        from trtpipe.serving.client import build_inputs, is_final_response
+        # the serving area's request contracts and its reading of the final flag
+        from trtpipe.serving.client import is_final_response, text_delta
 
+        inputs, outputs = self._inputs(request)
+        seen = ""  # llmapi: the text so far
         stream = self._take()
         clean = False
         try:
             try:
                 stream.client.async_stream_infer(
                     self.model,
-                    build_inputs(request.prompt, request.max_tokens, stream=True, **self.sampling),
-                    outputs=[grpcclient.InferRequestedOutput(name) for name in BENCH_OUTPUTS],
+                    inputs,
+                    outputs=[grpcclient.InferRequestedOutput(name) for name in outputs],
                     request_id=f"bench-{request.index}-{uuid.uuid4().hex[:8]}",
                     enable_empty_final_response=True,
                 )
@@ -348,9 +364,18 @@ class TritonSender:
                 if error is not None:
                     raise error
                 final = is_final_response(result)
+                if self.count_tokens is not None and self.contract == "llmapi":
+                    texts = result.as_numpy("text_output")
+                    text = "" if texts is None else texts.reshape(-1)[0]
+                    text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
+                    n_tokens = self.count_tokens(seen + text_delta(seen, text)) - self.count_tokens(seen) \
+                        if texts is not None else 0
+                    seen = text if texts is not None else seen
+                else:
+                    n_tokens = tokens_in_response(result)
                 # Mark the stream reusable before yielding: the caller stops iterating at the final chunk.
                 clean = final
-                yield TokenChunk(t_received=t_received, n_tokens=tokens_in_response(result), is_final=final)
+                yield TokenChunk(t_received=t_received, n_tokens=max(0, n_tokens), is_final=final)
                 if final:
                     return
         finally:

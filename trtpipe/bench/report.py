@@ -54,6 +54,12 @@ class BenchResult(BaseModel):
     workload: Workload
     runs: list[RunResult]
     started_at: str = Field(description="UTC ISO-8601 time the first run started")
+    output_token_counting: Literal["server", "text"] = Field(
+        default="server",
+        description="'server': output tokens as the server reports them (sequence_length / output_ids); 'text': an "
+                    "llmapi model returns text only, so each response's new text counted in the workload tokenizer's "
+                    "tokens (words when counting words)",
+    )
 
     @property
     def passed(self) -> bool:
@@ -74,6 +80,7 @@ class BenchResult(BaseModel):
             "mode": self.mode,
             "slo": self.slo.model_dump(exclude_none=True),
             "workload": self.workload.model_dump(exclude={"requests"}),
+            "output_token_counting": self.output_token_counting,
             "runs": [
                 run.model_dump(exclude={"records"}) | {"label": run.label}
                 for run in self.runs
@@ -154,7 +161,9 @@ def result_table(result: BenchResult) -> Table:
     return Table(
         title=f"trtpipe bench  {result.model} @ {result.url}  ({result.mode} loop, {len(result.workload.requests)} requests max)",
         caption="latencies in ms: mean / P50 / P90 / P99;  server = Triton's mean request duration for the model;  "
-        f"{input_column} = mean prompt length: {counting_note(result.workload)};  output tokens as the server reports them",
+        f"{input_column} = mean prompt length: {counting_note(result.workload)};  "
+        + ("output tokens as the server reports them" if result.output_token_counting == "server"
+           else "output tokens: the streamed text counted with the same tokenizer (the llmapi model returns text only)"),
         columns=columns,
         rows=rows,
     )
