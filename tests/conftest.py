@@ -204,62 +204,36 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryHandl
 
 
 # --------------------------------------------------------------------------- LLM-API artifacts (issue 16)
-# The llm-api backend's artifact, made here with ModelOpt's unified HF export directly (the artifact stage of the
-# llm-api backend lives in the artifact half; these tests of the repository half need the same directory):
-# ModelOpt's export (or, unquantized, the HF weights re-saved as float16 safetensors), the tokenizer files and
-# llm_args.json (the LLM() keyword arguments).
+# The llm-api backend's artifact, made by the artifact stage's own export (trtpipe.checkpoint.hf_export) from a
+# cpu-reference spec of the tiny model: ModelOpt's unified HF export (or, unquantized, the HF weights re-saved as
+# float16 safetensors), the tokenizer files and llm_args.json (the LLM() keyword arguments the spec implies).
 
-LLMAPI_LIMITS = {"max_batch_size": 4, "max_seq_len": 128, "max_num_tokens": 64}
+# The limits every test artifact's llm_args.json carries (tests/serving check the model enforces them).
+LLMAPI_ENGINE = {"max_batch_size": 4, "max_input_len": 64, "max_seq_len": 128, "max_num_tokens": 64}
 
 
 def export_llmapi_artifact(model_dir: Path, out: Path, *, algo: str = "none", kv_cache: str = "auto",
-                           calibration_samples: int = 8, llm_args: dict | None = None) -> Path:
+                           calibration_samples: int = 8) -> Path:
     """Write an LLM-API artifact of `model_dir` into `out` (absent): none, fp8 or int4_awq, kv_cache auto or fp8."""
-    import copy
-    import json
-    import shutil
+    import yaml
 
-    import torch
-    from tokenizers import Tokenizer
-    from transformers import AutoModelForCausalLM
+    from trtpipe.checkpoint.hf_export import export_hf_artifact
+    from trtpipe.resolve import resolve
+    from trtpipe.spec_loader import load_spec
 
-    from trtpipe.checkpoint.example_model import shipped_paragraphs
-    from trtpipe.serving.publish import TOKENIZER_FILES
-
-    torch.manual_seed(0)
+    spec = {
+        "name": "tiny-llmapi",
+        "model": {"path": str(model_dir), "dtype": "float16"},
+        "target": {"gpu": "cpu-reference"},
+        "quantization": {"algo": algo, "kv_cache": kv_cache,
+                         "calibration": {"samples": calibration_samples, "max_seq_len": 64}},
+        "engine": LLMAPI_ENGINE,
+        "backend": "llm-api",
+    }
+    spec_path = out.with_name(f"{out.name}.spec.yaml")
+    spec_path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
     out.mkdir(parents=True)
-    if algo == "none" and kv_cache == "auto":
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float16)
-        model.save_pretrained(out, safe_serialization=True)
-    else:
-        import modelopt.torch.quantization as mtq
-        from modelopt.torch.export import export_hf_checkpoint
-
-        configs = {"none": None, "fp8": mtq.FP8_DEFAULT_CFG, "int4_awq": mtq.INT4_AWQ_CFG}
-        config = copy.deepcopy(configs[algo]) if configs[algo] is not None else {"quant_cfg": {"default": {"enable": False}},
-                                                                                "algorithm": "max"}
-        if kv_cache == "fp8":
-            config["quant_cfg"].update({k: v for k, v in mtq.FP8_KV_CFG["quant_cfg"].items() if k != "default"})
-        tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-        samples = [tokenizer.encode(p).ids[:64] for p in shipped_paragraphs()[:calibration_samples]]
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)  # bf16: fast CPU calibration
-
-        def forward_loop(m: torch.nn.Module) -> None:
-            with torch.no_grad():
-                for ids in samples:
-                    m(torch.tensor([ids]))
-
-        model = mtq.quantize(model, config, forward_loop=forward_loop)
-        export_hf_checkpoint(model.to(torch.float16), export_dir=out)
-    for name in TOKENIZER_FILES:
-        if (model_dir / name).is_file() and not (out / name).exists():
-            shutil.copy2(model_dir / name, out / name)
-    args = {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, **LLMAPI_LIMITS,
-            "kv_cache_config": {"dtype": "fp8" if kv_cache == "fp8" else "auto", "enable_block_reuse": True,
-                                "free_gpu_memory_fraction": 0.9},
-            "enable_chunked_prefill": False}
-    args.update(llm_args or {})
-    (out / "llm_args.json").write_text(json.dumps(args, indent=2, sort_keys=True) + "\n")
+    export_hf_artifact(resolve(load_spec(spec_path)), out)
     return out
 
 

@@ -67,7 +67,7 @@ def test_llm_loads_the_artifact_with_its_arguments_and_agrees_with_the_reference
         llm.shutdown()
     from trtpipe.reference.runtime import ReferenceModel
 
-    # ReferenceModel.load reads the HF-format artifact once branch i16repo's loader is in the tree
+    # ReferenceModel.load reads the HF-format artifact (trtpipe.reference.hf_loader)
     reference = ReferenceModel.load(folder)
     prompt_ids = llm.tokenizer.encode("Once upon a time")
     greedy = [t.token_id for t in reference.generate(prompt_ids, max_new_tokens=8)]

@@ -3,13 +3,13 @@ stages, its key's contents, and where its export runs for a GPU target."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from trtpipe.pipeline import run_build
+from trtpipe.serving.validate import validate_repository
 from trtpipe.store.local import Store
 
 pytestmark = pytest.mark.timeout(900)
@@ -68,8 +68,6 @@ def test_a_gpu_target_exports_in_the_executor(gpu_spec, tmp_path) -> None:
     assert export.container["image"] == "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
 
 
-@pytest.mark.skipif(importlib.util.find_spec("trtpipe.serving.llmapi") is None,
-                    reason="the llmapi repository writer (branch i16repo) is not in this tree")
 def test_both_tracks_build_from_the_same_spec(tiny_spec, tmp_path) -> None:
     llm_api = tiny_spec()
     a = run_build(llm_api, store=tmp_path / "store", progress=False)
@@ -78,6 +76,28 @@ def test_both_tracks_build_from_the_same_spec(tiny_spec, tmp_path) -> None:
     assert set(a.artifacts) == {"hf-checkpoint", "repository"}
     assert set(b.artifacts) == {"checkpoint", "engine", "repository"}
     assert a.artifacts["repository"] != b.artifacts["repository"]
+    repo = Path(a.repository_path)
+    assert json.loads((repo / "trtpipe.json").read_text())["layout"] == "llmapi"
+    assert validate_repository(repo) == []
+    assert (repo / "tensorrt_llm" / "1" / "checkpoint" / "llm_args.json").is_file()
     again = run_build(llm_api, store=tmp_path / "store", progress=False)
     assert {s.name: s.outcome for s in again.stages if s.name in ("export", "publish")} == {"export": "hit",
                                                                                             "publish": "hit"}
+
+
+def test_the_llmapi_repository_key_covers_the_llmapi_templates(tiny_spec, tmp_path) -> None:
+    """The llm-api publish key carries the llmapi layout's templates digest (triton_repo/llmapi/), not the
+    inflight_batcher_llm one: an edit to the llmapi model.py republishes, an edit to the ensemble's does not."""
+    from trtpipe.resolve import resolve
+    from trtpipe.serving.templates import templates_digest
+    from trtpipe.spec_loader import load_spec
+    from trtpipe.stages.base import InputRef, StageContext
+    from trtpipe.stages.llmapi_publish import LlmApiPublishStage
+
+    resolved = resolve(load_spec(tiny_spec()))
+    store = Store(tmp_path / "store")
+    ctx = StageContext(resolved=resolved, build_plan=resolved.llm_api, digests=store.digests,
+                       store_root=store.root, progress=False, dry_run=True)
+    key = LlmApiPublishStage().key(ctx, {"export": InputRef(key=None, digest="sha256:" + "a" * 64, path=tmp_path)})
+    assert key.inputs["templates"] == templates_digest(layout="llmapi")
+    assert key.inputs["templates"] != templates_digest()

@@ -2,9 +2,10 @@
 layout (trtpipe.serving.llmapi.publish_llmapi_repository), keyed like the trtllm-build publish stage.
 
 Key document (trtpipe.stages.publish.repository_key): the artifact's DIGEST in the place of the engine's (a
-repository is a function of the artifact's bytes), the serving options, the tokenizer files' digest, the serving
-templates' digest (every template and model.py under triton_repo/, the llmapi ones included), the trtpipe version,
-and the artifact's name, target, toolchain, quantization and release gates.
+repository is a function of the artifact's bytes), the serving options, the tokenizer files' digest, the llmapi
+layout's templates digest (every file under triton_repo/llmapi/: config.pbtxt and both model.py; a change to the
+inflight_batcher_llm templates never republishes an llmapi repository), the trtpipe version, and the artifact's
+name, target, toolchain, quantization and release gates.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class LlmApiPublishStage:
             engine_digest=artifact_digest,
             serving={**spec.triton.model_dump(mode="json"), "layout": "llmapi"},
             tokenizer_digest=tokenizer_digest(ctx.digests, resolved.tokenizer_dir),
-            templates_digest=templates_digest(),
+            templates_digest=templates_digest(layout="llmapi"),
             trtpipe_version=trtpipe.__version__,
             name=spec.artifact_name,
             target={"gpu": spec.target.gpu, "sm": resolved.sm, "tp": spec.target.tp, "pp": spec.target.pp},
