@@ -81,8 +81,23 @@ def _host_gpus() -> tuple[list[dict[str, Any]], str | None]:
 
 
 def make_record(*, report: Any, resolved: Any, memory_plan: dict[str, Any] | None, started_at: str) -> BuildRecord:
-    gpus, driver = _host_gpus()
     spec = resolved.spec if resolved is not None else None
+    return record_of(
+        report=report,
+        toolchain=resolved.toolchain.model_dump(mode="json") if resolved is not None else None,
+        spec=spec.model_dump(mode="json") if spec is not None else None,
+        memory_plan=memory_plan,
+        started_at=started_at,
+    )
+
+
+def record_of(*, report: Any, toolchain: dict[str, Any] | None, spec: dict[str, Any] | None,
+              memory_plan: dict[str, Any] | None, started_at: str,
+              versions: dict[str, str | None] | None = None) -> BuildRecord:
+    """The record of a build whose resolution is given as JSON (the warm path has no ResolvedSpec: it
+    reuses the resolution and the installed versions its memo vouches for); the host and its GPUs are
+    read now, and the versions too unless given."""
+    gpus, driver = _host_gpus()
     return BuildRecord(
         id=f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S%fZ')}-{uuid.uuid4().hex[:8]}",
         started_at=started_at,
@@ -95,10 +110,10 @@ def make_record(*, report: Any, resolved: Any, memory_plan: dict[str, Any] | Non
         driver=driver,
         platform=platform.platform(),
         python=sys.version.split()[0],
-        versions=installed_versions(_RECORDED_PACKAGES),
-        toolchain=resolved.toolchain.model_dump(mode="json") if resolved is not None else None,
+        versions=versions if versions is not None else installed_versions(_RECORDED_PACKAGES),
+        toolchain=toolchain,
         spec_path=report.spec_path,
-        spec=spec.model_dump(mode="json") if spec is not None else None,
+        spec=spec,
         model=report.name,
         target=report.target,
         keys=dict(report.keys),

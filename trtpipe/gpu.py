@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import difflib
 import json
+import sys
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from trtpipe.datafiles import load_table
 from trtpipe.errors import InvalidInput, NotFound, TrtpipeError
-from trtpipe.toolchain import build_configs_dir
+from trtpipe.settings import build_configs_dir
 
 Architecture = Literal["ampere", "ada", "hopper", "blackwell"]
 
@@ -58,6 +58,9 @@ class UnknownGpu(TrtpipeError):
 
 def load_catalog(path: Path | None = None) -> dict[str, GpuInfo]:
     """Every GPU of the catalog by canonical name."""
+    # YAML loads only with the catalog: a build record's host probe (this module's NVML half) needs none.
+    from trtpipe.datafiles import load_table
+
     path = path or build_configs_dir() / "gpus.yaml"
     return {gpu.name: gpu for gpu in load_table(path, "GPU catalog", "gpus", GpuInfo)}
 
@@ -126,11 +129,26 @@ class HostProbe(Protocol):
     def probe(self) -> HostInfo: ...
 
 
+# What pynvml's NVMLError_LibraryNotFound says (nvidia-ml-py: NVML_ERROR_LIBRARY_NOT_FOUND's string).
+NVML_LIBRARY_NOT_FOUND = "NVML Shared Library Not Found"
+
+
 class NvmlProbe:
     """Asks NVML (nvidia-ml-py) on this host. No GPU or no driver is an answer, not an error."""
 
     def record(self) -> dict[str, Any]:
         """The raw answer, in the JSON format RecordedProbe replays (`trtpipe check --record-probe FILE`)."""
+        if sys.platform.startswith("linux"):
+            # The library nvmlInit loads first (pynvml's loader does the same dlopen): where it is missing, the
+            # answer is known without importing the bindings, which cost more than the rest of a warm build's
+            # host probe on a machine without NVIDIA's driver.
+            import ctypes
+
+            try:
+                ctypes.CDLL("libnvidia-ml.so.1")
+            except OSError:
+                return {"error": f"NVML is not available: {NVML_LIBRARY_NOT_FOUND} (no NVIDIA driver or GPU on this "
+                                 "host)", "gpus": []}
         try:
             import pynvml
         except ImportError:

@@ -10,7 +10,9 @@ what it can, builds nothing and shows what would run where. The runner knows no 
 key and how a stage builds is the stage's.
 
 A warm run (every stage a hit) imports no torch, transformers, ModelOpt or tritonclient: the stage
-implementations import those inside the functions that convert, run or serve.
+implementations import those inside the functions that convert, run or serve. A successful build also
+leaves its resolution memo (trtpipe.warm), with which the next `trtpipe build` of an unchanged spec skips
+this module altogether.
 """
 
 from __future__ import annotations
@@ -20,11 +22,10 @@ import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, Field
-
-from trtpipe import build_record
+from trtpipe import build_record, warm
+from trtpipe.build_report import BuildReport, Outcome, StagePrinter, StageReport
 from trtpipe.errors import TrtpipeError, UsageError
 from trtpipe.plan import memory_plan
 from trtpipe.resolve import ResolvedSpec, resolve
@@ -34,54 +35,6 @@ from trtpipe.store.keys import StageKey
 from trtpipe.store.local import Entry, Store
 
 PLAIN_STEPS = ("resolve", "plan")
-
-Outcome = Literal["ran", "hit", "built", "pulled", "would-build", "would-pull", "skipped", "failed"]
-
-
-class StageReport(BaseModel):
-    name: str
-    outcome: Outcome
-    seconds: float = 0.0
-    key: str | None = None
-    digest: str | None = None
-    path: str | None = None
-    detail: str | None = None
-    waited: bool = Field(default=False, description="Waited for a concurrent build of the same key.")
-    command: list[str] | None = Field(
-        default=None, description="Dry run: the trtllm-build argv (engine), the conversion argv (checkpoint of a GPU target).")
-    container: dict[str, Any] | None = Field(default=None, description="Dry run: the docker container spec that runs it.")
-    executor: str | None = Field(default=None, description="Dry run, checkpoint of a GPU target: local or docker.")
-    facts: dict[str, Any] | None = Field(
-        default=None, description="What building the stage reported (durations, logs, converter summary): the build "
-                                  "record keeps it; the artifact (and its digest) never does.")
-
-
-class BuildReport(BaseModel):
-    spec_path: str
-    name: str | None = None
-    target: str | None = None
-    toolchain: str | None = None
-    backend: str | None = None
-    dry_run: bool = False
-    verify: bool = False
-    status: Literal["ok", "failed", "dry-run", "interrupted"] = "ok"
-    message: str | None = None
-    stages: list[StageReport] = Field(default_factory=list)
-    keys: dict[str, str] = Field(default_factory=dict)
-    artifacts: dict[str, str] = Field(default_factory=dict, description="kind -> artifact digest")
-    repository_path: str | None = None
-    store: str | None = None
-    remote: str | None = Field(default=None, description="The shared cache consulted before building.")
-    record_path: str | None = None
-    seconds: float = 0.0
-    error: str | None = None
-
-    def stage(self, name: str) -> StageReport | None:
-        return next((s for s in self.stages if s.name == name), None)
-
-    def kept(self) -> list[str]:
-        """`kind digest` of every artifact this run left in the store (built, pulled or reused)."""
-        return [f"{kind} {digest}" for kind, digest in self.artifacts.items()]
 
 
 class BuildInterrupted(KeyboardInterrupt):
@@ -111,48 +64,6 @@ def _now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
-class _Printer:
-    """One line per stage on stderr (rich when it is a terminal)."""
-
-    def __init__(self, enabled: bool, *, full_keys: bool = False) -> None:
-        self.enabled = enabled
-        self.full_keys = full_keys  # a dry run prints whole keys
-        self._console: Any = None
-
-    def _out(self, text: str, *, markup: bool = True) -> None:
-        if not self.enabled:
-            return
-        if self._console is None:
-            from rich.console import Console
-
-            self._console = Console(stderr=True, highlight=False)
-        self._console.print(text, soft_wrap=True, markup=markup)
-
-    def stage(self, report: StageReport) -> None:
-        if not self.enabled:
-            return
-        from rich.markup import escape
-
-        colour = {"hit": "green", "built": "cyan", "ran": "white", "would-build": "yellow", "failed": "red"}.get(
-            report.outcome, "magenta"
-        )
-        key = (report.key if self.full_keys else report.key[:16]) if report.key else ""
-        detail = f"  {escape(report.detail)}" if report.detail else ""
-        self._out(
-            f"  {report.name:<11} [{colour}]{report.outcome:<11}[/{colour}] {report.seconds:8.2f}s  {key}{detail}"
-        )
-
-    def note(self, text: str, *, style: str | None = None) -> None:
-        if not self.enabled:
-            return
-        if style:
-            from rich.markup import escape
-
-            self._out(f"[{style}]{escape(text)}[/{style}]")
-        else:
-            self._out(text, markup=False)
-
-
 class _Runner:
     def __init__(
         self, spec_path: Path, store: Store, *, dry_run: bool, force: tuple[str, ...], verify: bool, progress: bool,
@@ -164,7 +75,7 @@ class _Runner:
         self.dry_run = dry_run
         self.force = force
         self.verify = verify
-        self.printer = _Printer(progress, full_keys=dry_run)
+        self.printer = StagePrinter(progress, full_keys=dry_run)
         self.progress = progress
         self.report = BuildReport(spec_path=str(spec_path), dry_run=dry_run, verify=verify, store=str(store.root),
                                   remote=str(remote) if remote is not None else None)
@@ -384,9 +295,13 @@ class _Runner:
         if inputs != before and stage.key(self.ctx, inputs).key != key.key:
             raise _InputRebuilt  # an input came back with other bytes, and this key names the old ones
         build_started = time.monotonic()
+        self.ctx.written.clear()
         facts = stage.build(self.ctx, handle.dir, inputs, key) or {}
         seconds = time.monotonic() - build_started
-        entry = handle.commit(inputs=key.inputs)
+        # Digests travel with the bytes: files linked from the verified inputs, and those the stage hashed
+        # while writing, are not read again to be hashed (issue 15).
+        entry = handle.commit(inputs=key.inputs, sources=[self.entries[name] for name in stage.inputs],
+                              known=dict(self.ctx.written))
         self.store.log_built(handle.kind, handle.key, entry.digest, seconds)
         return entry, {**facts, "build_seconds": round(seconds, 6)}
 
@@ -486,12 +401,18 @@ def run_build(
         raise UsageError(f"{spec_path}: no such spec file", fix="give the path of a build spec YAML")
     forced = check_force(force)
     opened, remote = open_stores(store, remote)
+    started_ns = time.time_ns()  # before anything is read: the memo's inputs must be older (trtpipe.warm)
     runner = _Runner(spec_path, opened, dry_run=dry_run, force=forced, verify=verify, progress=progress,
                      remote=remote)
     try:
-        return runner.run()
+        report = runner.run()
     finally:
         opened.digests.close()
+    if report.status == "ok" and runner.resolved is not None and runner.backend is not None:
+        # What this build read and concluded, for the next `trtpipe build` of the spec (trtpipe.warm).
+        warm.remember(opened.root, spec_path, resolved=runner.resolved, report=report,
+                      stage_kinds={s.name: s.kind for s in runner.backend.stages}, started_ns=started_ns)
+    return report
 
 
 def stage_keys(spec_path: Path | str, *, store: Store | Path | str | None = None) -> dict[str, str]:

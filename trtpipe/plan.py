@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from trtpipe import quant
+from trtpipe import hostfacts, quant
 from trtpipe.gpu import GpuInfo
 from trtpipe.resolve import ResolvedSpec, gemm_input_widths, head_counts, intermediate_size
 from trtpipe.trtllm_build.config import derive_engine_config
@@ -255,13 +254,6 @@ def effective_max_num_tokens(resolved: ResolvedSpec) -> int:
     return int(config.limits["max_num_tokens"])  # type: ignore[arg-type]
 
 
-def _host_memory_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 16 * GIB
-
-
 def _precision_label(algo: str, dtype: str, group_size: int) -> str:
     fmt = quant.FORMATS[algo]
     if fmt.weight_bits is None:
@@ -352,7 +344,7 @@ def memory_plan(resolved: ResolvedSpec) -> MemoryPlan:
         bandwidth: float | None = resolved.gpu.memory_bandwidth_gbs
         target = resolved.gpu.name
     else:
-        memory_bytes = _host_memory_bytes()
+        memory_bytes = hostfacts.memory_bytes()  # a host fact: the resolution memo records it
         memory_source = f"cpu-reference: this host's RAM ({memory_bytes / GIB:.1f} GiB)"
         bandwidth = None
         target = "cpu-reference"

@@ -91,6 +91,17 @@ def from_env() -> Settings:
     return Settings.from_env()
 
 
+def build_configs_dir(settings: Settings | None = None) -> Path:
+    """The `build_configs/` folder: $TRTPIPE_BUILD_CONFIGS if set, else the one beside the package
+    (`trtpipe.toolchain.build_configs_dir` documents why)."""
+    import trtpipe
+
+    override = (settings if settings is not None else from_env()).build_configs
+    if override is not None:
+        return override.resolve()
+    return Path(trtpipe.__file__).resolve().parent.parent / "build_configs"
+
+
 def url_scheme(text: str | None) -> str | None:
     """`oci` for `oci://...`; None for a path (a path never starts with `scheme://`)."""
     match = _URL_RE.match(str(text or ""))

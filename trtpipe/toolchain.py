@@ -33,13 +33,9 @@ def build_configs_dir() -> Path:
     The single copy lives in the repository (a source checkout or the editable install `pip install -e .`
     both see it beside `trtpipe/`); the variable points a non-editable install at a checkout's copy.
     """
-    import trtpipe
-    from trtpipe.settings import from_env
+    from trtpipe.settings import build_configs_dir as chosen
 
-    override = from_env().build_configs
-    if override is not None:
-        return override.resolve()
-    return Path(trtpipe.__file__).resolve().parent.parent / "build_configs"
+    return chosen()
 
 
 class TrtllmBuildBackend(BaseModel):

@@ -225,3 +225,62 @@ def test_cli_against_no_server_fails_in_time_with_one_line(capsys) -> None:
     assert code == 1
     out = capsys.readouterr().out
     assert "5 of 5 requests failed; first: unavailable" in " ".join(out.split())
+
+
+@pytest.mark.timeout(120)
+def test_warmup_requests_are_sent_first_excluded_from_every_figure_and_reported_apart(
+    stream_server, tmp_path: Path, capsys
+) -> None:
+    """Issue 15: the first measured request no longer carries the client's imports and stream set-up, and
+    `--warmup N` requests (own prompts) go first, in no figure of the run, in the JSON and table apart."""
+    code = main([
+        "bench", stream_server.grpc_url, "--model", "stream_tokens", "--mode", "closed", "--concurrency", "2",
+        "--requests", "6", "--warmup", "2", "--input-len", "uniform:3,8", "--output-len", "4", "--seed", "9",
+        "--metrics-url", stream_server.metrics_url, "--json", "--output", str(tmp_path / "raw.json"),
+        "--token-counting", "words",
+    ])
+    assert code == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    result = BenchResult.model_validate_json((tmp_path / "raw.json").read_text())
+    (run,) = result.runs
+    assert result.warmup is not None and len(result.warmup.records) == 2
+    assert result.warmup.aggregates.requests_sent == 2 and result.warmup.aggregates.requests_ok == 2
+    # The run's figures are the 6 requests asked for, numbered 0..5, none of them a warm-up.
+    assert run.aggregates.requests_sent == 6 and sorted(r.index for r in run.records) == list(range(6))
+    assert len(result.workload.requests) == 6
+    warm_prompts = {r.index for r in result.warmup.records}
+    assert warm_prompts == {0, 1}
+    # The server counted the run's requests only: the warm-ups finished before its "before" scrape.
+    assert run.server.for_model("stream_tokens").request_success == 6
+    # Reported apart: the summary a results log keeps has them beside the runs (the gates read "runs").
+    assert summary["warmup"]["aggregates"]["requests_sent"] == 2 and "records" not in summary["warmup"]
+    assert [r["aggregates"]["requests_sent"] for r in summary["runs"]] == [6]
+    table = " ".join(captured.err.split())
+    assert "warm-up (excluded) 2/2" in table and "warm-up: 2 request(s) sent one at a time" in table
+
+
+def test_the_sender_imports_and_opens_its_streams_before_the_first_send(stream_server) -> None:
+    """Structure, not timing: after the sender is made and its streams opened, sending a request imports
+    nothing and opens no stream (what used to land in request 1's TTFT)."""
+    import subprocess
+    import sys
+
+    script = f"""
+import sys, time
+from trtpipe.bench.loadgen import TritonSender
+from trtpipe.bench.workload import RequestSpec
+sender = TritonSender({stream_server.grpc_url!r}, "stream_tokens")
+assert "tritonclient.grpc" in sys.modules and "trtpipe.serving.client" in sys.modules
+sender.open_streams(2)
+assert len(sender._idle) == 2
+before = set(sys.modules)
+chunks = list(sender(RequestSpec(index=0, prompt="a b c", input_tokens=3, max_tokens=3), time.monotonic() + 30))
+assert chunks and chunks[-1].is_final, chunks
+assert set(sys.modules) == before, sorted(set(sys.modules) - before)
+assert len(sender._idle) == 2  # the stream it took went back to the pool: none was opened
+sender.close()
+print("ok")
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]

@@ -174,3 +174,30 @@ def test_a_captured_h200_answer_matches_the_catalog_and_an_fp8_spec(cli, tmp_pat
     rows = _rows(report)
     assert rows["target"]["status"] == "OK" and "NVIDIA H200" in rows["target"]["found"]
     assert rows["gpu"]["status"] == "OK"
+
+
+def test_a_host_without_the_nvml_library_answers_as_pynvml_would_without_importing_it() -> None:
+    """Where libnvidia-ml.so.1 does not load, the probe says what nvmlInit would have said (the same words), and a
+    warm build's record does not pay for importing the bindings."""
+    import ctypes
+    import subprocess
+    import sys
+
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        pass
+    else:
+        pytest.skip("this host has NVIDIA's driver library: the probe asks NVML")
+    import pynvml
+
+    with pytest.raises(pynvml.NVMLError) as raised:
+        pynvml.nvmlInit()
+    script = ("import sys, json\nfrom trtpipe.gpu import NvmlProbe\nrecord = NvmlProbe().record()\n"
+              "print(json.dumps([record, 'pynvml' in sys.modules]))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    import json
+
+    record, imported = json.loads(done.stdout)
+    assert imported is False
+    assert record == {"error": f"NVML is not available: {raised.value} (no NVIDIA driver or GPU on this host)", "gpus": []}

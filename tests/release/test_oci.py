@@ -15,16 +15,20 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def make_entry(root: Path, *, kind: str = "engine", key: str = "k" * 16, seed: str = "a") -> oci.LocalArtifact:
-    """A plain store-entry directory: files plus a manifest.json listing them."""
+    """A store-entry directory: files plus the store's manifest.json listing them (a push reuses the digests
+    it records, as a stored entry's manifest holds them: issue 15)."""
+    from trtpipe.store.keys import canonical_json
+
     path = root / kind / key
     (path / "sub").mkdir(parents=True)
     files = {"config.json": json.dumps({"seed": seed}).encode(), "rank0.safetensors": (seed * 70000).encode(), "sub/tokenizer.json": b"{}"}
-    listed = {}
+    listed = []
     for rel, body in files.items():
         (path / rel).write_bytes(body)
-        listed[rel] = {"size": len(body), "digest": "sha256:" + hashlib.sha256(body).hexdigest()}
-    manifest = {"kind": kind, "key": key, "files": listed, "meta": {"model": "tiny-llama", "target": "cpu-reference", "toolchain": "trtllm-1.2.1"}}
-    body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+        listed.append({"path": rel, "mode": "0644", "size": len(body), "sha256": hashlib.sha256(body).hexdigest()})
+    manifest = {"manifest_version": 2, "kind": kind, "key": key, "files": sorted(listed, key=lambda f: f["path"]),
+                "inputs": {"name": "tiny-llama", "target": {"gpu": "cpu-reference"}, "toolchain": "trtllm-1.2.1"}}
+    body = canonical_json(manifest)
     (path / "manifest.json").write_bytes(body)
     return oci.LocalArtifact(path=path, kind=kind, key=key, digest="sha256:" + hashlib.sha256(body).hexdigest())
 

@@ -334,4 +334,6 @@ def test_warm_build_imports_no_heavy_library(built, tiny_spec: Path, tmp_path: P
     assert result.returncode == 0, result.stderr
     assert "HEAVY=\n" in result.stderr or result.stderr.rstrip().endswith("HEAVY="), result.stderr[-500:]
     report = json.loads(result.stdout)
-    assert [s["outcome"] for s in report["stages"]] == ["ran", "ran", "hit", "hit", "hit"]
+    # resolve and plan ran, or were reused from the resolution memo when the inputs were old enough (trtpipe.warm)
+    outcomes = [s["outcome"] for s in report["stages"]]
+    assert outcomes[2:] == ["hit", "hit", "hit"] and outcomes[0] == outcomes[1] and outcomes[0] in ("ran", "hit")

@@ -15,13 +15,15 @@ from urllib.parse import urlsplit
 from trtpipe.bench.loadgen import LoadSettings, RequestSender, TritonSender, run_load
 from trtpipe.bench.metrics import RequestRecord, Slo, aggregate
 from trtpipe.bench.prometheus import ServerSide, delta, scrape
-from trtpipe.bench.report import BenchResult, RunResult
-from trtpipe.bench.workload import Workload
+from trtpipe.bench.report import BenchResult, RunResult, WarmupResult
+from trtpipe.bench.workload import RequestSpec, Workload
 from trtpipe.errors import UsageError
 
 __all__ = ["run_bench", "BenchResult", "RunResult", "default_metrics_url"]
 
 ProgressHook = Callable[[int, RequestRecord], None]
+# Streams opened before an open-loop run starts (a closed loop opens one per request in flight).
+OPEN_LOOP_STREAMS = 8
 
 
 def default_metrics_url(grpc_url: str) -> str | None:
@@ -83,6 +85,7 @@ def run_bench(
     sampling: dict | None = None,
     on_progress: ProgressHook | None = None,
     count_tokens: Callable[[str], int] | None = None,
+    warmup: list[RequestSpec] | None = None,
 ) -> BenchResult:
     """Send `workload` once per load level and measure it.
 
@@ -96,6 +99,10 @@ def run_bench(
     The model speaks the inflight_batcher_llm or the llmapi contract (its metadata says which; the default
     model, the ensemble, stands for the llmapi model on a server that serves an llmapi repository). An
     llmapi model returns text only: `count_tokens` (text -> tokens, no special tokens) counts its output.
+
+    Before the first level's clock starts, everything a request needs is imported and the gRPC streams
+    are open (the Triton sender does both when it is made); then the `warmup` requests are sent one at a
+    time and recorded apart (`BenchResult.warmup`): no figure of any run includes them.
     """
     if mode == "open":
         if not rates or any(r <= 0 for r in rates):
@@ -130,7 +137,20 @@ def run_bench(
     )
     started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     runs: list[RunResult] = []
+    warmed: WarmupResult | None = None
     try:
+        open_streams = getattr(active_sender, "open_streams", None)
+        if callable(open_streams):
+            # As many as the run keeps in flight (an open loop: a few; more open as the load asks).
+            open_streams(concurrency if mode == "closed" else min(len(workload.requests), OPEN_LOOP_STREAMS))
+        if warmup:
+            settings = LoadSettings(mode="closed", duration_s=duration_s, drain_s=drain_s, concurrency=1, seed=seed)
+            before_warmup, _ = _scrape_or_error(metrics_url)
+            records = run_load(list(warmup), active_sender, settings)
+            warmed = WarmupResult(aggregates=aggregate(records, Slo()), records=records)
+            # Triton counts a decoupled request a moment after its final response: wait until it has
+            # counted the warm-ups, so the first level's "before" scrape does not leave them in its delta.
+            _scrape_after(metrics_url, model, before_warmup, len(records))
         for level_index, (rate, conc) in enumerate(levels):
             before, before_error = _scrape_or_error(metrics_url)
             settings = LoadSettings(
@@ -173,6 +193,7 @@ def run_bench(
         sampling=dict(sampling or {}),
         workload=workload,
         runs=runs,
+        warmup=warmed,
         started_at=started_at,
         output_token_counting="text" if contract == "llmapi" and own_sender else "server",
     )

@@ -250,9 +250,7 @@ def tokens_in_response(result: Any) -> int:
 class _Stream:
     """One tritonclient gRPC client with one open stream, carrying one request at a time."""
 
-    def __init__(self, url: str) -> None:
-        import tritonclient.grpc as grpcclient
-
+    def __init__(self, url: str, grpcclient: Any) -> None:
         self.responses: queue.Queue[tuple[Any, Any, float]] = queue.Queue()
         self.client = grpcclient.InferenceServerClient(url)
         self.client.start_stream(callback=self._on_response)
@@ -308,6 +306,19 @@ class TritonSender:
                  contract: str = "inflight_batcher_llm", count_tokens: Callable[[str], int] | None = None) -> None:
         if contract == "llmapi" and count_tokens is None:
             raise ValueError("an llmapi model returns text only: give count_tokens to count its output tokens")
+        # Everything a request needs is imported here, before any send time is taken: importing
+        # tritonclient.grpc inside the first request charged its 150-200 ms to that request's TTFT.
+        import tritonclient.grpc as grpcclient
+
+        # the serving area's request contracts and its reading of the final flag
+        from trtpipe.serving.client import (LLMAPI, LLMAPI_OUTPUTS, build_inputs, build_llmapi_inputs,
+                                            is_final_response, text_delta)
+
+        self._grpc = grpcclient
+        self._build_inputs = build_llmapi_inputs if contract == LLMAPI else build_inputs
+        self._outputs = LLMAPI_OUTPUTS if contract == LLMAPI else BENCH_OUTPUTS
+        self._is_final = is_final_response
+        self._text_delta = text_delta
         self.url = url
         self.model = model
         self.timeout = timeout
@@ -318,24 +329,29 @@ class TritonSender:
         self._lock = threading.Lock()
 
     def _inputs(self, request: RequestSpec) -> tuple[list, tuple[str, ...]]:
-        from trtpipe.serving.client import LLMAPI, LLMAPI_OUTPUTS, build_inputs, build_llmapi_inputs
+        return self._build_inputs(request.prompt, request.max_tokens, stream=True, **self.sampling), self._outputs
 
-        if self.contract == LLMAPI:
-            return build_llmapi_inputs(request.prompt, request.max_tokens, stream=True, **self.sampling), LLMAPI_OUTPUTS
-        return build_inputs(request.prompt, request.max_tokens, stream=True, **self.sampling), BENCH_OUTPUTS
+    def open_streams(self, count: int) -> None:
+        """Open `count` streams now (before the run's clock starts), so no measured request pays for
+        opening its channel and stream. gRPC connects a channel lazily: one liveness call on each makes
+        the connection now (a server that is not there is then the run's first request's error, as before)."""
+        opened = [_Stream(self.url, self._grpc) for _ in range(max(0, count - len(self._idle)))]
+        for stream in opened:
+            try:
+                stream.client.is_server_live(client_timeout=min(5.0, self.timeout))
+            except Exception:  # noqa: BLE001 - no server yet: the requests will say so, each in its record
+                break
+        with self._lock:
+            self._idle.extend(opened)
 
     def _take(self) -> _Stream:
         with self._lock:
             if self._idle:
                 return self._idle.pop()
-        return _Stream(self.url)
+        return _Stream(self.url, self._grpc)
 
     def __call__(self, request: RequestSpec, deadline: float) -> Iterator[TokenChunk]:
-        import tritonclient.grpc as grpcclient
-
-        # the serving area's request contracts and its reading of the final flag
-        from trtpipe.serving.client import is_final_response, text_delta
-
+        grpcclient, is_final_response, text_delta = self._grpc, self._is_final, self._text_delta
         inputs, outputs = self._inputs(request)
         seen = ""  # llmapi: the text so far
         stream = self._take()

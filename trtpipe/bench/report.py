@@ -38,6 +38,16 @@ class RunResult(BaseModel):
         return f"c={self.concurrency}"
 
 
+class WarmupResult(BaseModel):
+    """The warm-up requests sent before the first load level (one at a time): excluded from every figure of
+    `runs`, reported apart so a slow first request is seen, not hidden."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    aggregates: Aggregates
+    records: list[RequestRecord]
+
+
 class BenchResult(BaseModel):
     """Everything `trtpipe bench` measured, raw records included; `--output FILE` writes exactly this."""
 
@@ -53,6 +63,7 @@ class BenchResult(BaseModel):
     sampling: dict[str, Any] = Field(default_factory=dict, description="extra request inputs sent with every request")
     workload: Workload
     runs: list[RunResult]
+    warmup: WarmupResult | None = Field(default=None, description="requests sent before the runs, excluded from them")
     started_at: str = Field(description="UTC ISO-8601 time the first run started")
     output_token_counting: Literal["server", "text"] = Field(
         default="server",
@@ -85,6 +96,7 @@ class BenchResult(BaseModel):
                 run.model_dump(exclude={"records"}) | {"label": run.label}
                 for run in self.runs
             ],
+            "warmup": self.warmup.model_dump(exclude={"records"}) if self.warmup is not None else None,
         }
 
 
@@ -142,13 +154,16 @@ def result_table(result: BenchResult) -> Table:
         columns.append("goodput req/s")
     columns += ["TTFT", "TPOT", "ITL", "E2E", "server ms", "errors"]
     rows: list[list[str]] = []
+    levels: list[tuple[str, Aggregates, str]] = []
     for run in result.runs:
-        agg = run.aggregates
         server_model = run.server.for_model(result.model)
-        server_ms = _ms(server_model.mean_request_s) if server_model else "-"
+        levels.append((run.label, run.aggregates, _ms(server_model.mean_request_s) if server_model else "-"))
+    if result.warmup is not None:
+        levels.append(("warm-up (excluded)", result.warmup.aggregates, "-"))
+    for label, agg, server_ms in levels:
         errors = ", ".join(f"{kind}={n}" for kind, n in agg.errors_by_kind.items()) or "-"
         row = [
-            run.label,
+            label,
             f"{agg.requests_ok}/{agg.requests_sent}",
             f"{agg.request_throughput:.2f}",
             "-" if agg.input_tokens.mean is None else f"{agg.input_tokens.mean:.0f}",
@@ -161,7 +176,9 @@ def result_table(result: BenchResult) -> Table:
     return Table(
         title=f"trtpipe bench  {result.model} @ {result.url}  ({result.mode} loop, {len(result.workload.requests)} requests max)",
         caption="latencies in ms: mean / P50 / P90 / P99;  server = Triton's mean request duration for the model;  "
-        f"{input_column} = mean prompt length: {counting_note(result.workload)};  "
+        + (f"warm-up: {len(result.warmup.records)} request(s) sent one at a time before the runs, in no figure "
+           "but its own row;  " if result.warmup is not None else "")
+        + f"{input_column} = mean prompt length: {counting_note(result.workload)};  "
         + ("output tokens as the server reports them" if result.output_token_counting == "server"
            else "output tokens: the streamed text counted with the same tokenizer (the llmapi model returns text only)"),
         columns=columns,

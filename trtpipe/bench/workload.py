@@ -379,3 +379,14 @@ def parse_duration_s(text: str, *, option: str) -> float:
     value = float(match.group(1))
     unit = match.group(2) or "s"
     return value * {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}[unit]
+
+
+def split_warmup(workload: Workload, count: int) -> tuple[list[RequestSpec], Workload]:
+    """(the first `count` requests, as warm-up; the workload of the rest, numbered from 0). Made from one
+    workload of requests + warm-ups, so every warm-up prompt is its own (a repeated prompt could be
+    served from a prefix cache and flatter the measured request)."""
+    if count < 0 or count >= len(workload.requests):
+        raise UsageError(f"cannot take {count} warm-up request(s) from a workload of {len(workload.requests)}")
+    warm = workload.requests[:count]
+    rest = [spec.model_copy(update={"index": i}) for i, spec in enumerate(workload.requests[count:])]
+    return warm, workload.model_copy(update={"requests": rest})

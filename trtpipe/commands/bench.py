@@ -113,6 +113,10 @@ def bench(
         False, "--ignore-eos", help="send end_id=-1 so every request generates exactly its max_tokens"
     ),
     seed: int = typer.Option(0, "--seed", help="seed for the workload and the arrivals"),
+    warmup: int = typer.Option(
+        1, "--warmup", help="requests sent one at a time before the runs, excluded from every figure and "
+                            "reported apart (each its own prompt)"
+    ),
     slo: Optional[str] = typer.Option(None, "--slo", help="goodput SLOs, e.g. ttft=500ms,tpot=50ms"),
     metrics_url: Optional[str] = typer.Option(
         None, "--metrics-url", help="Triton metrics endpoint (default: port 8002 when URL uses 8001)"
@@ -146,6 +150,7 @@ def bench(
         LengthDist,
         dataset_workload,
         parse_duration_s,
+        split_warmup,
         synthetic_workload,
     )
 
@@ -160,6 +165,8 @@ def bench(
         raise UsageError("--mode closed needs --concurrency", fix="pass --concurrency 4")
     if requests < 1:
         raise UsageError(f"--requests must be at least 1, got {requests}")
+    if warmup < 0:
+        raise UsageError(f"--warmup must be 0 or more, got {warmup}", fix="pass --warmup 0 to send none")
     duration_s = parse_duration_s(duration, option="--duration")
     drain_s = parse_duration_s(timeout, option="--timeout")
     slo_limits = Slo.parse(slo, option="--slo")
@@ -175,12 +182,14 @@ def bench(
         check_recording(read_served_identity(url, timeout=drain_s or 30), recording, url, record)
     counter, served, not_asked = token_counter(token_counting, tokenizer, record, url)
     out_len = LengthDist.parse(output_len, option="--output-len")
+    # One workload of warm-ups + requests, split: each warm-up has its own prompt, drawn the same way.
     if dataset is not None:
-        workload = dataset_workload(dataset, requests, out_len, seed=seed, counter=counter)
+        workload = dataset_workload(dataset, warmup + requests, out_len, seed=seed, counter=counter)
     else:
         workload = synthetic_workload(
-            requests, LengthDist.parse(input_len, option="--input-len"), out_len, seed=seed, counter=counter
+            warmup + requests, LengthDist.parse(input_len, option="--input-len"), out_len, seed=seed, counter=counter
         )
+    warmup_requests, workload = split_warmup(workload, warmup)
     try:
         workload = check_with_server(url, workload, served, not_asked)
     except TokenizerMismatch as err:
@@ -241,6 +250,7 @@ def bench(
             sampling={"end_id": -1} if ignore_eos else None,
             on_progress=lambda level, _record: progress.advance(tasks[min(level, levels - 1)]),
             count_tokens=count_tokens,
+            warmup=warmup_requests,
         )
 
     table = result_table(result)
@@ -271,6 +281,10 @@ def bench(
             f"bench result recorded for {recording.digest} on {filed_under or 'no GPU class'} "
             f"({'passed' if result.passed else 'failed'})"
         )
+    if result.warmup is not None and result.warmup.aggregates.requests_failed:
+        first = next(r for r in result.warmup.records if not r.ok)
+        lines.append(f"{result.warmup.aggregates.requests_failed} of {len(result.warmup.records)} warm-up requests "
+                     f"failed; first: {first.error_kind}: {first.error_message}")
     failed = [r for run in result.runs for r in run.records if not r.ok]
     if failed:
         sent = sum(run.aggregates.requests_sent for run in result.runs)

@@ -55,13 +55,20 @@ def register(app: typer.Typer) -> None:
         store: StoreOption = None,
     ) -> None:
         """Run resolve -> plan -> checkpoint -> engine -> publish, reusing every stage already built."""
-        from trtpipe.pipeline import run_build
-
         workspace = open_workspace(store)
         started = time.time()
         try:
-            report = run_build(spec, dry_run=dry_run, force=tuple(force or ()), verify=verify, store=workspace.store,
-                               remote=workspace.remote, progress=not json_out)
+            report = None
+            if not (dry_run or force or verify) and workspace.remote_url is None:
+                # Every input as at the spec's last build: reuse its resolution (trtpipe.warm), else resolve.
+                from trtpipe.warm import warm_build
+
+                report = warm_build(spec, workspace.store, progress=not json_out)
+            if report is None:
+                from trtpipe.pipeline import run_build
+
+                report = run_build(spec, dry_run=dry_run, force=tuple(force or ()), verify=verify,
+                                   store=workspace.store, remote=workspace.remote, progress=not json_out)
         except KeyboardInterrupt as interrupt:
             # The runner may hand over its report (what it stored or reused so far); else the store's log says
             # which stages this process built.

@@ -43,6 +43,7 @@ def _entry_row(entry: Any, pinned: set[str]) -> dict[str, Any]:
         "size": entry.size,
         "files": len(entry.files),
         "current": entry.current,
+        "damage": entry.damage,
         "last_used": entry.last_used,
         "pinned": entry.digest in pinned,
         "path": str(entry.path),
@@ -61,10 +62,16 @@ def cache_ls(store: StoreOption = None, json_out: JsonOption = False) -> None:
         return
     print_table(
         f"artifacts in {opened.root}",
-        ["kind", "key", "digest", "model", "target", "size", "files", "last used", "pinned"],
+        ["kind", "key", "digest", "model", "target", "size", "files", "last used", "pinned", "state"],
         [[r["kind"], r["key"], r["digest"], str(r["model"] or "-"), str(r["target"] or "-"), _human(r["size"]),
-          str(r["files"]), _when(r["last_used"]), "yes" if r["pinned"] else ""] for r in rows],
+          str(r["files"]), _when(r["last_used"]), "yes" if r["pinned"] else "",
+          "DAMAGED" if r["damage"] else ("outdated" if not r["current"] else "")] for r in rows],
     )
+    damaged = [r for r in rows if r["damage"]]
+    for r in damaged:
+        typer.echo(f"damaged {r['kind']}/{r['key']}: manifest.json: {r['damage']}", err=True)
+    if damaged:
+        typer.echo("set damaged artifacts aside and restore them with `trtpipe cache verify --repair`", err=True)
 
 
 @cache_app.command("show")
@@ -106,9 +113,15 @@ def cache_verify(
         from trtpipe.repair import Damaged
         from trtpipe.repair import repair as run_repair
 
+        from trtpipe.store.verify import recorded_digests
+
         pinned = {p.digest: p for p in result.pinned}
-        damaged = [Damaged(kind=k, key=key_, digest=d, channels=pinned[d].channels if d in pinned else [])
-                   for k, key_, d, _ in opened.quarantined]
+        damaged = []
+        for k, key_, d, problems in opened.quarantined:
+            # An entry whose manifest.json was damaged is restored to the digest its build records name.
+            wanted = (recorded_digests(opened, k, key_) or [d])[:1] if problems[0].file == "manifest.json" else [d]
+            damaged += [Damaged(kind=k, key=key_, digest=w, channels=pinned[w].channels if w in pinned else [])
+                        for w in wanted]
         damaged += [Damaged(kind=p.kind, key=p.key, digest=p.digest, channels=p.channels)
                     for p in result.pinned if p.digest not in {d.digest for d in damaged}]
         outcomes = run_repair(opened, damaged, remote=workspace.remote)
@@ -120,9 +133,12 @@ def cache_verify(
         typer.echo(json.dumps({**json.loads(result.model_dump_json()), "ok": not failed,
                                "repairs": [o.model_dump() for o in outcomes]}, indent=2))
     else:
+        moved = set(result.quarantined)
         for problem in result.problems:
             where = f"{problem.kind}/{problem.key}" if problem.key else problem.kind
-            typer.echo(f"CORRUPT {where} {problem.file or ''}: {problem.reason}", err=True)
+            after = ("; moved aside, restore it with `trtpipe cache verify --repair` (or build its spec again)"
+                     if where in moved and not repair else "")
+            typer.echo(f"CORRUPT {where} {problem.file or ''}: {problem.reason}{after}", err=True)
         for p in result.pinned:
             state = "restored" if p.restored else "NOT restored"
             typer.echo(f"PINNED {p.kind}/{p.key} ({p.digest}) is damaged and pinned by channel "
@@ -165,8 +181,13 @@ def cache_gc(
     verb = "would remove" if dry_run else "removed"
     for action in report.removed:
         typer.echo(f"{verb} {action.what} {action.name} ({_human(action.bytes)}): {action.reason}")
+    for name in report.quarantined:
+        typer.echo(f"{'would move' if dry_run else 'moved'} to quarantine {name}")
     for name in report.kept_pinned:
         typer.echo(f"kept {name}: pinned by a channel")
+    for name, pins in report.kept_maybe_pinned.items():
+        typer.echo(f"kept {name}: its manifest is unreadable, so it may be what a channel pins that has no intact "
+                   f"copy here: {', '.join(pins)}; restore that with `trtpipe cache verify --repair`")
     for name in report.kept_in_use:
         typer.echo(f"kept {name}: in use by a running build")
     typer.echo(f"{verb} {len(report.removed)} item(s), {_human(report.freed_bytes)}; "

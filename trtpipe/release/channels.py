@@ -9,6 +9,8 @@ compare-and-swap and the audit append.
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -22,6 +24,7 @@ from trtpipe.errors import IntegrityError, TimedOut, UsageError
 from trtpipe.names import check_name  # the one plain-name rule: the spec is checked against it too
 
 LOCK_TIMEOUT_S = 60.0
+_DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 class ChannelScope(BaseModel):
@@ -119,10 +122,75 @@ class ChannelStore:
         return path
 
     def all(self) -> list[ChannelPointer]:
-        if not self.root.is_dir():
-            return []
-        out = [p for p in (self._read(path) for path in sorted(self.root.glob("*/*/*.json"))) if p is not None]
+        """Every pointer under `channels/`. Anything there that is not a readable, valid pointer file in
+        its place (`<model>/<target>/<channel>.json`) is an error naming it, never skipped: whoever asks
+        (gc, verify, rm) must not mistake an unreadable pin for no pin."""
+        out = [self._read_pinned(path) for path in self._pointer_files()]
         return sorted(out, key=lambda p: (p.model, p.target, p.channel))
+
+    def _pointer_files(self) -> list[Path]:
+        """The pointer files, walked strictly: hidden names (the release lock, atomic writes' temp files)
+        are skipped; a folder that cannot be listed, a symlink, a file out of place or a non-file where a
+        pointer belongs is an IntegrityError naming it."""
+        if not os.path.lexists(self.root):
+            return []
+        found: list[Path] = []
+
+        def walk(folder: Path, depth: int) -> None:
+            try:
+                children = sorted(os.scandir(folder), key=lambda e: e.name)
+            except OSError as err:
+                raise self._unusable(folder, f"cannot be listed ({err.strerror or err})") from None
+            for child in children:
+                if child.name.startswith("."):
+                    continue
+                path = Path(child.path)
+                if child.is_symlink():
+                    raise self._unusable(path, "is a symlink, not a channel folder or pointer file")
+                if depth < 2:
+                    if not child.is_dir(follow_symlinks=False):
+                        raise self._unusable(path, f"is a file where a {('model', 'target')[depth]} folder belongs "
+                                                   f"(pointers live at <model>/<target>/<channel>.json)")
+                    walk(path, depth + 1)
+                elif child.is_file(follow_symlinks=False) and child.name.endswith(".json"):
+                    found.append(path)
+                else:
+                    raise self._unusable(path, "is not a <channel>.json pointer file "
+                                               "(pointers live at <model>/<target>/<channel>.json)")
+
+        if not self.root.is_dir():
+            raise self._unusable(self.root, "is not a folder")
+        walk(self.root, 0)
+        return found
+
+    def _unusable(self, path: Path, why: str) -> IntegrityError:
+        return IntegrityError(
+            f"{path}: {why}; cannot tell what it pins, so nothing was changed",
+            path=str(path), fix="move it out of the channels folder, or restore it from the audit trail",
+        )
+
+    def _read_pinned(self, path: Path) -> ChannelPointer:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as err:
+            raise self._unusable(path, f"cannot be read ({err.strerror or err})") from None
+        except ValueError:
+            raise self._unusable(path, "is not UTF-8 text") from None
+        try:
+            pointer = ChannelPointer.model_validate_json(text)
+        except (ValidationError, ValueError):
+            raise IntegrityError(
+                f"{path}: channel pointer is corrupt; cannot tell what it pins, so nothing was changed", path=str(path),
+                fix="restore it from the audit trail, or remove it and promote again",
+            ) from None
+        for digest in (pointer.digest, *(h.digest for h in pointer.history)):
+            if not _DIGEST_RE.fullmatch(digest):
+                raise IntegrityError(
+                    f"{path}: channel pointer names {digest[:80]!r}, which is not an artifact digest; "
+                    "cannot tell what it pins, so nothing was changed", path=str(path),
+                    fix="restore it from the audit trail, or remove it and promote again",
+                )
+        return pointer
 
     def find(self, channel: str, *, model: str | None = None, target: str | None = None) -> list[ChannelPointer]:
         return [

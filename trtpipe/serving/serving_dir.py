@@ -113,7 +113,7 @@ def prepare(repo: Path, *, kept: bool = False) -> ServingDir:
     repo = Path(repo).resolve()
     store, entry = _store_entry(repo)
     if store is not None and entry is not None:
-        if not entry.current:
+        if entry.outdated:
             raise InvalidInput(f"{repo} was published by an older trtpipe (old manifest format)",
                                fix="rebuild it from its spec and serve the new repository")
         problems = store.verify_entry(entry)

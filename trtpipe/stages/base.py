@@ -59,6 +59,9 @@ class StageContext:
     progress: bool
     dry_run: bool
     facts: dict[str, Any] = field(default_factory=dict)
+    # Files a stage wrote whose sha256 it already knows (hashed while writing): {path: sha256 hex}. The
+    # runner hands them to the store with the commit, which then does not read them again.
+    written: dict[Path, str] = field(default_factory=dict)
 
     def log_path(self, stage: str, key: str) -> Path:
         logs = self.store_root / "logs"

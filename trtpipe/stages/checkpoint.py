@@ -151,10 +151,14 @@ class CheckpointStage:
         if self.in_executor:
             # Checks first, in under a second: a host that cannot convert or build there fails before any
             # (possibly hours-long) work.
-            return convert_in_executor(ctx.resolved, out_dir, ctx.log_path("checkpoint", key.key),
-                                       build_plan=ctx.build_plan, progress=ctx.progress)
-        summary = convert_checkpoint(ctx.resolved, out_dir, show_progress=ctx.progress)
-        return {"convert": summary.model_dump(mode="json")}
+            facts = convert_in_executor(ctx.resolved, out_dir, ctx.log_path("checkpoint", key.key),
+                                        build_plan=ctx.build_plan, progress=ctx.progress)
+        else:
+            facts = {"convert": convert_checkpoint(ctx.resolved, out_dir, show_progress=ctx.progress).model_dump(mode="json")}
+        # The converter hashed what it wrote: those digests travel with the files into the store.
+        for item in (facts.get("convert") or {}).get("files") or []:
+            ctx.written[Path(out_dir) / item["name"]] = item["sha256"]
+        return facts
 
     def preview(self, ctx: StageContext, key: str | None, inputs: dict[str, InputRef]) -> Preview | None:
         if not self.in_executor:

@@ -61,9 +61,16 @@ class HfCheckpointStage:
 
         if ctx.resolved.is_cpu_reference:
             summary = export_hf_artifact(ctx.resolved, out_dir, show_progress=ctx.progress)
-            return {"export": summary.model_dump(mode="json")}
-        return convert_in_executor(ctx.resolved, out_dir, ctx.log_path(self.name, key.key), build_plan=ctx.build_plan,
-                                   progress=ctx.progress, artifact="hf")
+            facts = {"export": summary.model_dump(mode="json")}
+            files = facts["export"]["files"]
+        else:
+            facts = convert_in_executor(ctx.resolved, out_dir, ctx.log_path(self.name, key.key),
+                                        build_plan=ctx.build_plan, progress=ctx.progress, artifact="hf")
+            files = (facts.get("convert") or {}).get("files") or []
+        # The export hashed its final files (after every rewrite): those digests travel with them into the store.
+        for item in files:
+            ctx.written[Path(out_dir) / item["name"]] = item["sha256"]
+        return facts
 
     def preview(self, ctx: StageContext, key: str | None, inputs: dict[str, InputRef]) -> Preview | None:
         if ctx.resolved.is_cpu_reference:

@@ -5,6 +5,10 @@ Never removed: an entry whose digest a channel pins, an entry a running build ho
 or lease), a build in progress, a live server's serving directory, and a quarantined entry a channel
 pins while no healthy entry of that digest is back (it is what `cache verify --repair` restores).
 Entries in an older manifest format are removed (unless pinned): the next build rebuilds them.
+
+An entry whose manifest.json is damaged (does not parse, wrong types: its digest is unknowable) is
+quarantined like any corrupt entry, and its quarantined copy is kept while any pinned digest has no
+intact entry in the store: it may be that artifact, and it is what a repair can start from.
 """
 
 from __future__ import annotations
@@ -16,8 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from trtpipe.errors import UsageError
-from trtpipe.store.local import KINDS, Entry, Store
-from trtpipe.store.readonly import remove_tree
+from trtpipe.store.local import KINDS, MANIFEST, Entry, Problem, Store
 
 _SIZE_UNITS = {
     "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -54,6 +57,8 @@ class GcReport(BaseModel):
     removed: list[GcAction] = []
     kept_pinned: list[str] = []
     kept_in_use: list[str] = []
+    quarantined: list[str] = []  # entries with a damaged manifest, moved to quarantine by this run
+    kept_maybe_pinned: dict[str, list[str]] = {}  # quarantined, manifest unreadable -> pins it may be
     freed_bytes: int = 0
     entries_bytes_after: int = 0
 
@@ -117,10 +122,17 @@ def collect(
     it, from the release area (`trtpipe.release.channels.ChannelStore.pins`): the store reads no channel."""
     report = GcReport(dry_run=dry_run)
     now = time.time()
+    listed = list(store.entries())
+    for entry in listed:
+        if entry.damage is not None:  # its digest is unknowable: set aside like any corrupt entry, never read
+            if not dry_run:
+                store.quarantine(entry, [Problem(entry.kind, entry.key, MANIFEST, entry.damage)])
+            report.quarantined.append(f"{entry.kind}/{entry.key} ({MANIFEST}: {entry.damage})")
     _clean_leftovers(store, report, now, dry_run, pins)
 
     pinned = set(pins)
-    entries = sorted(store.entries(), key=lambda e: e.last_used)  # least recently used first
+    # least recently used first
+    entries = sorted((e for e in listed if e.damage is None), key=lambda e: e.last_used)
     book = _InodeBook()
     for entry in entries:
         book.add(entry)
@@ -147,7 +159,7 @@ def collect(
     remaining: list[Entry] = []
     for entry in entries:
         age = now - entry.last_used
-        if not entry.current and removable(entry):
+        if entry.outdated and removable(entry):
             drop(entry, f"written by an older trtpipe (manifest version {entry.manifest.get('manifest_version')}); "
                         "the next build rebuilds it")
         elif max_age_s is not None and age > max_age_s and removable(entry):
@@ -187,15 +199,25 @@ def _clean_leftovers(store: Store, report: GcReport, now: float, dry_run: bool, 
             if stale:
                 size = _tree_bytes(child)
                 if not dry_run:
-                    remove_tree(child)
+                    store.discard_tree(child)
                 report.add(GcAction(what="tmp", name=child.name, bytes=size, reason="leftover of an interrupted build"))
-    # A quarantined entry a channel pins stays until a healthy entry of its digest is back.
+    # A quarantined entry a channel pins stays until a healthy entry of its digest is back; one whose
+    # manifest is unreadable (its digest unknowable) stays while any pin has no intact entry here.
     keep: set[str] = set()
+    unaccounted: dict[str, list[str]] | None = None
     for item in store.quarantined_entries():
+        path = Path(item["path"])
         if item["digest"] in pins and store.healthy(item["kind"], item["key"], item["digest"]) is None:
-            path = Path(item["path"])
             keep.update({path.name, f"{path.name}.reason.json"})
             report.kept_pinned.append(f"quarantine/{path.name}")
+        elif any(p.get("file") == MANIFEST for p in item["problems"] if isinstance(p, dict)):
+            if unaccounted is None:
+                intact = {e.digest for e in store.entries() if e.current and not store.check(e, digests=False)}
+                unaccounted = {d: c for d, c in pins.items() if d not in intact}
+            if unaccounted:
+                keep.update({path.name, f"{path.name}.reason.json"})
+                report.kept_maybe_pinned[f"quarantine/{path.name}"] = sorted(
+                    f"{channel} ({digest})" for digest, channels in unaccounted.items() for channel in channels)
     for folder in ("quarantine", "trash"):
         base = store.root / folder
         if not base.is_dir():
@@ -205,7 +227,7 @@ def _clean_leftovers(store: Store, report: GcReport, now: float, dry_run: bool, 
                 continue
             size = _tree_bytes(child) if child.is_dir() else child.stat().st_size
             if not dry_run:
-                remove_tree(child)
+                store.discard_tree(child)
             report.add(GcAction(what=folder, name=child.name, bytes=size, reason="quarantined (corrupt)" if folder == "quarantine" else "deleted entry"))
     _clean_serving_dirs(store, report, dry_run)
     # Stray staging files of objects (a process killed between link and rename).
@@ -223,7 +245,7 @@ def _clean_serving_dirs(store: Store, report: GcReport, dry_run: bool) -> None:
     for path in stale_serving_dirs(store.root):
         size = _tree_bytes(path) if path.is_dir() else 0
         if not dry_run:
-            remove_tree(path)
+            store.discard_tree(path)
             if not path.name.endswith(LOCK_SUFFIX):
                 path.with_name(path.name + LOCK_SUFFIX).unlink(missing_ok=True)
         report.add(GcAction(what="serving", name=path.name, bytes=size, reason="serving directory of a stopped server"))

@@ -29,13 +29,15 @@ store, at any path, on any day give the same manifest bytes and so the same dige
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import stat
 import re
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -45,13 +47,11 @@ from trtpipe.errors import IntegrityError, InternalError, InvalidInput, NotFound
 from trtpipe.store.digest_cache import DigestCache
 from trtpipe.store.keys import canonical_json
 from trtpipe.store.locking import KeyLocks
+from trtpipe.store.manifest import KINDS, MANIFEST, MANIFEST_VERSION, entry_path_problem, parse_manifest, sound_files
 from trtpipe.store.objects import ObjectStore, sha256_file
 from trtpipe.store.readonly import DIR_MODE, freeze_tree, normalized_mode, remove_tree
 
-KINDS = ("checkpoint", "engine", "repository", "hf-checkpoint")
-MANIFEST = "manifest.json"
-# Bump when the manifest's shape changes: entries of another version are misses (rebuilt), never errors.
-MANIFEST_VERSION = 2
+__all__ = ["KINDS", "MANIFEST", "MANIFEST_VERSION", "Building", "Entry", "Problem", "Store", "manifest_digest"]
 _KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -79,13 +79,15 @@ class Entry:
     kind: str
     key: str
     path: Path
-    manifest: dict[str, Any]
+    manifest: dict[str, Any]  # always a dict; {} when manifest.json is not a JSON object
     digest: str
+    damage: str | None = None  # why manifest.json is unusable (None: sound, or merely outdated)
 
-    @property
+    @functools.cached_property
     def files(self) -> list[dict[str, Any]]:
-        files = self.manifest.get("files")
-        return list(files) if isinstance(files, list) else []
+        """The manifest's file items ({path, mode, size, sha256}); none for a damaged manifest, and only the
+        well-formed ones of an outdated one, so every reader may index them."""
+        return [] if self.damage is not None else sound_files(self.manifest)
 
     @property
     def inputs(self) -> dict[str, Any]:
@@ -111,8 +113,13 @@ class Entry:
 
     @property
     def current(self) -> bool:
-        """Written in this trtpipe's manifest format (an older one is a miss: rebuilt, not used)."""
-        return self.manifest.get("manifest_version") == MANIFEST_VERSION
+        """Written in this trtpipe's manifest format, and sound (an older one is a miss: rebuilt, not used)."""
+        return self.damage is None and self.manifest.get("manifest_version") == MANIFEST_VERSION
+
+    @property
+    def outdated(self) -> bool:
+        """A sound manifest of another trtpipe's format: rebuilt by the next build, not damage."""
+        return self.damage is None and not self.current
 
     @property
     def size(self) -> int:
@@ -152,14 +159,20 @@ class Building:
     entry: Entry | None = None
     _started: float = field(default_factory=time.monotonic)
 
-    def commit(self, *, inputs: dict[str, Any]) -> Entry:
+    def commit(self, *, inputs: dict[str, Any], sources: Sequence[Entry] = (),
+               known: Mapping[Path, str] | None = None) -> Entry:
         """Publish what was written into `dir` under the key document `inputs` (content only: when,
-        where and how long belong in the build record, not here)."""
+        where and how long belong in the build record, not here).
+
+        Digests travel with bytes: a file that is a hard link to a file of `sources` (the stored inputs
+        the stage built on, verified in this run) takes that file's sha256 from its manifest, and a
+        file in `known` ({path: sha256}: what the stage hashed while writing it) takes that one; only
+        the rest is read to be hashed, once."""
         if self.existing is not None or self.dir is None:
             raise RuntimeError("this key already has an entry; reuse `existing` instead of committing")
         if self.entry is not None:
             raise RuntimeError("already committed")
-        self.entry = self.store._publish(self.kind, self.key, self.dir, inputs)
+        self.entry = self.store._publish(self.kind, self.key, self.dir, inputs, sources=sources, known=known or {})
         return self.entry
 
 
@@ -173,6 +186,10 @@ class Store:
         self._digests: DigestCache | None = None
         # (kind, key, digest, problems) of every entry this instance moved to quarantine, for reports.
         self.quarantined: list[tuple[str, str, str, list[Problem]]] = []
+        # (st_dev, st_ino) -> the stat at which this store last vouched for the inode's bytes (verified it,
+        # or published it): what lets our own later links re-date its digest-cache rows (see _restamp_shared).
+        self._vouched: dict[tuple[int, int], os.stat_result] = {}
+        self.hashed_bytes = 0  # bytes this instance read to hash at commit (benchmarks report it)
 
     # -- opening ---------------------------------------------------------------------------
     @classmethod
@@ -222,36 +239,30 @@ class Store:
             raw = (path / MANIFEST).read_bytes()
         except (FileNotFoundError, NotADirectoryError):
             return None
-        try:
-            manifest = json.loads(raw)
-        except ValueError:
-            manifest = {"files": None}
-        return Entry(kind=kind, key=key, path=path, manifest=manifest, digest=manifest_digest(raw))
+        except OSError as err:  # unreadable (permissions, I/O error) or not a file: damage, named
+            raw = b""
+            manifest, damage = {}, f"cannot be read ({err.strerror or err})"
+        else:
+            manifest, damage = parse_manifest(raw, kind, key)
+        return Entry(kind=kind, key=key, path=path, manifest=manifest, digest=manifest_digest(raw), damage=damage)
 
     def check(self, entry: Entry, *, digests: bool) -> list[Problem]:
         """Integrity problems of an entry: sizes always, sha256 and stray files when `digests`."""
+        if entry.damage is not None:
+            return [Problem(entry.kind, entry.key, MANIFEST, entry.damage)]
         problems: list[Problem] = []
-        files = entry.manifest.get("files")
-        if not isinstance(files, list) or entry.manifest.get("key") != entry.key or entry.manifest.get("kind") != entry.kind:
-            return [Problem(entry.kind, entry.key, MANIFEST, "manifest is unreadable or names another key")]
         listed = set()
-        for item in files:
-            rel = item.get("path", "")
+        for item in entry.files:
+            rel = item["path"]
             listed.add(rel)
             target = entry.path / rel
-            if not _inside(entry.path, target):
-                problems.append(Problem(entry.kind, entry.key, rel, "path escapes the entry"))
-                continue
-            try:
-                size = target.stat().st_size
-            except FileNotFoundError:
-                problems.append(Problem(entry.kind, entry.key, rel, "missing"))
-                continue
-            if size != item.get("size"):
-                problems.append(Problem(entry.kind, entry.key, rel, f"size {size} != {item.get('size')}"))
-                continue
-            if digests and sha256_file(target) != item.get("sha256"):
-                problems.append(Problem(entry.kind, entry.key, rel, "sha256 mismatch"))
+            why = _file_problem(target, item["size"])
+            if why is None and digests:
+                why = _digest_problem(lambda: sha256_file(target), item["sha256"])
+                if why is None:  # just read and matched: the digest cache may vouch for it from now on
+                    self._vouch(target, item["sha256"])
+            if why is not None:
+                problems.append(Problem(entry.kind, entry.key, rel, why))
         if digests:
             problems += self._stray_files(entry, listed)
         return problems
@@ -273,15 +284,23 @@ class Store:
         if problems:
             return problems
         for item in entry.files:
-            if self.digests.digest(entry.path / item["path"]) != item.get("sha256"):
+            path = entry.path / item["path"]
+            try:
+                actual, st = self.digests.digest_with_stat(path)
+            except OSError as err:
+                problems.append(Problem(entry.kind, entry.key, item["path"], f"unreadable ({err.strerror or err})"))
+                continue
+            if actual != item["sha256"]:
                 problems.append(Problem(entry.kind, entry.key, item["path"], "sha256 mismatch"))
+            else:
+                self._vouched[(st.st_dev, st.st_ino)] = st
         return problems + self._stray_files(entry, {item["path"] for item in entry.files})
 
     def get(self, kind: str, key: str, *, verify: bool = False, touch: bool = True) -> Entry | None:
         """The entry of `kind/key`, or None. A corrupt entry is moved aside and None returned; an
         entry written in an older manifest format is a plain miss (the build replaces it)."""
         entry = self._load(kind, key)
-        if entry is None or not entry.current:
+        if entry is None or entry.outdated:
             return None
         problems = self.check(entry, digests=verify)
         if problems:
@@ -357,7 +376,7 @@ class Store:
                 yield handle
             finally:
                 if handle.entry is None:
-                    remove_tree(tmp_dir)
+                    self.discard_tree(tmp_dir)
 
     def _clean_tmp_for(self, kind: str, key: str) -> None:
         """Remove leftovers of killed builds of this key (we hold its lock, so they are stale)."""
@@ -365,25 +384,50 @@ class Store:
         # Also ".<kind>-<key>-*": staging folders a stage made beside its output dir.
         for pattern in (f"{kind}-{key}-*", f".{kind}-{key}-*"):
             for child in tmp.glob(pattern):
-                remove_tree(child)
+                self.discard_tree(child)
 
-    def _publish(self, kind: str, key: str, tmp_dir: Path, inputs: dict[str, Any]) -> Entry:
-        """Hash what a stage wrote, write the content-only manifest, freeze and rename into place."""
+    def _publish(self, kind: str, key: str, tmp_dir: Path, inputs: dict[str, Any], *,
+                 sources: Sequence[Entry] = (), known: Mapping[Path, str] | None = None) -> Entry:
+        """Take each written file's digest (from its source entry or the stage, else by hashing it once),
+        write the content-only manifest, freeze and rename into place."""
         if (tmp_dir / MANIFEST).exists():
             raise InternalError(f"the {kind} stage wrote a file named {MANIFEST}, which the store reserves",
                                 fix="report this bug: a stage must not write that file")
+        carried = self._carried_digests(sources, known or {})
         files: list[dict[str, Any]] = []
         for path in _walk_files(tmp_dir):
             rel = path.relative_to(tmp_dir).as_posix()
-            if path.is_symlink():
-                raise InternalError(f"the {kind} stage wrote a symlink {rel}",
+            why = entry_path_problem(rel)
+            if why is not None:  # what a registry pull would refuse, the store refuses to publish
+                raise InternalError(f"the {kind} stage wrote {rel[:120]!r}: {why}",
+                                    fix="report this bug: a stage writes portable file names only")
+            st = os.lstat(path)
+            if not stat.S_ISREG(st.st_mode):
+                raise InternalError(f"the {kind} stage wrote {rel}, which is not a regular file (a symlink?)",
                                     fix="report this bug: a stage writes regular files only")
-            st = path.stat()
-            files.append({"path": rel, "mode": normalized_mode(st.st_mode), "size": st.st_size,
-                          "sha256": sha256_file(path)})
+            digest = carried.get((st.st_dev, st.st_ino, st.st_size))
+            if digest is None:
+                digest = sha256_file(path)
+                self.hashed_bytes += st.st_size
+            files.append({"path": rel, "mode": normalized_mode(st.st_mode), "size": st.st_size, "sha256": digest})
         files.sort(key=lambda item: item["path"])
         manifest = {"manifest_version": MANIFEST_VERSION, "kind": kind, "key": key, "inputs": inputs, "files": files}
         return self._install(kind, key, tmp_dir, canonical_json(manifest), manifest)
+
+    def _carried_digests(self, sources: Sequence[Entry], known: Mapping[Path, str]) -> dict[tuple[int, int, int], str]:
+        """(st_dev, st_ino, size) -> sha256 of the bytes a stage did not write itself (hard links to its
+        stored inputs' files, which the runner verified before the stage built) or already hashed."""
+        carried: dict[tuple[int, int, int], str] = {}
+        for entry in sources:
+            for item in entry.files:
+                with contextlib.suppress(OSError):
+                    st = os.stat(entry.path / item["path"])
+                    carried[(st.st_dev, st.st_ino, item["size"])] = item["sha256"]
+        for path, digest in known.items():
+            with contextlib.suppress(OSError):
+                st = os.lstat(path)
+                carried[(st.st_dev, st.st_ino, st.st_size)] = digest
+        return carried
 
     def install_verified(self, handle: Building, raw: bytes, verified: dict[str, str]) -> Entry:
         """Publish files that came from elsewhere (a registry pull) into `handle.dir`.
@@ -396,52 +440,43 @@ class Store:
         """
         kind, key, tmp_dir = handle.kind, handle.key, Path(handle.dir or "")
         where = f"the {kind} manifest of {key[:16]}"
-        try:
-            manifest = json.loads(raw)
-        except ValueError:
-            raise IntegrityError(f"{where} is not JSON; refused") from None
-        if not isinstance(manifest, dict) or manifest.get("manifest_version") != MANIFEST_VERSION:
-            version = manifest.get("manifest_version") if isinstance(manifest, dict) else None
+        manifest, damage = parse_manifest(raw, kind, key)
+        if damage is None and manifest.get("manifest_version") != MANIFEST_VERSION:
             raise IntegrityError(
-                f"{where} has manifest version {version!r}, not {MANIFEST_VERSION}; refused",
+                f"{where} has manifest version {manifest.get('manifest_version')!r}, not {MANIFEST_VERSION}; refused",
                 fix="rebuild it with this trtpipe (older artifacts are rebuilt, never reused)",
             )
-        if canonical_json(manifest) != raw:
-            raise IntegrityError(f"{where} is not canonical JSON (so its digest is not its content's); refused")
-        if (manifest.get("kind"), manifest.get("key")) != (kind, key):
-            raise IntegrityError(f"{where} names {manifest.get('kind')}/{manifest.get('key')}; refused")
-        files = manifest.get("files")
-        if not isinstance(files, list):
-            raise IntegrityError(f"{where} lists no files; refused")
-        listed: dict[str, dict[str, Any]] = {}
-        for item in files:
-            rel = item.get("path") if isinstance(item, dict) else None
-            if not isinstance(rel, str) or rel in listed:
-                raise IntegrityError(f"{where} lists {rel!r} twice or malformed; refused")
-            listed[rel] = item
+        if damage is not None:
+            raise IntegrityError(f"{where}: {damage}; refused")
+        listed: dict[str, dict[str, Any]] = {item["path"]: item for item in manifest["files"]}
         present = {p.relative_to(tmp_dir).as_posix(): p for p in _walk_files(tmp_dir)}
         if set(present) != set(listed) or set(verified) != set(listed):
             odd = sorted(set(present) ^ set(listed) | set(verified) ^ set(listed))
             raise IntegrityError(f"{where} and the files received differ ({', '.join(odd[:3])}); refused")
         for rel, item in listed.items():
             path = present[rel]
-            if item.get("sha256") != verified[rel] or item.get("size") != path.stat().st_size:
+            if item["sha256"] != verified[rel] or item["size"] != path.stat().st_size:
                 raise IntegrityError(
-                    f"{where} lists {rel} as sha256:{str(item.get('sha256'))[:12]}..., but its bytes are "
+                    f"{where} lists {rel} as sha256:{item['sha256'][:12]}..., but its bytes are "
                     f"sha256:{verified[rel][:12]}...; refused",
                     fix="the artifact was tampered with; push it again from a good copy",
                 )
-            if item.get("mode") not in ("0644", "0755"):
-                raise IntegrityError(f"{where} gives {rel} the mode {item.get('mode')!r}; refused")
         entry = self._install(kind, key, tmp_dir, raw, manifest)
         handle.entry = entry  # tells `building` the staging dir was consumed
         return entry
 
     def _install(self, kind: str, key: str, tmp_dir: Path, raw: bytes, manifest: dict[str, Any]) -> Entry:
+        shared: list[str] = []  # files whose inode is stored elsewhere too (hard links to verified inputs)
         for item in manifest["files"]:
             path = tmp_dir / item["path"]
+            st = os.lstat(path)
+            if st.st_nlink == 1:
+                _settle(path, st)
+            else:
+                shared.append(item["path"])
             _fsync_file(path)
-            self.objects.adopt(path, item["sha256"], item["size"], known=self.digests.cached)
+            self.objects.adopt(path, item["sha256"], item["size"], known=self.digests.cached,
+                               on_relink=self.digests.restamp_stats)
         manifest_path = tmp_dir / MANIFEST
         with open(manifest_path, "wb") as handle:
             handle.write(raw)
@@ -459,7 +494,38 @@ class Store:
         os.rename(tmp_dir, final)  # THE publish: one atomic rename
         os.chmod(final, DIR_MODE)
         _fsync_dir(final.parent)
+        self._restamp_shared([final / rel for rel in shared])
+        for item in manifest["files"]:  # the digests travel on: the next verification of this entry reads nothing
+            self._vouch(final / item["path"], item["sha256"])
         return Entry(kind=kind, key=key, path=final, manifest=manifest, digest=manifest_digest(raw))
+
+    def _vouch(self, path: Path, sha256: str) -> None:
+        st = self.digests.vouch(path, sha256)
+        if st is not None:
+            self._vouched[(st.st_dev, st.st_ino)] = st
+
+    def _restamp_shared(self, shared: list[Path]) -> None:
+        """The stage hard-linked files of its verified inputs into the new entry: each link moved the
+        inode's ctime. Re-date the digest-cache rows of those inodes from the stat at which this store
+        vouched for them (verified or published them in this process), when size, mtime and inode show
+        the bytes are the ones vouched for."""
+        for path in shared:
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            before = self._vouched.get((st.st_dev, st.st_ino))
+            if before is not None and self.digests.restamp_stats(before, st):
+                self._vouched[(st.st_dev, st.st_ino)] = st
+
+    def discard_tree(self, path: Path) -> None:
+        """Remove a tree of ours; a file hard-linked into the store has its digest-cache rows re-dated by the
+        unlink (its ctime moves)."""
+        remove_tree(path, on_unlink=self._unlinked)
+
+    def _unlinked(self, before: os.stat_result, after: os.stat_result) -> None:
+        if self.digests.restamp_stats(before, after):
+            self._vouched[(after.st_dev, after.st_ino)] = after
 
     def _move_to(self, path: Path, folder: Path) -> Path | None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -526,7 +592,7 @@ class Store:
                 return False
             moved = self._move_to(entry.path, self.root / "trash")
         if moved is not None:
-            remove_tree(moved)
+            self.discard_tree(moved)
         return True
 
     @contextlib.contextmanager
@@ -547,11 +613,28 @@ class Store:
             os.close(fd)
 
 
-def _inside(root: Path, path: Path) -> bool:
+def _file_problem(path: Path, size: int) -> str | None:
+    """Why a listed file is not there as listed (cheap: one lstat), or None."""
     try:
-        return os.path.commonpath([os.path.abspath(root), os.path.abspath(path)]) == os.path.abspath(root)
-    except ValueError:
-        return False
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return "missing"
+    except OSError as err:
+        return f"unreadable ({err.strerror or err})"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"  # a symlink, folder or FIFO in place of a stored file (never opened)
+    if st.st_size != size:
+        return f"size {st.st_size} != {size}"
+    return None
+
+
+def _digest_problem(digest: Callable[[], str], expected: str) -> str | None:
+    """"sha256 mismatch", "unreadable (...)" or None: a file that cannot be read cannot be vouched for."""
+    try:
+        actual = digest()
+    except OSError as err:
+        return f"unreadable ({err.strerror or err})"
+    return None if actual == expected else "sha256 mismatch"
 
 
 def _walk_files(root: Path) -> Iterator[Path]:
@@ -561,6 +644,17 @@ def _walk_files(root: Path) -> Iterator[Path]:
             if name.startswith(".tmp-link-"):
                 continue
             yield Path(folder) / name
+
+
+def _settle(path: Path, st: os.stat_result) -> None:
+    """Date a freshly written file's mtime back by the digest cache's racy window (content-neutral: a
+    manifest records no time), so its digest can be remembered at once: any later write sets mtime to the
+    present, which a time in the past can never equal, so a rewrite of the same size is still caught."""
+    from trtpipe.store.digest_cache import RACY_WINDOW_NS
+
+    now = time.time_ns()
+    if now - st.st_mtime_ns < RACY_WINDOW_NS:
+        os.utime(path, ns=(st.st_atime_ns, now - RACY_WINDOW_NS - 1_000_000), follow_symlinks=False)
 
 
 def _fsync_file(path: Path) -> None:

@@ -15,8 +15,10 @@ import fcntl
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from filelock import FileLock, Timeout
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 
 class KeyLocks:
@@ -35,12 +37,17 @@ class KeyLocks:
         # One FileLock object per key and process keeps the lock re-entrant inside a process.
         lock = self._locks.get((kind, key))
         if lock is None:
+            # filelock loads only when a build lock is taken: a warm build takes leases (flock) only.
+            from filelock import FileLock
+
             lock = FileLock(str(self._file(kind, key, "lock")), thread_local=False)
             self._locks[(kind, key)] = lock
         return lock
 
     @contextlib.contextmanager
     def building(self, kind: str, key: str, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+        from filelock import Timeout
+
         lock = self.build_lock(kind, key)
         try:
             lock.acquire(timeout=0)
@@ -56,6 +63,8 @@ class KeyLocks:
     @contextlib.contextmanager
     def try_exclusive(self, kind: str, key: str) -> Iterator[bool]:
         """Build lock + exclusive lease without waiting; yields False when someone holds either."""
+        from filelock import Timeout
+
         lock = self.build_lock(kind, key)
         if lock.is_locked:  # this very process is building it (the lock is re-entrant in-process)
             yield False

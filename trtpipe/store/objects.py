@@ -65,7 +65,8 @@ class ObjectStore:
                 if _is_hex_digest(digest):
                     yield digest, obj
 
-    def adopt(self, file: Path, digest: str, size: int, *, known: Callable[[Path], str | None] | None = None) -> Placement:
+    def adopt(self, file: Path, digest: str, size: int, *, known: Callable[[Path], str | None] | None = None,
+              on_relink: Callable[[os.stat_result, os.stat_result], object] | None = None) -> Placement:
         """Make `file` (already hashed to `digest` by the caller) share storage with the object of that digest.
 
         If the object exists, `file` is replaced by a hard link to it, but only once the object's
@@ -73,7 +74,8 @@ class ObjectStore:
         cache) vouching for it, or a byte-for-byte comparison. An object whose bytes differ from
         its name is corrupt, whoever wrote it: it is moved to quarantine (`self.corrupt` names it)
         and the object is made from `file` instead. Without an object, it is created as a hard link
-        to `file`. Returns "copied" when hard links are not possible here.
+        to `file`. Returns "copied" when hard links are not possible here. `on_relink(before, after)`: the
+        stored object's stat around our linking another path to it (its ctime moves; see the digest cache).
         """
         obj = self.path_for(digest)
         if obj.exists():
@@ -83,7 +85,11 @@ class ObjectStore:
                 if obj.stat().st_size == size and (
                     (known is not None and known(obj) == digest) or _same_bytes(obj, file)
                 ):
-                    return self._link_object_over(obj, file)
+                    before = os.stat(obj)
+                    placed = self._link_object_over(obj, file)
+                    if on_relink is not None:
+                        on_relink(before, os.stat(obj))
+                    return placed
                 # Its bytes are not what its name says: never link anything onto it.
                 self.quarantine_object(digest)
                 self.corrupt.append(digest)

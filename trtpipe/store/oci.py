@@ -21,10 +21,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import re
 import shutil
+import stat
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -43,6 +45,13 @@ from trtpipe.errors import (
     UsageError,
 )
 from trtpipe.settings import Settings, from_env
+from trtpipe.store.manifest import (
+    MANIFEST_VERSION,
+    MAX_FILES,
+    entry_path_problem,
+    parse_manifest,
+    size_cap,
+)
 
 OCI_MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
 FILE_MEDIA_TYPE = "application/vnd.trtpipe.file.v1"
@@ -50,7 +59,11 @@ TITLE_ANNOTATION = "org.opencontainers.image.title"
 ANNOTATION_PREFIX = "org.trtpipe."
 ARTIFACT_DIGEST_ANNOTATION = "org.trtpipe.artifact.digest"
 KINDS = ("checkpoint", "engine", "repository", "hf-checkpoint")
+_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
+# The registry's own cap on a manifest (distribution refuses larger ones); a config is a store manifest.json.
+MAX_OCI_MANIFEST_BYTES = 4 * 2**20
+MAX_CONFIG_BYTES = 64 * 2**20
 PROBE_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_S = (10.0, 300.0)  # (connect, read between bytes)
 CHUNK_SIZE = 16 * 1024 * 1024
@@ -375,13 +388,23 @@ class OciClient:
         """Raw manifest bytes, or None if the reference does not exist. Verified if `reference` is a digest."""
         response = self._request(
             "GET", f"/v2/{repository}/manifests/{reference}", what=f"get manifest {repository}:{reference}", repository=repository,
-            headers={"Accept": OCI_MANIFEST_MEDIA_TYPE},
+            headers={"Accept": OCI_MANIFEST_MEDIA_TYPE}, stream=True,
         )
-        if response.status_code == 404:
-            return None
-        if response.status_code != 200:
-            raise self._fail(f"get manifest {repository}:{reference}", f"HTTP {response.status_code} {response.reason}")
-        body = response.content
+        with response:
+            if response.status_code == 404:
+                return None
+            if response.status_code != 200:
+                raise self._fail(f"get manifest {repository}:{reference}", f"HTTP {response.status_code} {response.reason}")
+            try:
+                body = _read_at_most(response, MAX_OCI_MANIFEST_BYTES)
+            except requests.RequestException as exc:
+                raise self._fail(f"get manifest {repository}:{reference}", type(exc).__name__) from None
+        if body is None:
+            raise IntegrityError(
+                f"registry {self.host}: manifest {repository}:{reference} is larger than {MAX_OCI_MANIFEST_BYTES} bytes "
+                "(what a registry accepts); refused", path=f"{self.host}/{repository}:{reference}",
+                fix="nothing was used; it was not pushed by trtpipe, or was tampered with",
+            )
         if _DIGEST_RE.match(reference):
             actual = "sha256:" + hashlib.sha256(body).hexdigest()
             if actual != reference:
@@ -442,6 +465,14 @@ class OciClient:
         with response:
             if response.status_code != 200:
                 raise self._fail(f"download blob {digest}", f"HTTP {response.status_code} {response.reason}")
+            length = response.headers.get("Content-Length")
+            if length is not None and length.isdigit() and int(length) != size:
+                raise IntegrityError(
+                    f"registry {self.host}: blob {digest} of {repository} failed verification: the registry serves "
+                    f"{int(length)} bytes, not the {size} its descriptor declares; refused before downloading it",
+                    path=f"{self.host}/{repository}@{digest}",
+                    fix="the registry's copy or the manifest is corrupt or tampered; push the artifact again from a good copy",
+                )
             hasher = hashlib.sha256()
             written = 0
             try:
@@ -465,7 +496,7 @@ class OciClient:
                 fix="the registry's copy is corrupt or tampered; push the artifact again from a good copy",
             )
 
-    def fetch_blob_bytes(self, repository: str, digest: str, size: int, limit: int = 64 * 1024 * 1024) -> bytes:
+    def fetch_blob_bytes(self, repository: str, digest: str, size: int, limit: int = MAX_CONFIG_BYTES) -> bytes:
         if size > limit:
             raise IntegrityError(f"registry {self.host}: blob {digest} is {size} bytes, more than a config may be; refused",
                                  path=f"{self.host}/{repository}@{digest}")
@@ -473,6 +504,18 @@ class OciClient:
             dest = Path(tmp) / "blob"
             self.fetch_blob(repository, digest, size, dest)
             return dest.read_bytes()
+
+
+def _read_at_most(response: requests.Response, limit: int) -> bytes | None:
+    """The body, or None as soon as it runs past `limit` bytes (the rest is never read)."""
+    parts: list[bytes] = []
+    got = 0
+    for chunk in response.iter_content(chunk_size=64 * 1024):
+        got += len(chunk)
+        if got > limit:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 def _parse_challenge(header: str) -> dict[str, str] | None:
@@ -553,25 +596,31 @@ class RemoteArtifact:
         return sum(int(layer.get("size", 0)) for layer in self.manifest.get("layers") or [])
 
 
-def _iter_files(root: Path) -> Iterator[tuple[str, Path]]:
-    """(posix relative path, path) of every regular file, sorted, `manifest.json` excluded (it is the config)."""
-    for path in sorted(root.rglob("*")):
-        if path.is_symlink():
-            raise IntegrityError(f"{path}: symlinks cannot be pushed (store entries hold regular files only)", path=str(path))
-        if not path.is_file():
-            continue
-        rel = path.relative_to(root).as_posix()
-        if rel == "manifest.json" or path.name.startswith(".tmp-link-"):  # the config; the store's transient links
-            continue
-        yield rel, path
-
-
-def _sha256_file(path: Path) -> str:
-    hasher = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(4 * 1024 * 1024), b""):
-            hasher.update(block)
-    return "sha256:" + hasher.hexdigest()
+def _listed_files(artifact: LocalArtifact, config: bytes) -> tuple[dict[str, Any], list[tuple[str, Path, int, str]]]:
+    """(the store manifest, (path, file, size, "sha256:...") of every file it lists): the digests a push
+    uses are the ones the store recorded when the bytes were written, never read again here. A listed
+    file that is not there as listed (missing, another size, not a regular file) stops the push."""
+    manifest, damage = parse_manifest(config, artifact.kind, artifact.key)
+    if damage is None and manifest.get("manifest_version") != MANIFEST_VERSION:
+        damage = f"manifest version {manifest.get('manifest_version')!r}, not {MANIFEST_VERSION} (rebuild it)"
+    if damage is not None:
+        raise IntegrityError(f"{artifact.manifest_path}: {damage}; not pushed", path=str(artifact.manifest_path),
+                             in_store=True, fix="restore the artifact to its digest first")
+    files = []
+    for item in manifest["files"]:
+        path = artifact.path.joinpath(*PurePosixPath(item["path"]).parts)
+        try:
+            st = os.lstat(path)
+        except OSError as err:
+            raise IntegrityError(f"{artifact.kind}/{artifact.key}: {item['path']} cannot be read ({err.strerror or err}); "
+                                 "not pushed", path=str(path), in_store=True,
+                                 fix="restore the artifact to its digest first") from None
+        if not stat.S_ISREG(st.st_mode) or st.st_size != item["size"]:
+            raise IntegrityError(f"{artifact.kind}/{artifact.key}: {item['path']} is not the {item['size']}-byte file its "
+                                 "manifest lists; not pushed", path=str(path), in_store=True,
+                                 fix="restore the artifact to its digest first")
+        files.append((item["path"], path, item["size"], f"sha256:{item['sha256']}"))
+    return manifest, files
 
 
 def describe_manifest(manifest: dict[str, Any]) -> dict[str, str]:
@@ -607,18 +656,21 @@ def push_artifact(client: OciClient, base: OciRef, artifact: LocalArtifact, *, t
         raise IntegrityError(f"{artifact.path}: no manifest.json; only a committed store entry can be pushed",
                              path=str(artifact.path))
     config = artifact.manifest_path.read_bytes()
-    try:
-        store_manifest = json.loads(config)
-    except ValueError:
-        raise IntegrityError(f"{artifact.manifest_path}: not valid JSON", path=str(artifact.manifest_path)) from None
+    store_manifest, files = _listed_files(artifact, config)
     repository = base.repository
-    files = list(_iter_files(artifact.path))
-    total = sum(p.stat().st_size for _, p in files) + len(config)
+    total = sum(size for _, _, size, _ in files) + len(config)
     layers = []
-    for rel, path in files:
-        size = path.stat().st_size
-        digest = _sha256_file(path)
-        client.push_blob(repository, path, digest, size)
+    for rel, path, size, digest in files:
+        try:
+            client.push_blob(repository, path, digest, size)
+        except RemoteError as err:
+            if "DIGEST_INVALID" not in err.message:
+                raise
+            raise IntegrityError(
+                f"{artifact.kind}/{artifact.key}: the registry found that {rel} does not hold the bytes of {digest[:19]}..., "
+                "the digest its manifest records (it checks every upload); the stored file is damaged, nothing was tagged",
+                path=str(path), in_store=True, fix="restore the artifact to its digest, then push again",
+            ) from None
         layers.append({"mediaType": FILE_MEDIA_TYPE, "digest": digest, "size": size, "annotations": {TITLE_ANNOTATION: rel}})
         if progress is not None:
             progress(rel, size)
@@ -686,27 +738,78 @@ def resolve_remote(client: OciClient, ref: OciRef) -> RemoteArtifact:
     oci_digest = "sha256:" + hashlib.sha256(body).hexdigest()
     try:
         manifest = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise IntegrityError(f"{ref}: manifest is not JSON; refused", path=str(ref)) from None
-    config = manifest.get("config") or {}
-    media_type = str(config.get("mediaType", ""))
+    config = manifest.get("config") if isinstance(manifest, dict) else None
+    media_type = str(config.get("mediaType", "")) if isinstance(config, dict) else ""
     if not (media_type.startswith("application/vnd.trtpipe.") and media_type.endswith(".manifest.v1+json")):
-        raise InvalidInput(f"{ref} is not a trtpipe artifact (config media type {media_type!r})",
+        raise InvalidInput(f"{ref} is not a trtpipe artifact (config media type {media_type[:80]!r})",
                            fix="name an artifact that trtpipe pushed")
+    why = oci_manifest_problem(manifest)
+    if why is not None:
+        raise IntegrityError(f"{ref}: {why}; refused before downloading anything", path=str(ref),
+                             fix="it was not pushed by trtpipe, or was tampered with; push it again from a good copy")
     return RemoteArtifact(ref.with_digest(oci_digest), oci_digest, body, manifest)
 
 
-def _safe_relpath(title: str) -> PurePosixPath:
-    rel = PurePosixPath(title)
-    if not title or rel.is_absolute() or ".." in rel.parts or "\\" in title or rel.as_posix() in (".", "manifest.json"):
-        raise IntegrityError(f"artifact layer title {title!r} escapes the entry directory; refused", path=title)
-    return rel
+def _is_size(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def oci_manifest_problem(manifest: dict[str, Any]) -> str | None:
+    """Why a trtpipe artifact's OCI manifest cannot be pulled as it is (None when it can), decided from the
+    manifest alone, before a byte of any blob is downloaded: the kind and key it names, and every layer's
+    digest, declared size and file title. A title obeys the store's file-name rule and a declared size the
+    cap of what that file of that kind can hold (`trtpipe.store.manifest`: a rank file at most 256 GiB,
+    any other file 256 MiB)."""
+    annotations = manifest.get("annotations")
+    if not isinstance(annotations, dict):
+        return "its annotations are not an object"
+    kind, key = annotations.get("org.trtpipe.kind"), annotations.get("org.trtpipe.key")
+    if kind not in KINDS:
+        return f"it names the artifact kind {str(kind)[:40]!r}, not one of {', '.join(KINDS)}"
+    if not isinstance(key, str) or not _KEY_RE.match(key):
+        return f"it names the key {str(key)[:80]!r}, which is not a store key"
+    config = manifest["config"]
+    if not isinstance(config.get("digest"), str) or not _DIGEST_RE.match(config["digest"]):
+        return "its config has no sha256 digest"
+    if not _is_size(config.get("size")) or config["size"] > MAX_CONFIG_BYTES:
+        return f"its config declares {str(config.get('size'))[:40]} bytes (a trtpipe manifest is at most {MAX_CONFIG_BYTES})"
+    layers = manifest.get("layers")
+    if not isinstance(layers, list) or len(layers) > MAX_FILES:
+        return f"its layers are not a list of at most {MAX_FILES} files"
+    seen: set[str] = set()
+    for layer in layers:
+        if not isinstance(layer, dict) or layer.get("mediaType") != FILE_MEDIA_TYPE:
+            return f"a layer is not a trtpipe file ({str(layer)[:80]})"
+        titles = layer.get("annotations")
+        title = titles.get(TITLE_ANNOTATION) if isinstance(titles, dict) else None
+        why = entry_path_problem(title)
+        if why is not None:
+            return f"layer title {str(title)[:80]!r}: {why}"
+        if title in seen:
+            return f"file {title!r} appears twice"
+        seen.add(title)
+        if not isinstance(layer.get("digest"), str) or not _DIGEST_RE.match(layer["digest"]):
+            return f"layer {title!r} has no sha256 digest"
+        size = layer.get("size")
+        if not _is_size(size):
+            return f"layer {title!r} declares the size {str(size)[:40]!r}, not a byte count"
+        if size > size_cap(kind, title):
+            return (f"layer {title!r} declares {size} bytes, more than a {kind}'s {title} can hold "
+                    f"({size_cap(kind, title)} bytes)")
+    return None
 
 
 def download_verified(client: OciClient, remote: RemoteArtifact, dest: Path, *,
                       progress: Callable[[str, int], None] | None = None,
                       write_manifest: bool = True) -> tuple[bytes, dict[str, str]]:
     """Download every blob of `remote` into the empty directory `dest`, verifying each.
+
+    Before any file is downloaded: the trtpipe manifest (the config blob, small) must be this trtpipe's
+    sound manifest of exactly the kind and key the OCI manifest names, and list exactly the layers' files
+    with their sizes and digests; and all of them must fit in the free space at `dest`. Each file is then
+    hashed once, while it streams in, and cut off past its declared size.
 
     Returns the artifact's manifest bytes and, per file, the sha256 (hex) its bytes were verified
     against while they were written: what a file *is*, never what a manifest says about it.
@@ -716,54 +819,50 @@ def download_verified(client: OciClient, remote: RemoteArtifact, dest: Path, *,
     repository = remote.ref.repository
     config = remote.manifest["config"]
     config_bytes = client.fetch_blob_bytes(repository, config["digest"], int(config["size"]))
-    try:
-        store_manifest = json.loads(config_bytes)
-    except ValueError:
-        raise IntegrityError(f"{remote.ref}: its trtpipe manifest is not JSON; refused", path=str(remote.ref)) from None
-    seen: set[str] = set()
+    layers = {layer["annotations"][TITLE_ANNOTATION]: layer for layer in remote.manifest["layers"]}
+    _check_store_manifest(remote, config_bytes, layers)
+    needed = sum(int(layer["size"]) for layer in layers.values())
+    free = shutil.disk_usage(dest).free
+    if needed > free:
+        raise InvalidInput(
+            f"{remote.ref} is {needed} bytes, but only {free} bytes are free at {dest}; nothing was downloaded",
+            fix="free disk space there, or use a store on a larger disk",
+        )
     verified: dict[str, str] = {}
-    for layer in remote.manifest.get("layers") or []:
-        title = (layer.get("annotations") or {}).get(TITLE_ANNOTATION, "")
-        rel = _safe_relpath(title)
-        if rel.as_posix() in seen:
-            raise IntegrityError(f"{remote.ref}: file {title!r} appears twice; refused", path=str(remote.ref))
-        seen.add(rel.as_posix())
-        target = dest.joinpath(*rel.parts)
+    for title, layer in sorted(layers.items()):
+        target = dest.joinpath(*PurePosixPath(title).parts)
         target.parent.mkdir(parents=True, exist_ok=True)
-        digest = str(layer["digest"])
-        if not _DIGEST_RE.match(digest):
-            raise IntegrityError(f"{remote.ref}: layer {title!r} has no sha256 digest; refused", path=str(remote.ref))
-        client.fetch_blob(repository, digest, int(layer["size"]), target)  # verifies size and sha256
-        verified[rel.as_posix()] = digest.removeprefix("sha256:")
+        client.fetch_blob(repository, layer["digest"], int(layer["size"]), target)  # verifies size and sha256
+        verified[title] = layer["digest"].removeprefix("sha256:")
         if progress is not None:
-            progress(rel.as_posix(), int(layer["size"]))
-    _check_store_manifest(remote, store_manifest, config_bytes, dest)
+            progress(title, int(layer["size"]))
     if write_manifest:
         (dest / "manifest.json").write_bytes(config_bytes)
     return config_bytes, verified
 
 
-def _check_store_manifest(remote: RemoteArtifact, store_manifest: dict[str, Any], config_bytes: bytes, dest: Path) -> None:
-    """Cross-check the files against the store manifest's own file list, when it has one."""
-    files = store_manifest.get("files")
-    listed: dict[str, dict[str, Any]] = {}
-    if isinstance(files, dict):
-        listed = {str(k): v for k, v in files.items() if isinstance(v, dict)}
-    elif isinstance(files, list):
-        listed = {str(f.get("path")): f for f in files if isinstance(f, dict) and f.get("path")}
-    for rel, info in listed.items():
-        path = dest.joinpath(*_safe_relpath(rel).parts)
-        if not path.is_file():
-            raise IntegrityError(f"{remote.ref}: file {rel} listed in its manifest is missing; refused", path=str(remote.ref))
-        size = info.get("size")
-        if size is not None and path.stat().st_size != int(size):
-            raise IntegrityError(f"{remote.ref}: file {rel} has the wrong size; refused", path=str(remote.ref))
-        want = info.get("digest") or info.get("sha256")
-        if want:
-            want = want if str(want).startswith("sha256:") else f"sha256:{want}"
-            if _sha256_file(path) != want:
-                raise IntegrityError(f"{remote.ref}: file {rel} does not match its manifest digest; refused",
-                                     path=str(remote.ref))
+def _check_store_manifest(remote: RemoteArtifact, config_bytes: bytes, layers: dict[str, dict[str, Any]]) -> None:
+    """The trtpipe manifest must be sound, of the kind and key the OCI manifest names, and list exactly the
+    layers (path, size, sha256): decided before any file is downloaded."""
+    manifest, damage = parse_manifest(config_bytes, remote.kind, remote.key)
+    if damage is None and manifest.get("manifest_version") != MANIFEST_VERSION:
+        damage = f"manifest version {manifest.get('manifest_version')!r}, not {MANIFEST_VERSION} (rebuild it with this trtpipe)"
+    if damage is not None:
+        raise IntegrityError(f"{remote.ref}: its trtpipe manifest: {damage}; refused before downloading its files",
+                             path=str(remote.ref), fix="push the artifact again from a good copy")
+    listed = {item["path"]: item for item in manifest["files"]}
+    if set(listed) != set(layers):
+        odd = sorted(set(listed) ^ set(layers))
+        raise IntegrityError(f"{remote.ref}: its trtpipe manifest and its layers list other files ({', '.join(odd[:3])}); "
+                             "refused before downloading them", path=str(remote.ref),
+                             fix="push the artifact again from a good copy")
+    for rel, item in sorted(listed.items()):
+        layer = layers[rel]
+        if layer["size"] != item["size"] or layer["digest"] != f"sha256:{item['sha256']}":
+            raise IntegrityError(f"{remote.ref}: file {rel} is {layer['size']} bytes {layer['digest']} as a layer but "
+                                 f"{item['size']} bytes sha256:{item['sha256']} in its trtpipe manifest; refused "
+                                 "before downloading it", path=str(remote.ref),
+                                 fix="push the artifact again from a good copy")
 
 
 def sha256_bytes(body: bytes) -> str:

@@ -9,10 +9,11 @@ healthy entry of that digest is back (`trtpipe cache verify --repair`, or the ne
 from __future__ import annotations
 
 import os
+import stat
 
 from pydantic import BaseModel, Field
 
-from trtpipe.store.local import Entry, Problem, Store
+from trtpipe.store.local import MANIFEST, Entry, Problem, Store
 from trtpipe.store.objects import sha256_file
 
 
@@ -49,6 +50,19 @@ class VerifyReport(BaseModel):
         return not self.problems and not any(not p.restored for p in self.pinned)
 
 
+def recorded_digests(store: Store, kind: str, key: str) -> list[str]:
+    """The artifact digests the build records give `kind/key` (newest first): who an entry whose own
+    manifest is damaged was, so a repair can restore exactly that digest."""
+    from trtpipe.build_record import read_records
+
+    found: list[str] = []
+    for record in read_records(store.root):
+        for stage in record.stages:
+            if stage.key == key and stage.digest and record.artifacts.get(kind) == stage.digest and stage.digest not in found:
+                found.append(stage.digest)
+    return found
+
+
 def verify_store(store: Store, *, pins: dict[str, list[str]], ref: str | None = None) -> VerifyReport:
     """Check every entry (or the one `ref` names) and object. `pins`: each digest a channel pins -> the
     channels naming it (the release area's, `trtpipe.release.channels.ChannelStore.pins`)."""
@@ -57,7 +71,7 @@ def verify_store(store: Store, *, pins: dict[str, list[str]], ref: str | None = 
     entries: list[Entry] = [store.find(ref)] if ref else list(store.entries())
     for entry in entries:
         report.entries += 1
-        if not entry.current:
+        if entry.outdated:
             report.outdated.append(f"{entry.kind}/{entry.key}")
             continue
         problems = _check_entry(store, entry, hashed, report)
@@ -66,33 +80,44 @@ def verify_store(store: Store, *, pins: dict[str, list[str]], ref: str | None = 
             moved = store.quarantine(entry, problems)
             if moved is not None:
                 report.quarantined.append(f"{entry.kind}/{entry.key}")
-            if entry.digest in pins:
-                report.pinned.append(PinnedDamage(
-                    kind=entry.kind, key=entry.key, digest=entry.digest, channels=pins[entry.digest],
-                    files=sorted({p.file or p.reason for p in problems}), quarantine=str(moved) if moved else None))
+            # A damaged manifest has no digest of its own: what it was is what the build records say.
+            for digest in recorded_digests(store, entry.kind, entry.key) if entry.damage else [entry.digest]:
+                if digest in pins:
+                    report.pinned.append(PinnedDamage(
+                        kind=entry.kind, key=entry.key, digest=digest, channels=pins[digest],
+                        files=sorted({p.file or p.reason for p in problems}), quarantine=str(moved) if moved else None))
     # Pinned entries quarantined by an earlier run (or by a build) and not restored since: still damage.
     reported = {p.digest for p in report.pinned}
     for item in store.quarantined_entries():
-        digest = item["digest"]
-        if digest in pins and digest not in reported and not ref and store.healthy(item["kind"], item["key"], digest) is None:
-            reported.add(digest)
-            report.pinned.append(PinnedDamage(
-                kind=item["kind"], key=item["key"], digest=digest, channels=pins[digest],
-                files=sorted({p.get("file") or p.get("reason") for p in item["problems"]}), quarantine=item["path"]))
+        digests = [item["digest"]]
+        if any(isinstance(p, dict) and p.get("file") == MANIFEST for p in item["problems"]):
+            digests = recorded_digests(store, item["kind"], item["key"])
+        for digest in digests:
+            if digest in pins and digest not in reported and not ref and store.healthy(item["kind"], item["key"], digest) is None:
+                reported.add(digest)
+                report.pinned.append(PinnedDamage(
+                    kind=item["kind"], key=item["key"], digest=digest, channels=pins[digest],
+                    files=sorted({p.get("file") or p.get("reason") for p in item["problems"]}), quarantine=item["path"]))
     if ref:
         return report
     for digest, path in store.objects.iter_objects():
         report.objects += 1
         try:
-            st = path.stat()
+            st = path.lstat()
         except FileNotFoundError:
             continue  # moved aside with a corrupt entry above
         actual = hashed.get((st.st_dev, st.st_ino))
-        if actual is None:
-            actual = sha256_file(path)
+        if actual is None and not stat.S_ISREG(st.st_mode):
+            actual = "not a regular file"  # never opened: a FIFO would block the read
+        elif actual is None:
+            try:
+                actual = sha256_file(path)
+            except OSError:
+                actual = "unreadable"
             report.bytes_hashed += st.st_size
         if actual != digest:
-            report.problems.append(VerifyProblem(kind="object", key=digest, reason="sha256 mismatch"))
+            report.problems.append(VerifyProblem(kind="object", key=digest,
+                                                 reason=actual if len(actual) != 64 else "sha256 mismatch"))
             store.objects.discard(digest, into=store.root / "quarantine" / "objects")
     return report
 
@@ -108,7 +133,11 @@ def _check_entry(store: Store, entry: Entry, hashed: dict[tuple[int, int], str],
         ident = (st.st_dev, st.st_ino)
         actual = hashed.get(ident)
         if actual is None:
-            actual = sha256_file(path)
+            try:
+                actual = sha256_file(path)
+            except OSError as err:  # cannot be read, so cannot be vouched for: damage, set aside and repaired
+                problems.append(Problem(entry.kind, entry.key, item["path"], f"unreadable ({err.strerror or err})"))
+                continue
             report.bytes_hashed += st.st_size
             hashed[ident] = actual
         if actual != item["sha256"]:
