@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh
 export PATH="$PWD/.venv/bin:$PATH"
 export TRTPIPE_HOME="${TRTPIPE_HOME:-$PWD/out/store}"
-SPEC=build_configs/examples/tiny-cpu.yaml
+SPEC="${SPEC:-build_configs/examples/tiny-cpu.yaml}"  # SPEC=build_configs/examples/tiny-cpu-llmapi.yaml: the LLM-API track
 
 [ -f out/tiny-llama/config.json ] || trtpipe example-model out/tiny-llama
 trtpipe check --spec "$SPEC"

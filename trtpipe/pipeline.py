@@ -139,6 +139,8 @@ class _Runner:
         self._add(StageReport(name="resolve", outcome="ran", seconds=time.monotonic() - started,
                               detail=f"{spec.artifact_name} -> {spec.target.gpu} ({resolved.toolchain.name}, "
                                      f"{resolved.backend_kind})"))
+        for note in resolved.llm_api.notes if resolved.llm_api is not None else ():
+            self.printer.note(f"    note: {note}", style="yellow")  # e.g. a preview line's unverified fields
 
     def plan_step(self) -> None:
         assert self.resolved is not None and self.backend is not None

@@ -89,6 +89,9 @@ class QuantFormat:
     parity_with_kv: dict[str, ParityBound] = field(default_factory=dict)  # KV cache name -> bound
     refused: str | None = None  # why trtpipe's converter refuses it (None: it converts)
     alternatives: str = ""  # what to use instead, when refused
+    # Why the llm-api backend's artifact (ModelOpt's unified HF export, served by TensorRT-LLM's PyTorch backend)
+    # refuses a format the TRT-LLM checkpoint converter makes (None: the llm-api artifact exports it too).
+    llm_api_refused: str | None = None
     gemm_plugin: str | None = "auto"  # trtllm-build --gemm_plugin the build profile sets for it
     fp8_gemms: bool = False  # the build profile may use the FP8 GEMM plugins and FP8 context FMHA
     build_plugins: dict[str, str] = field(default_factory=dict)  # other plugins its kernels need (flag -> value)
@@ -155,6 +158,9 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
         dequant="int4-grouped", activation_quant="fp8",
         parity=ParityBound(max_rel_error=0.12, min_top1_agreement=0.85),
         parity_with_kv={"fp8": ParityBound(max_rel_error=0.13, min_top1_agreement=0.85)},
+        llm_api_refused="trtpipe's llm-api artifact covers none, fp8 and int4_awq (+ an fp8 KV cache): the unified HF "
+                        "export of W4A8 AWQ and its dequantization by the reference runtime are not verified here "
+                        "(the PyTorch backend itself lists W4A8 AWQ on Ada and Hopper only)",
         source="[modelopt-0.37] W4A8_AWQ_BETA_CFG -> W4A8_AWQ (FP8 activations); tensors [export-here]",
     ),
     QuantFormat(
@@ -165,6 +171,9 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
                  TensorRule("prequant_scaling_factor", "model", ("in",))),
         dequant="int8-per-channel", activation_quant="int8",
         parity=ParityBound(max_rel_error=0.06, min_top1_agreement=0.90),
+        llm_api_refused="TensorRT-LLM's PyTorch backend has no INT8 SmoothQuant recipe (docs/source/features/"
+                        "quantization.md @09d4c79b lists FP4, FP8 per tensor/block/rowwise, FP8 KV, W4A16/W4A8 "
+                        "GPTQ and AWQ)",
         source="[modelopt-0.37] INT8_SMOOTHQUANT_CFG -> W8A8_SQ_PER_CHANNEL; tensors [export-here]",
     ),
     QuantFormat(

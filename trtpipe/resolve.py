@@ -20,11 +20,20 @@ from trtpipe import quant
 from trtpipe.config_json import read_model_config
 from trtpipe.errors import InvalidInput
 from trtpipe.gpu import GpuInfo, UnknownGpu, get_gpu, load_catalog
+from trtpipe.llm_api.derive import LlmApiPlan, LlmApiRuleViolation, derive_llm_args
 from trtpipe.model_folder import check_tokenizer, escapes, folder_roots, resolves_inside, shard_problems
 from trtpipe.names import name_fix, name_problem
 from trtpipe.spec import BuildSpec, Executor
 from trtpipe.spec_loader import LoadedSpec
-from trtpipe.toolchain import Backend, Toolchain, UnknownToolchain, get_toolchain, load_toolchains, version_tuple
+from trtpipe.toolchain import (
+    Backend,
+    Toolchain,
+    UnknownToolchain,
+    get_toolchain,
+    load_toolchains,
+    newest_toolchain,
+    version_tuple,
+)
 from trtpipe.trtllm_build.config import RuleViolation, derive_engine_config
 from trtpipe.versions import versions_match
 
@@ -57,6 +66,7 @@ class ResolvedSpec:
     config_path: Path  # the config.json that was read
     loaded: LoadedSpec | None = field(default=None, repr=False)  # for positioned errors downstream
     backend: Backend | None = None  # the toolchain's backend that builds it
+    llm_api: LlmApiPlan | None = None  # backend llm-api: the LLM() arguments the spec implies
 
     @property
     def backend_kind(self) -> str:
@@ -303,21 +313,41 @@ def _check_toolchain(loaded: LoadedSpec) -> tuple[Toolchain, Backend]:
         toolchain = get_toolchain(spec.toolchain)
     except UnknownToolchain as exc:
         raise loaded.error(("toolchain",), exc.message, exc.fix) from None
+    if toolchain.preview is not None and not spec.allow_preview:
+        raise loaded.error(
+            ("toolchain",), f"{toolchain.name} is a preview line: {toolchain.preview}",
+            f"set allow_preview: true to trial it knowingly, or use the stable {newest_toolchain(load_toolchains()).name}")
     kind = spec.backend_kind
     backend = toolchain.backend(kind)
     if backend is None:
         offered = ", ".join(b.kind for b in toolchain.backends) or "none"
+        where = ("backend",) if spec.backend is not None else ("toolchain",)
+        removed = toolchain.removed_backends.get(kind)
+        if removed:
+            raise loaded.error(
+                where, f"toolchain {toolchain.name} has no {kind} backend: {removed}",
+                "set backend: llm-api (the same spec through TensorRT-LLM's PyTorch backend), or pick a toolchain "
+                "up to trtllm-1.2.1")
         raise loaded.error(
-            ("backend",) if spec.backend is not None else ("toolchain",),
+            where,
             f"toolchain {toolchain.name} offers no {kind} backend (it offers: {offered})",
             "pick a backend it offers, or a toolchain that offers this one (build_configs/toolchains.yaml)",
         )
     if kind == "reference" and not spec.target.is_cpu_reference:
         raise loaded.error(("backend",), f"the reference backend runs on the CPU, but the target is {spec.target.gpu}",
                            "set target.gpu: cpu-reference, or backend: trtllm-build")
-    if kind != "reference" and spec.target.is_cpu_reference:
+    if kind == "trtllm-build" and spec.target.is_cpu_reference:
         raise loaded.error(("backend",), f"the {kind} backend builds for a GPU, but the target is cpu-reference",
-                           "target a GPU, or use backend: reference")
+                           "target a GPU, or use backend: reference (or llm-api)")
+    if kind == "llm-api" and toolchain.preview is not None and not spec.target.is_cpu_reference:
+        raise loaded.error(
+            ("target", "gpu"), f"the preview line {toolchain.name} builds for target cpu-reference only: no Triton "
+            "container carries it and its pins are unknown, so a GPU host could neither convert with known versions "
+            "nor serve it", f"set target.gpu: cpu-reference, or toolchain: {newest_toolchain(load_toolchains()).name}")
+    if toolchain.preview is not None:
+        # A preview line pins no ModelOpt: its artifact is exported here with trtpipe's converter pins, which the
+        # key records as installed (trtpipe.stages.hf_checkpoint).
+        return toolchain, backend
     # Every backend converts the checkpoint with trtpipe's converter, under the toolchain's pins (the
     # checkpoint key names them): a converter not written for them would be refused when it runs.
     modelopt, transformers = toolchain.modelopt_version, toolchain.transformers_version
@@ -403,7 +433,8 @@ def _check_quantization(loaded: LoadedSpec, gpu: GpuInfo | None) -> None:
                 f"on {gpu.name} use quantization.algo {', '.join(runnable)}, or target a GPU with "
                 f"{fmt.precision} tensor cores",
             )
-        if not gpu.has_precision(kv.precision):
+        # llm-api: the PyTorch backend's own hardware matrix decides the KV cache (trtpipe.llm_api.derive)
+        if not gpu.has_precision(kv.precision) and spec.backend_kind != "llm-api":
             raise loaded.error(
                 ("quantization", "kv_cache"),
                 f"a {q.kv_cache} KV cache needs {kv.precision} tensor cores ({_gpus_with(str(kv.precision))}), but "
@@ -500,12 +531,24 @@ def _check_engine(loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | Non
             f"{engine.max_seq_len} exceeds the model's max_position_embeddings {max_positions}",
             f"lower max_seq_len to at most {max_positions}",
         )
+    if spec.backend_kind == "llm-api":
+        return  # the LLM() arguments and their rules: _check_llm_api
     # The complete trtllm-build configuration, with the pinned trtllm-build's own rules, the in-flight
     # batching requirements, engine.plugins against the flag table and max_num_tokens: derived here once,
     # so a spec that resolves has an engine plan (trtpipe.engine.plan renders the same derivation).
     try:
         derive_engine_config(spec, toolchain, gpu, config)
     except RuleViolation as violation:
+        raise loaded.error(violation.field_path, violation.message, violation.fix) from None
+
+
+def _check_llm_api(loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | None, toolchain: Toolchain) -> LlmApiPlan:
+    """The LLM() arguments the spec implies on the toolchain's PyTorch backend, with that backend's rules
+    (quantization per GPU family and model, KV cache dtype, settings with no equivalent): trtpipe.llm_api.derive."""
+    spec = loaded.spec
+    try:
+        return derive_llm_args(spec, toolchain, gpu, config, weight_dtype=resolve_dtype(spec, config))
+    except LlmApiRuleViolation as violation:
         raise loaded.error(violation.field_path, violation.message, violation.fix) from None
 
 
@@ -538,6 +581,7 @@ def resolve(loaded: LoadedSpec, *, need_weights: bool = True) -> ResolvedSpec:
     model_dir, tokenizer_dir, config_path, config_field, config = _resolve_model(loaded, need_weights)
     _check_shape(loaded, config_field, config)
     _check_engine(loaded, config, gpu, toolchain)
+    llm_api = _check_llm_api(loaded, config, gpu, toolchain) if backend.kind == "llm-api" else None
     return ResolvedSpec(
         spec=spec,
         spec_path=loaded.path,
@@ -549,4 +593,5 @@ def resolve(loaded: LoadedSpec, *, need_weights: bool = True) -> ResolvedSpec:
         config_path=config_path,
         loaded=loaded,
         backend=backend,
+        llm_api=llm_api,
     )

@@ -259,8 +259,12 @@ class BuildSpec(StrictModel):
     toolchain: str | None = Field(default=None, description="A name from build_configs/toolchains.yaml.")
     backend: str | None = Field(
         default=None,
-        description="How the artifact is built and served: trtllm-build or reference; default: reference for "
-                    "target cpu-reference, else trtllm-build. The toolchain must offer it.")
+        description="How the artifact is built and served: trtllm-build, llm-api (TensorRT-LLM's PyTorch backend "
+                    "behind Triton's llmapi model; on cpu-reference the reference runtime serves it) or reference; "
+                    "default: reference for target cpu-reference, else trtllm-build. The toolchain must offer it.")
+    allow_preview: bool = Field(
+        default=False,
+        description="Opt in to a preview toolchain (a TensorRT-LLM pre-release, named in full in `toolchain`).")
     release: ReleaseSection = Field(default_factory=ReleaseSection)
 
     @field_validator("name")

@@ -172,7 +172,7 @@ def smoke_command(
     else:
         for check in result.checks:
             typer.echo(f"{'ok  ' if check.passed else 'FAIL'} {check.name:<13} {check.detail}")
-        typer.echo(f"smoke {'passed' if result.passed else 'FAILED'} ({url}, {model})")
+        typer.echo(f"smoke {'passed' if result.passed else 'FAILED'} ({url}, {result.model})")
     if not result.passed:
         raise typer.Exit(1)
 

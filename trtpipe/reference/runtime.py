@@ -2,9 +2,10 @@
 
 This is plain, readable PyTorch meant for checking numbers, not for speed. It is NOT TensorRT, does not
 claim to behave like TensorRT's kernels bit for bit, and is not fast. It loads a TensorRT-LLM checkpoint
-directory (config.json + rank{N}.safetensors, any TP/PP split, merged back into one model) or a trtpipe
+directory (config.json + rank{N}.safetensors, any TP/PP split, merged back into one model), a trtpipe
 reference engine directory (config.json with `pretrained_config`, `build_config`, `trtpipe_reference: true`,
-and the rank files beside it), dequantizes every weight to float32 and runs a KV-cached decoder.
+and the rank files beside it) or a Hugging Face-format checkpoint as the llm-api backend serves it
+(`trtpipe.reference.hf_loader`), dequantizes every weight to float32 and runs a KV-cached decoder.
 
 Compute dtype: float32 throughout (weights are dequantized once at load time). Quantized activations
 (FP8, INT8 SmoothQuant) and the FP8 KV cache are simulated by quantize-dequantize round trips with the
@@ -265,8 +266,13 @@ class ReferenceModel:
 
     @classmethod
     def load(cls, path: Path, *, simulate_activation_quant: bool = True) -> ReferenceModel:
-        """Load a TRT-LLM checkpoint dir or a trtpipe reference engine dir, merging all TP/PP shards."""
+        """Load a TRT-LLM checkpoint dir or a trtpipe reference engine dir, merging all TP/PP shards; or a
+        Hugging Face-format checkpoint (the llm-api artifact: `trtpipe.reference.hf_loader`)."""
+        from trtpipe.reference import hf_loader
+
         path = Path(path)
+        if hf_loader.is_hf_checkpoint(path):
+            return hf_loader.load_hf_checkpoint(path, simulate_activation_quant=simulate_activation_quant)
         raw_config, build_config = _read_config(path)
         config = ModelConfig.from_checkpoint_config(raw_config, path / "config.json")
         tp, pp = config.tp_size, config.pp_size

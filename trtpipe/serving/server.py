@@ -515,13 +515,23 @@ def container_image(manifest: dict[str, Any]) -> str:
     return f"{image.split('@')[0]}@{digest}" if digest else image
 
 
+def _world_size(manifest: dict[str, Any]) -> int:
+    """GPUs the repository's model needs: the engine's ranks, or the llm-api artifact's tp x pp."""
+    section = manifest.get("engine") or manifest.get("artifact") or {}
+    return int(section.get("world_size", 1))
+
+
 def docker_command(
     repo: Path, manifest: dict[str, Any], *, grpc_port: int = 8001, http_port: int = 8000,
     metrics_port: int = 8002, shm_size: str = "2g",
 ) -> list[str]:
-    """The exact `docker run` for the toolchain's Triton container, one server per rank (MPI)."""
+    """The exact `docker run` for the toolchain's Triton container, one server per rank (MPI); for an llmapi
+    repository one server under `mpirun -n 1` (the LLM starts its own workers: llmapi_command)."""
+    if manifest.get("layout") == "llmapi":
+        return llmapi_command(repo, manifest, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
+                              shm_size=shm_size)
     mount = manifest.get("container_repo_mount", "/trtpipe/repo")
-    world = int((manifest.get("engine") or {}).get("world_size", 1))
+    world = _world_size(manifest)
     image = container_image(manifest)
     devices = ",".join(str(i) for i in range(world))
     cmd = [
@@ -557,6 +567,41 @@ def docker_command(
     return cmd
 
 
+def llmapi_command(
+    repo: Path, manifest: dict[str, Any], *, grpc_port: int = 8001, http_port: int = 8000,
+    metrics_port: int = 8002, shm_size: str = "2g",
+) -> list[str]:
+    """The exact `docker run` for an llmapi repository in the toolchain's Triton TRT-LLM container.
+
+    Upstream's launch for this layout (tensorrtllm_backend 98bfe1d docs/llmapi.md: launch_triton_server.py
+    --model_repo=llmapi_repo/, world size left at its default 1) runs ONE tritonserver under `mpirun -n 1` with
+    --disable-auto-complete-config and a per-rank shm prefix (TensorRT-LLM triton_backend/scripts/
+    launch_triton_server.py get_cmd, code index 0a2e2c1f); with an MPI world of one, upstream's model.py starts
+    the LLM, which spawns its own workers for tensor/pipeline parallelism. The container sees tp x pp GPUs.
+    """
+    mount = manifest.get("container_repo_mount", "/trtpipe/repo")
+    world = _world_size(manifest)
+    devices = ",".join(str(i) for i in range(world))
+    return [
+        "docker", "run", "--rm", "--init",
+        f"--gpus=\"device={devices}\"",
+        f"--shm-size={shm_size}",
+        "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
+        "-p", f"127.0.0.1:{grpc_port}:{grpc_port}",
+        "-p", f"127.0.0.1:{http_port}:{http_port}",
+        "-p", f"127.0.0.1:{metrics_port}:{metrics_port}",
+        "-v", f"{Path(repo).resolve()}:{mount}:ro",
+        container_image(manifest),
+        "mpirun", "--allow-run-as-root", "-n", "1",
+        "/opt/tritonserver/bin/tritonserver",
+        f"--model-repository={mount}",
+        f"--grpc-port={grpc_port}", f"--http-port={http_port}", f"--metrics-port={metrics_port}",
+        "--disable-auto-complete-config",
+        "--backend-config=python,shm-region-prefix-name=prefix0_",
+        f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
+    ]
+
+
 def start_container(repo: Path, manifest: dict[str, Any], **ports: int) -> Any:
     """Run the Triton container through the Docker SDK; MissingCapability without a daemon or GPU."""
     try:
@@ -574,7 +619,7 @@ def start_container(repo: Path, manifest: dict[str, Any], **ports: int) -> Any:
     ports = {"grpc_port": 8001, "http_port": 8000, "metrics_port": 8002, **ports}
     argv = docker_command(repo, manifest, **ports)
     image_index = argv.index(container_image(manifest))
-    world = int((manifest.get("engine") or {}).get("world_size", 1))
+    world = _world_size(manifest)
     mount = manifest.get("container_repo_mount", "/trtpipe/repo")
     return client.containers.run(
         argv[image_index],

@@ -1,5 +1,8 @@
 """Validate a published Triton model repository before any server sees it.
 
+Two layouts: inflight_batcher_llm (the checks below) and llmapi (trtpipe.serving.llmapi_validate, chosen by the
+manifest's `layout`).
+
 Every config.pbtxt is parsed with Triton's own schema (tritonclient's model_config_pb2 and
 protobuf text_format). Each issue names the model, the field and the fix.
 """
@@ -378,6 +381,13 @@ class _Checker:
                      "rebuild the engine with the pinned toolchain, or publish it with its own toolchain")
 
 
+def _is_llmapi(repo: Path, manifest: dict[str, Any] | None) -> bool:
+    """The llm-api backend's layout (trtpipe.serving.llmapi): said by the manifest, else by the files."""
+    if manifest is not None and "layout" in manifest:
+        return manifest.get("layout") == "llmapi"
+    return (repo / "tensorrt_llm" / "1" / "model.yaml").is_file() and not (repo / "ensemble").exists()
+
+
 def validate_repository(repo: Path) -> list[ValidationIssue]:
     """All problems found in the model repository at `repo` (empty list: it is valid)."""
     repo = Path(repo)
@@ -386,6 +396,11 @@ def validate_repository(repo: Path) -> list[ValidationIssue]:
         checker.add("repository", "path", f"{repo} is not a directory", "pass the folder publish wrote")
         return checker.issues
     checker.load_manifest()
+    if _is_llmapi(repo, checker.manifest):
+        from trtpipe.serving.llmapi_validate import check_llmapi
+
+        check_llmapi(checker)
+        return checker.issues
     checker.load_configs()
     checker.check_ensemble()
     checker.check_transaction_policy()
