@@ -327,7 +327,7 @@ def test_a_worse_figure_beyond_the_channels_tolerance_is_highlighted(isolated_ho
     assert page.scripts == 0 and "&lt;script&gt;alert(&#39;longer prompts&#39;)&lt;/script&gt;" in html  # escaped
 
     code, text = _cli("report", "--out", str(out), "--tolerance", "-1")
-    assert code == 2 and "--tolerance -1 is negative" in text
+    assert code == 2 and "tolerance -1% is negative" in text
 
 
 def test_an_empty_workspace_renders(isolated_home: Path, tmp_path: Path) -> None:

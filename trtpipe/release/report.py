@@ -109,12 +109,12 @@ def _check_out(out: Path) -> None:
     if not os.path.lexists(out):
         return
     if out.is_symlink() or not out.is_dir():
-        raise UsageError(f"--out {out} exists and is not a folder", fix="give a new folder for the report")
+        raise UsageError(f"the report folder {out} exists and is not a folder", fix="give a new folder for the report")
     names = {p.name for p in out.iterdir()}
     if names and not (MARKER in names and names <= {MARKER, *REPORT_FILES}):
         listed = ", ".join(sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
         raise UsageError(
-            f"--out {out} holds files that are not a trtpipe report ({listed})",
+            f"the report folder {out} holds files that are not a trtpipe report ({listed})",
             fix="give a new or empty folder, or the folder of an earlier report (it is replaced)",
         )
 
@@ -123,12 +123,12 @@ def write_report(home: Path, out: Path, *, model: str | None = None,
                  tolerance_pct: float = DEFAULT_TOLERANCE_PCT, settings: Settings | None = None) -> ReportOutcome:
     """Write the release page of the workspace at `home` into the folder `out` (replaced whole, atomically)."""
     if tolerance_pct < 0:
-        raise UsageError(f"--tolerance {tolerance_pct:g} is negative", fix="give a percentage of 0 or more, e.g. 10")
+        raise UsageError(f"the regression tolerance {tolerance_pct:g}% is negative", fix="give a percentage of 0 or more, e.g. 10")
     out = Path(out).absolute()
     data = gather(Path(home), model=model, tolerance_pct=tolerance_pct, settings=settings)
     if model is not None and not (data.channels or data.audit.rows or data.builds or data.versions):
         raise UsageError(f"the workspace {home} has no channel, audit record, build or version of {model!r}",
-                         fix="name a model this workspace built or promoted (see `trtpipe channels`), or leave --model out")
+                         fix="name a model this workspace built or promoted, or report on every model")
     html, plotted = render(data)
     out.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(out.parent / f".{out.name}.lock"), timeout=120):
