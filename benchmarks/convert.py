@@ -246,6 +246,8 @@ def main() -> None:
         "export_dtype": "float16",
         "models": {},
     }
+    if args.work is not None:
+        Path(args.work).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.work) as scratch:
         work = Path(scratch)
         for which in args.models.split(","):
