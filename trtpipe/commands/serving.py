@@ -12,6 +12,7 @@ from typing import Optional
 import typer
 
 from trtpipe.commands.output import JsonOption, StoreOption, open_workspace, print_table
+from trtpipe.commands.trust_options import PolicyOption, load_policy_option
 from trtpipe.errors import NotFound, UsageError
 
 
@@ -50,16 +51,25 @@ def serve_command(
     metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Prometheus metrics port (default: a free port; 8002 in a container)."),
     start_timeout: float = typer.Option(120, "--start-timeout", help="Seconds to wait for every model to be ready."),
     as_json: bool = typer.Option(False, "--json", help="Print the server's addresses as JSON on stdout once ready."),
+    policy: PolicyOption = None,
+    store: StoreOption = None,
 ) -> None:
     """Serve a repository: tritonserver on loopback (cpu-reference) or the Triton container (GPU).
 
     The server reads a serving directory outside the store (links for engine files, copies for the
-    rest, the repository digest written into its configs), never the stored entry."""
+    rest, the repository digest written into its configs), never the stored entry. With a trust policy
+    the repository must carry a signature by a key the policy trusts (its code runs in the server)."""
     from trtpipe.serving.publish import read_manifest
     from trtpipe.serving.server import container_image, docker_command, start_container, start_server
     from trtpipe.serving.serving_dir import prepare
 
     repo = _existing_dir(repo)
+    workspace = open_workspace(store)
+    trust = load_policy_option(policy, workspace.settings)
+    if trust is not None:
+        from trtpipe.release.trust import require_trusted_folder
+
+        require_trusted_folder(repo, trust, home=workspace.root, action="serve")
     manifest = read_manifest(repo)
     if not manifest.get("reference"):
         ports = {"grpc_port": grpc_port or 8001, "http_port": http_port or 8000, "metrics_port": metrics_port or 8002}
