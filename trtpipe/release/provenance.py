@@ -35,22 +35,19 @@ _HEX64 = re.compile(r"^(sha256:)?([0-9a-f]{64})$")
 
 
 def _digests_in(node: Any, path: str, out: list[dict[str, Any]]) -> None:
-    """Every field whose name says digest (`*_digest`, `*_digests`, `digest`, `sha256`) with a sha256 value."""
+    """Every sha256 a key document names, labelled by where: the input files' digests (model.config,
+    model.weights[i], tokenizer, calibration, templates) and the stored stages it was built on (checkpoint,
+    engine.digest). A key document holds no other 64-hex value."""
     if isinstance(node, dict):
         for name, value in sorted(node.items()):
-            here = f"{path}.{name}" if path else str(name)
-            if ("digest" in str(name) or str(name) == "sha256") and isinstance(value, (str, list)):
-                values = value if isinstance(value, list) else [value]
-                for index, item in enumerate(values):
-                    match = _HEX64.match(item) if isinstance(item, str) else None
-                    if match:
-                        label = f"{here}[{index}]" if isinstance(value, list) else here
-                        out.append({"name": label, "digest": {"sha256": match.group(2)}})
-            else:
-                _digests_in(value, here, out)
+            _digests_in(value, f"{path}.{name}" if path else str(name), out)
     elif isinstance(node, list):
         for index, item in enumerate(node):
             _digests_in(item, f"{path}[{index}]", out)
+    elif isinstance(node, str):
+        match = _HEX64.match(node)
+        if match:
+            out.append({"name": path, "digest": {"sha256": match.group(2)}})
 
 
 def statement(entry: Any, store_root: Path) -> dict[str, Any]:
@@ -62,6 +59,19 @@ def statement(entry: Any, store_root: Path) -> dict[str, Any]:
     dependencies: list[dict[str, Any]] = []
     _digests_in(entry.inputs, f"{entry.kind}.inputs", dependencies)
     if record is not None:
+        # The key documents of every stage the build stored (weights, config, calibration set, tokenizer ...).
+        from trtpipe.errors import TrtpipeError
+        from trtpipe.store.local import Store
+
+        store = Store.open(Path(store_root))
+        for kind, digest in sorted(record.artifacts.items()):
+            if digest == entry.digest:
+                continue
+            try:
+                stage_entry = store.find(digest)
+            except TrtpipeError:
+                continue  # gone from this store: its digest is still named below
+            _digests_in(stage_entry.inputs, f"{kind}.inputs", dependencies)
         for stage in record.stages:
             if stage.digest and _HEX64.match(stage.digest):
                 dependencies.append({"name": f"stage.{stage.name}", "digest": {"sha256": _HEX64.match(stage.digest).group(2)},
