@@ -230,3 +230,62 @@ def test_signing_key_from_the_environment(registry_env, isolated_home: Path, tmp
     assert code == 0, err
     assert json.loads(out)["signature"]["key_id"] == keys["release"].key_id
     assert (tmp_path / "release.key").read_text() not in out + err
+
+
+def test_promote_into_a_channel_that_requires_signatures(registry_env, isolated_home: Path, tmp_path: Path, cli) -> None:
+    keys = _keys(tmp_path)
+    policy = _policy(tmp_path, f"keys:\n  release: {tmp_path / 'release.pub'}\ndefault:\n  require_signature: false\n"
+                               "channels:\n  prod: {require_signature: true, signers: [release]}\n")
+    unsigned = _repository(isolated_home, key="u" * 64)
+    signed = _repository(isolated_home, key="s" * 64, model_py=MODEL_PY + b"# v2\n")
+    # Not even a forced promotion skips the signature; the refusal lists what is missing and is audited.
+    code, _, err = cli("promote", unsigned.digest, "--to", "prod", "--force", "--reason", "hotfix", "--policy", str(policy))
+    assert code == 1 and "promote refused" in err and "unsigned" in err and "a signature by release" in err, err
+    refused = _refusals(isolated_home)
+    assert len(refused) == 1 and refused[0].channel == "prod" and refused[0].to_digest == unsigned.digest
+    assert refused[0].model == "tiny-llama" and refused[0].target == "cpu-reference"
+    # A channel whose rule requires nothing is not affected.
+    code, _, err = cli("promote", unsigned.digest, "--to", "dev", "--force", "--reason", "try", "--policy", str(policy))
+    assert code == 0, err
+    # Signed (at push) by the key the channel trusts: promoted.
+    assert cli("cache", "push", signed.key, "--to", registry_env.url("promo/x"), "--sign", str(tmp_path / "release.key"))[0] == 0
+    code, _, err = cli("promote", signed.digest, "--to", "prod", "--force", "--reason", "release", "--policy", str(policy))
+    assert code == 0, err
+    # Signed by a key the channel does not trust: refused, naming the key.
+    other = _repository(isolated_home, key="o" * 64, model_py=MODEL_PY + b"# v3\n")
+    assert cli("cache", "push", other.key, "--to", registry_env.url("promo/x"), "--sign", str(tmp_path / "stranger.key"))[0] == 0
+    code, _, err = cli("promote", other.digest, "--to", "prod", "--force", "--reason", "r", "--policy", str(policy))
+    assert code == 1 and keys["stranger"].key_id[:16] in err and "does not trust" in err, err
+    assert len(_refusals(isolated_home)) == 2
+
+
+def test_referrers_api_when_the_registry_has_it(registry_env, isolated_home: Path, cli, monkeypatch) -> None:
+    """Where GET /v2/<repo>/referrers/<digest> answers (the docker-registry here does not: 404), the answer is
+    used and no fallback tag is written. The API's answer is emulated at the one function that reads it."""
+    client = oci.OciClient(registry_env.host)
+    entry = _repository(isolated_home)
+    code, out, err = cli("cache", "push", entry.key, "--to", registry_env.url("api/x"), "--json")
+    assert code == 0, err
+    subject = client.get_manifest("api/x", json.loads(out)["oci_digest"])
+    real_get = referrers._get
+    answered: dict[str, bytes] = {}
+
+    def api_get(client_, path, accept, what, repository):
+        if "/referrers/" in path:
+            return answered.get("index", referrers._index([]))
+        return real_get(client_, path, accept, what, repository)
+
+    monkeypatch.setattr(referrers, "_get", api_get)
+    digest = referrers.attach(client, "api/x", subject, artifact_type="application/example", payload=b"x",
+                              payload_media_type="application/example", annotations={})
+    tag_path = f"/v2/api/x/manifests/{referrers.fallback_tag(oci.sha256_bytes(subject))}"
+    assert real_get(client, tag_path, referrers.INDEX_MEDIA_TYPE, "read", "api/x") is None
+    answered["index"] = referrers._index([{"mediaType": oci.OCI_MANIFEST_MEDIA_TYPE, "digest": digest, "size": 1,
+                                           "artifactType": "application/example"}])
+    assert [r.digest for r in referrers.list_referrers(client, "api/x", oci.sha256_bytes(subject))] == [digest]
+    # And without the API (the real answer, 404): the fallback tag is written and read.
+    monkeypatch.setattr(referrers, "_get", real_get)
+    again = referrers.attach(client, "api/x", subject, artifact_type="application/example", payload=b"y",
+                             payload_media_type="application/example", annotations={})
+    assert json.loads(real_get(client, tag_path, referrers.INDEX_MEDIA_TYPE, "read", "api/x"))["manifests"][0]["digest"] == again
+    assert [r.digest for r in referrers.list_referrers(client, "api/x", oci.sha256_bytes(subject))] == [again]
