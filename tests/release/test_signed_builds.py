@@ -140,3 +140,31 @@ def test_an_engine_pulled_under_the_victims_key_is_no_silent_cache_hit(built, re
     code, out, err = cli("build", str(spec), "--policy", str(policy), "--json")
     assert code == 0 and all(s["outcome"] == "hit" for s in json.loads(out)["stages"] if s.get("key")), err
     assert len([r for r in read_audit(victim) if r.action == "refused"]) == 1
+
+
+def test_a_signed_pulled_entry_is_a_cache_hit_under_the_policy(built, registry_env, tmp_path: Path, cli, monkeypatch) -> None:
+    base, spec, store_root, _ = built
+    key, policy = _release_key(tmp_path)
+    store = Store.open(store_root)
+    engine = next(store.entries("engine"))
+    checkpoint = next(store.entries("checkpoint"))
+    url = registry_env.url("signed/engines")
+    for entry in (checkpoint, engine):
+        code, _, err = cli("cache", "push", f"{entry.kind}/{entry.key}", "--to", url, "--sign", str(tmp_path / "release.key"),
+                           "--store", str(store_root))
+        assert code == 0, err
+    victim = tmp_path / "victim"
+    monkeypatch.setenv("TRTPIPE_HOME", str(victim))
+    # The build consults the registry (the remote cache), pulls both through the trust gate, and reuses them.
+    code, out, err = cli("build", str(spec), "--store", url, "--policy", str(policy), "--json")
+    assert code == 0, err
+    stages = {s["name"]: s for s in json.loads(out)["stages"]}
+    assert stages["checkpoint"]["outcome"] == "pulled" and stages["engine"]["outcome"] == "pulled", stages
+    assert stages["engine"]["digest"] == engine.digest
+    assert "verified" in err and "trusted key release" in err
+    # A later build with the local store finds them as hits, judged again (their signatures re-checked): no rebuild.
+    code, out, err = cli("build", str(spec), "--policy", str(policy), "--json")
+    assert code == 0, err
+    stages = {s["name"]: s for s in json.loads(out)["stages"]}
+    assert stages["engine"]["outcome"] == "hit" and "signed by trusted key release" in stages["engine"]["detail"]
+    assert not [r for r in read_audit(victim) if r.action == "refused"]
