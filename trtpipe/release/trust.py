@@ -262,7 +262,6 @@ class PullGate:
             record_refusal(self.home, action="pull", subject=subject, digest=remote.artifact_digest, reason=reason,
                            ref=str(remote.ref), model=str(remote.annotations.get("org.trtpipe.model", "-")),
                            target=str(remote.annotations.get("org.trtpipe.target.gpu", "-")))
-            assert self.policy is not None or judgement.tampered is not None
             missing = ([f"a signature by {n}" for n in self.policy.trusted_keys()] if self.policy is not None else [])
             raise Untrusted(f"pull refused: {remote.ref} ({remote.kind}/{remote.key[:16]}) is "
                             f"{'tampered: ' if judgement.tampered else ''}{reason}; nothing was installed",
