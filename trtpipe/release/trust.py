@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtpipe.errors import IntegrityError, TrtpipeError, Untrusted
+from trtpipe.errors import IntegrityError, Untrusted
 from trtpipe.release.keys import PrivateKey
 from trtpipe.release.policy import TrustPolicy, Verdict
 from trtpipe.release.signing import (
@@ -122,7 +122,7 @@ def sign_pushed(remote: Any, pushed: Any, entry: Any, key: PrivateKey | str, *, 
     signatures.update_record(store_root, entry.digest, kind=entry.kind, key=entry.key,
                              bundles=[{"bundle": bundle.decode(), "claimed_key_id": key_id or "sigstore-keyless"}],
                              provenance=envelope.decode() if envelope is not None else None)
-    api, _ = referrers._query(client, repository, pushed.oci_digest)
+    api = referrers.api_available(client, repository, pushed.oci_digest)
     base = remote.base
     return Signed(key_id, f"{base.base}@{sig_digest}", f"{base.base}@{prov_digest}" if prov_digest else None, not api)
 
@@ -279,10 +279,14 @@ class PullGate:
 
 
 def install_gate(remote: Any, gate: PullGate) -> None:
-    """Make `remote`'s pulls go through `gate` (remotes without the hook cannot be verified: refused)."""
-    if not hasattr(remote, "gate"):
-        raise TrtpipeError(f"{remote} cannot verify signatures on pull", fix="use an oci:// remote")
-    remote.gate = gate
+    """Make `remote`'s pulls go through `gate`. A remote without the hook (`gate`, as the OCI remote has) cannot
+    have its pulls verified: refused when a policy is set, else its pulls are simply not recorded as checked."""
+    if hasattr(remote, "gate"):
+        remote.gate = gate
+    elif gate.policy is not None:
+        raise Untrusted(f"{remote} cannot verify signatures on pull, and trust policy {gate.policy.source} is set",
+                        subject=str(remote), missing=["signature verification on pull"],
+                        fix="use an oci:// remote, or run without a trust policy")
 
 
 # --------------------------------------------------------------------------- a folder as an artifact

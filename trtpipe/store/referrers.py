@@ -95,6 +95,11 @@ def _query(client: OciClient, repository: str, subject_digest: str) -> tuple[boo
     return False, _descriptors(body, f"{client.host}/{repository}:{tag}")
 
 
+def api_available(client: OciClient, repository: str, subject_digest: str) -> bool:
+    """Whether the registry answers the referrers API (else the tag schema stands in)."""
+    return _query(client, repository, subject_digest)[0]
+
+
 def list_referrers(client: OciClient, repository: str, subject_digest: str, artifact_type: str | None = None) -> list[Referrer]:
     """The referrers of `subject_digest` (optionally of one artifact type): referrers API, else the tag schema."""
     _, descriptors = _query(client, repository, subject_digest)
