@@ -31,6 +31,27 @@ def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def example_model_dir(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):
+    """example_model_dir(arch="llama", tied=False) -> the tiny example model folder of that architecture
+    (llama, qwen2, mistral), with its output head tied to the input embedding when `tied`; each written once
+    per session (the untied Llama and Qwen2 are tiny_llama_dir and tiny_qwen2_dir)."""
+    from trtpipe.checkpoint.example_model import write_example_model
+
+    made: dict[tuple[str, bool], Path] = {}
+
+    def get(arch: str = "llama", tied: bool = False) -> Path:
+        if not tied and arch in ("llama", "qwen2"):
+            return request.getfixturevalue(f"tiny_{arch}_dir")
+        if (arch, tied) not in made:
+            out = tmp_path_factory.mktemp("models") / f"tiny-{arch}{'-tied' if tied else ''}"
+            write_example_model(out, arch=arch, tied=tied)
+            made[(arch, tied)] = out
+        return made[(arch, tied)]
+
+    return get
+
+
 @pytest.fixture
 def trtpipe_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An isolated artifact store for one test."""

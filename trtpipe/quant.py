@@ -79,6 +79,8 @@ class QuantFormat:
     calibrated: bool = False  # needs calibration data (enters the checkpoint key)
     kv_caches: tuple[str, ...] = ()  # quantized KV caches the converter offers on top of this format
     modelopt_config: str | None = None  # [modelopt-0.37] config name; None: nothing to quantize
+    layerwise: bool = False  # calibrates one decoder layer at a time with the full-model result (trtpipe.checkpoint.
+                             # layerwise; equal bytes checked by tests/checkpoint/test_layerwise.py)
     tensors: tuple[TensorRule, ...] | None = None  # per quantized linear layer; None: no exporter here writes it
     dequant: Dequant | None = None  # None: unquantized, or the reference runtime cannot run it
     weight_scale: str = "weights_scaling_factor"  # the tensor holding the weight's scale(s): [1], [out] or groups
@@ -121,7 +123,7 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
     ),
     QuantFormat(
         name="fp8", checkpoint_algo="FP8", precision="fp8", weight_bits=8, calibrated=True, kv_caches=("fp8",),
-        modelopt_config="FP8_DEFAULT_CFG",
+        modelopt_config="FP8_DEFAULT_CFG", layerwise=True,
         tensors=(TensorRule("weight", "F8_E4M3", ("out", "in")), TensorRule("weights_scaling_factor", "F32", _SCALAR),
                  TensorRule("activation_scaling_factor", "F32", _SCALAR)),
         dequant="fp8", activation_quant="fp8",
@@ -132,7 +134,7 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
     ),
     QuantFormat(
         name="int4_awq", checkpoint_algo="W4A16_AWQ", precision="fp16", weight_bits=4, grouped=True,
-        calibrated=True, kv_caches=("fp8",), modelopt_config="INT4_AWQ_CFG",
+        calibrated=True, kv_caches=("fp8",), modelopt_config="INT4_AWQ_CFG", layerwise=True,
         tensors=(TensorRule("weight", "I8", ("out/2", "in")),
                  TensorRule("weights_scaling_factor", "F32", ("out", "in/group")),
                  TensorRule("prequant_scaling_factor", "model", ("in",))),
@@ -144,7 +146,7 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
     ),
     QuantFormat(
         name="w4a8_awq", checkpoint_algo="W4A8_AWQ", precision="fp8", weight_bits=4, grouped=True,
-        calibrated=True, kv_caches=("fp8",), modelopt_config="W4A8_AWQ_BETA_CFG",
+        calibrated=True, kv_caches=("fp8",), modelopt_config="W4A8_AWQ_BETA_CFG", layerwise=True,
         tensors=(TensorRule("weight", "I8", ("out/2", "in")),
                  TensorRule("weights_scaling_factor", "F32", ("out", "in/group")),
                  TensorRule("prequant_scaling_factor", "model", ("in",)),
@@ -157,7 +159,7 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
     ),
     QuantFormat(
         name="int8_sq", checkpoint_algo="W8A8_SQ_PER_CHANNEL", precision="int8", weight_bits=8, calibrated=True,
-        modelopt_config="INT8_SMOOTHQUANT_CFG",
+        modelopt_config="INT8_SMOOTHQUANT_CFG", layerwise=True,
         tensors=(TensorRule("weight", "I8", ("out", "in")), TensorRule("weights_scaling_factor", "F32", ("out",)),
                  TensorRule("activation_scaling_factor", "F32", _SCALAR),
                  TensorRule("prequant_scaling_factor", "model", ("in",))),

@@ -268,12 +268,26 @@ def bench(
         sent = sum(run.aggregates.requests_sent for run in result.runs)
         first = failed[0]
         lines.append(f"{len(failed)} of {sent} requests failed; first: {first.error_kind}: {first.error_message}")
+        lines += _dead_models(failed)
     for line in lines:
         typer.echo(line, err=json_out)
     if json_out:
         print_json(result.summary())
     if not result.passed:
         raise typer.Exit(1)
+
+
+def _dead_models(failed: list) -> list[str]:
+    """A line per model whose backend process died, named from the server's "Stub process ... is not healthy"."""
+    from trtpipe.serving.client import dead_model
+
+    dead: dict[str, int] = {}
+    for record in failed:
+        found = dead_model(record.error_message or "")
+        if found is not None:
+            dead[found[0]] = dead.get(found[0], 0) + 1
+    return [f"the model {model}'s backend process died ({n} requests failed on it); the server must be restarted "
+            "(`trtpipe serve REPO --restart on-failure` does so by itself)" for model, n in dead.items()]
 
 
 def register(app: typer.Typer) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from trtpipe.config_json import check_model_config, file_text
 from trtpipe.errors import IntegrityError, InvalidInput, NotFound, UsageError
 from trtpipe.reference import dequant, sampling
 from trtpipe.reference.dequant import Linear
@@ -71,6 +72,9 @@ class ModelConfig:
 
     @classmethod
     def from_checkpoint_config(cls, cfg: dict[str, Any], source: Path) -> ModelConfig:
+        # the bounds and types every consumer of a model's shape checks (trtpipe.config_json), before any tensor
+        check_model_config(cfg, source, flavour="trtllm", text=file_text(source))
+
         def need(key: str) -> Any:
             if key not in cfg:
                 raise IntegrityError(f"{source}: field {key} is missing", path=str(source), fix="re-export the checkpoint")
@@ -291,10 +295,12 @@ class ReferenceModel:
         ]
         embedding = cls._merge_vocab(config, [r for stage in others for r in stage], "transformer.vocab_embedding.weight", path)
         final_norm = cls._first_of(others, "transformer.ln_f.weight", path).to(torch.float32)
-        if any("lm_head.weight" in r for stage in others for r in stage) and not config.share_embedding_table:
-            lm_head = cls._merge_vocab(config, others[-1], "lm_head.weight", path)
+        if config.share_embedding_table:
+            lm_head = embedding  # TRT-LLM's shared table: the head multiplies by the embedding
         else:
-            lm_head = embedding
+            # A tied HF model is exported with its own lm_head copy; a missing head is an error, never the
+            # embedding in its place (an untied model would then answer with the wrong head).
+            lm_head = cls._merge_vocab(config, others[-1], "lm_head.weight", path)
         return cls(config, embedding, layers, final_norm, lm_head, build_config)
 
     @staticmethod

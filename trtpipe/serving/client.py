@@ -9,10 +9,11 @@ data response or on a separate empty one.
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,41 @@ class TritonRequestError(InvalidInput):
 
 class TritonConnectionError(RemoteError):
     """The server could not be reached, or went away mid-request."""
+
+
+class ModelProcessDied(TritonConnectionError):
+    """A model's Python-backend process (its "stub") is dead: the server is up, but every request that
+    reaches that model fails until the server is restarted (Triton does not restart it)."""
+
+    def __init__(self, message: str, *, remote: str, dead_model: str, instance: str, fix: str | None = None) -> None:
+        self.dead_model = dead_model
+        self.instance = instance
+        super().__init__(message, remote=remote, fix=fix)
+
+
+# What the Python backend answers for a request to a model whose stub process is dead: triton-inference-server/
+# python_backend r24.10 (01d0ad82) src/stub_launcher.cc:771-773 "Stub process '<instance>' is not healthy."
+# (src/python_be.cc:1060 has the same text without the name). Triton 2.51.0 keeps reporting the server live,
+# ready and the model ready meanwhile, and does not restart the stub (python_be.cc:2291-2293).
+STUB_NOT_HEALTHY = re.compile(r"Stub process '([^']+)' is not healthy")
+
+
+def dead_model(message: str, models: Iterable[str] = ()) -> tuple[str, str] | None:
+    """(model, instance) named by a "Stub process '<instance>' is not healthy" message, else None.
+
+    Triton names an instance `<group>_<n>`, and a group without a name `<model>_<index>` (a model without
+    instance groups: `<model>`): triton-inference-server/core r24.10 (bfec7c61) src/model_config_utils.cc:811
+    and :851, src/backend_model.cc:594. The model is the longest of `models` (the server's repository index)
+    the instance name starts with; without that list, the instance name less its numeric suffixes.
+    """
+    match = STUB_NOT_HEALTHY.search(message)
+    if match is None:
+        return None
+    instance = match.group(1)
+    named = [m for m in models if instance.startswith(f"{m}_")]
+    if named:
+        return max(named, key=len), instance
+    return re.sub(r"(?:_\d+){1,2}$", "", instance) or instance, instance
 
 
 def _tensor(name: str, value: np.ndarray) -> grpcclient.InferInput:
@@ -156,13 +192,34 @@ class TritonLLMClient:
         return grpcclient.InferenceServerClient(self.url)
 
     def _connection_error(self, err: Exception, doing: str) -> TrtpipeError:
-        """A server-side refusal (status None on a stream, or a non-transport code) vs a lost connection."""
+        """A server-side refusal (status None on a stream, or a non-transport code) vs a lost connection;
+        a model whose backend process died is neither (the request was fine, the server is not)."""
         transport = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED", "StatusCode.CANCELLED")
+        text = err.message() if isinstance(err, InferenceServerException) else str(err)
+        dead = dead_model(text or "", self._model_names()) if STUB_NOT_HEALTHY.search(text or "") else None
+        if dead is not None:
+            model, instance = dead
+            return ModelProcessDied(
+                f"the model {model}'s backend process died or hangs ({self.model} at {self.url}: {text.strip()})",
+                remote=self.url, dead_model=model, instance=instance,
+                fix="the server must be restarted (Triton does not restart a dead Python-backend process); "
+                    "if it was killed for memory, give the host more",
+            )
         if isinstance(err, InferenceServerException) and err.status() not in transport:
             return TritonRequestError(f"{self.model} at {self.url} refused the request: {err.message()}",
                                       fix="check the prompt and parameters against the engine's limits")
         return TritonConnectionError(f"Triton at {self.url} failed while {doing}: {err}", remote=self.url,
                                      fix="check that the server is running and reachable")
+
+    def _model_names(self) -> list[str]:
+        """The server's model names (to read an instance name back to its model); empty if it cannot say."""
+        client = self._client()
+        try:
+            return [m["name"] for m in client.get_model_repository_index(as_json=True, client_timeout=5).get("models", [])]
+        except Exception:  # noqa: BLE001 - only a better name is lost; the suffix rule still names the model
+            return []
+        finally:
+            _quietly(client.close)
 
     def is_decoupled(self) -> bool:
         if self._decoupled is None:
