@@ -15,7 +15,9 @@ PolicyOption = Annotated[Optional[Path], typer.Option(
 
 
 def load_policy_option(policy: Path | None, settings: Any) -> Any:
-    """The TrustPolicy the command runs under, or None."""
+    """The TrustPolicy the command runs under, or None (then nothing is imported: a warm build stays light)."""
+    if policy is None and settings.policy is None:
+        return None
     from trtpipe.release.policy import policy_from
 
     return policy_from(policy, settings.policy)
