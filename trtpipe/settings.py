@@ -31,6 +31,9 @@ VARIABLES: dict[str, str] = {
     "TRTPIPE_USER": "who is acting, in results and the audit trail (else GITHUB_ACTOR, GITLAB_USER_LOGIN, the login name)",
     "GITHUB_ACTOR": "who is acting, in GitHub Actions",
     "GITLAB_USER_LOGIN": "who is acting, in GitLab CI",
+    "TRTPIPE_SIGNING_KEY": "the release key pushes sign with when --sign is not given: a PEM EC P-256 private key "
+                           "file, or the PEM text itself (a CI secret)",
+    "TRTPIPE_POLICY": "the trust policy file (YAML) pull, serve, build and promote enforce when --policy is not given",
 }
 
 
@@ -47,6 +50,8 @@ class Settings:
     registry_insecure: tuple[str, ...] = ()
     docker_config: Path | None = None
     actor: str | None = None
+    signing_key: str | None = field(default=None, repr=False)  # a path or PEM text: never in a repr or a log
+    policy: Path | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -71,6 +76,8 @@ class Settings:
             registry_insecure=tuple(h.strip() for h in (text("TRTPIPE_REGISTRY_INSECURE") or "").split(",") if h.strip()),
             docker_config=path("DOCKER_CONFIG"),
             actor=text("TRTPIPE_USER") or text("GITHUB_ACTOR") or text("GITLAB_USER_LOGIN"),
+            signing_key=text("TRTPIPE_SIGNING_KEY"),
+            policy=path("TRTPIPE_POLICY"),
         )
 
     def default_home(self) -> Path:

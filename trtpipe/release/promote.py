@@ -29,6 +29,8 @@ from trtpipe.errors import Conflict, GateRefused, IntegrityError, NotFound, Usag
 from trtpipe.release.audit import AuditRecord, append_audit, read_audit
 from trtpipe.release.channels import ChannelPointer, ChannelScope, ChannelStore, PointerTarget, check_name, now_iso
 from trtpipe.release.gates import GateResult, evaluate_gates
+from trtpipe.release.policy import TrustPolicy
+from trtpipe.release.trust import require_trusted_digest
 from trtpipe.results import ResultRecord, ResultsLog, current_user, normalize_digest
 from trtpipe.settings import Settings
 from trtpipe.spec import ChannelGates
@@ -201,12 +203,16 @@ def promote(
     target: str | None = None,
     expect_from: str | None = UNSET,
     settings: Settings | None = None,
+    policy: TrustPolicy | None = None,
 ) -> PromotionOutcome:
-    """Point `channel` (of the artifact's model and target) at REF's digest if its gates pass."""
+    """Point `channel` (of the artifact's model and target) at REF's digest if its gates pass (and, when
+    the trust policy requires it for `channel`, its signature: not even a forced promotion skips that)."""
     check_name("channel", channel)
     if force and not (reason and reason.strip()):
         raise UsageError("a forced promotion needs a reason", fix='say why, e.g. "hotfix for incident 123, smoke run by hand"')
     art = resolve_artifact(home, ref, model=model, target=target, settings=settings)
+    if policy is not None:
+        require_trusted_digest(home, art.digest, policy, channel, model=art.model, target=art.target)
     gates, gates_source = load_gates(spec_path, art.manifest, channel)
     channels = ChannelStore(home)
     scope = ChannelScope(model=art.model, target=art.target)
