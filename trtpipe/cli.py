@@ -21,6 +21,7 @@ from trtpipe.commands import engine as engine_commands
 from trtpipe.commands import foundation as foundation_commands
 from trtpipe.commands import matrix as matrix_commands
 from trtpipe.commands import release as release_commands
+from trtpipe.commands import report as report_commands
 from trtpipe.commands import serving as serving_commands
 from trtpipe.commands import store as store_commands
 from trtpipe.errors import Interrupted, TrtpipeError
@@ -35,6 +36,7 @@ AREAS = (
     serving_commands,  # Serve
     bench_commands,
     release_commands,  # Release
+    report_commands,
     store_commands,  # Store
 )
 

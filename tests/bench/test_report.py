@@ -58,3 +58,27 @@ def test_sweep_json_table_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture
     png = plot_result(result, tmp_path / "plots" / "bench.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not [p for p in png.parent.iterdir() if p.name.startswith(".")]  # no temp file left
+
+
+@pytest.mark.timeout(60)
+def test_a_recorded_summary_redraws_the_same_figure(tmp_path: Path) -> None:
+    """What `bench --record` keeps (the summary, through JSON) gives the plot the same input as the live result:
+    the same labels and aggregates, and each successful request's TTFT to the microsecond."""
+    import json
+
+    from trtpipe.bench.plot import plot_input, plot_input_from_summary, png_bytes
+
+    workload = synthetic_workload(12, LengthDist.parse("uniform:4,20"), LengthDist.parse("3"), seed=2, counter=WordCounter())
+    result = run_bench("in-process", workload, "open", model="fake", rates=[50.0, 100.0], duration_s=20, drain_s=5,
+                       sender=quick_sender)
+    live = plot_input(result)
+    recorded = plot_input_from_summary(json.loads(json.dumps(result.summary())))
+    assert recorded is not None and recorded.title == live.title
+    assert [(r.label, r.aggregates) for r in recorded.runs] == [(r.label, r.aggregates) for r in live.runs]
+    for mine, theirs in zip(recorded.runs, live.runs, strict=True):
+        assert len(mine.ttft_s) == len(theirs.ttft_s) == 12
+        assert max(abs(a - b) for a, b in zip(mine.ttft_s, theirs.ttft_s, strict=True)) <= 5e-7  # rounded to 1 us
+    assert png_bytes(recorded)[:8] == b"\x89PNG\r\n\x1a\n"
+    # A result recorded by hand with flat figures has no curve to draw.
+    assert plot_input_from_summary({"ttft_p99_ms": 12.0}) is None
+    assert plot_input_from_summary({"runs": [{"aggregates": {"ttft_s": 1}}]}) is None

@@ -1,5 +1,8 @@
 """`--plot FILE.png`: the throughput-latency curve of a sweep and the TTFT distribution.
 
+The same figure is drawn from a live result (`plot_result`) or from a recorded summary
+(`plot_input_from_summary`, what `trtpipe report` redraws for every recorded version).
+
 Left panel: one point per load level (rate or concurrency), x = achieved output-token
 throughput, y = E2E and TTFT latency at P50 (solid) and P99 (dashed); each point is labelled with
 its load level, so the knee where throughput stops growing and latency takes off is visible.
@@ -10,15 +13,74 @@ latency grows by orders of magnitude and would squash the low-load points).
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from pydantic import ValidationError
+
+from trtpipe.bench.metrics import Aggregates
 from trtpipe.bench.report import BenchResult
+
+
+@dataclass(frozen=True)
+class PlotRun:
+    """What the figure needs of one load level: its label, aggregates and successful requests' TTFTs (s)."""
+
+    label: str
+    aggregates: Aggregates
+    ttft_s: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PlotInput:
+    title: str
+    runs: list[PlotRun]
+
+
+def plot_input(result: BenchResult) -> PlotInput:
+    runs = [PlotRun(run.label, run.aggregates, [r.ttft_s for r in run.records if r.ok and r.ttft_s is not None])
+            for run in result.runs]
+    return PlotInput(f"trtpipe bench: {result.model} @ {result.url}, {result.mode} loop", runs)
+
+
+def plot_input_from_summary(summary: dict[str, Any], title: str | None = None) -> PlotInput | None:
+    """The same figure's input from a recorded bench summary (`BenchResult.summary()`, what `bench --record`
+    stores): None when the record has no per-run aggregates (a result recorded by hand with flat figures).
+    Records made before the summary carried `ttft_s_ok` redraw the curve; their histogram says it has none."""
+    runs: list[PlotRun] = []
+    for run in summary.get("runs") or []:
+        if not isinstance(run, dict) or not isinstance(run.get("aggregates"), dict):
+            return None
+        try:
+            aggregates = Aggregates.model_validate(run["aggregates"])
+        except ValidationError:
+            return None
+        ttfts = [float(v) for v in run.get("ttft_s_ok") or [] if isinstance(v, (int, float))]
+        runs.append(PlotRun(str(run.get("label") or f"run {len(runs) + 1}"), aggregates, ttfts))
+    if not runs:
+        return None
+    default = f"trtpipe bench: {summary.get('model', '?')} @ {summary.get('url', '?')}, {summary.get('mode', '?')} loop"
+    return PlotInput(title or default, runs)
 
 
 def plot_result(result: BenchResult, path: Path) -> Path:
     """Draw the figure and write it as PNG (atomically). Uses matplotlib's Agg backend (no display)."""
+    return write_png(draw(plot_input(result)), path)
+
+
+def png_bytes(data: PlotInput) -> bytes:
+    """The figure as PNG bytes (the release report inlines them)."""
+    buffer = io.BytesIO()
+    draw(data).savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def draw(data: PlotInput):  # -> matplotlib.figure.Figure (imported lazily)
+    """Left: throughput vs latency per load level; right: the TTFT histogram per load level."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -28,7 +90,7 @@ def plot_result(result: BenchResult, path: Path) -> Path:
     fig = Figure(figsize=(13, 5.2), dpi=110, layout="constrained")
     curve, hist = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.25, 1]})
 
-    runs = [r for r in result.runs if r.aggregates.requests_ok > 0]
+    runs = [r for r in data.runs if r.aggregates.requests_ok > 0]
     x = [r.aggregates.output_token_throughput for r in runs]
     series = (
         ("E2E P50", [r.aggregates.e2e_s.p50 for r in runs], "tab:blue", "-"),
@@ -59,7 +121,7 @@ def plot_result(result: BenchResult, path: Path) -> Path:
     curve.set_xlim(left=0, right=(max(x) * 1.15) if x and max(x) > 0 else 1)
     if runs:
         curve.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=4, fontsize=9, frameon=False)
-    failed = sum(r.aggregates.requests_failed for r in result.runs)
+    failed = sum(r.aggregates.requests_failed for r in data.runs)
     if failed:
         curve.text(
             0.99, 0.02, f"{failed} failed request(s) not plotted", transform=curve.transAxes,
@@ -68,7 +130,7 @@ def plot_result(result: BenchResult, path: Path) -> Path:
     if not runs:
         curve.text(0.5, 0.5, "no successful request", transform=curve.transAxes, ha="center", va="center")
 
-    all_ttft = [r.ttft_s * 1e3 for run in runs for r in run.records if r.ok and r.ttft_s is not None]
+    all_ttft = [v * 1e3 for run in runs for v in run.ttft_s]
     if all_ttft:
         lo, hi = max(min(all_ttft), 1e-3), max(all_ttft)
         log_bins = hi / lo > 20
@@ -81,7 +143,7 @@ def plot_result(result: BenchResult, path: Path) -> Path:
         else:
             edges = [lo - 0.5, lo + 0.5]
         for run in runs:
-            values = [r.ttft_s * 1e3 for r in run.records if r.ok and r.ttft_s is not None]
+            values = [v * 1e3 for v in run.ttft_s]
             hist.hist(values, bins=edges, histtype="step", linewidth=1.6, label=f"{run.label} (n={len(values)})")
         top = runs[-1].aggregates.ttft_s
         for name, value, style in (("P50", top.p50, "-"), ("P99", top.p99, "--")):
@@ -92,14 +154,21 @@ def plot_result(result: BenchResult, path: Path) -> Path:
                 )
         hist.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3, fontsize=8, frameon=False)
     else:
-        hist.text(0.5, 0.5, "no TTFT measured", transform=hist.transAxes, ha="center", va="center")
+        # Successful requests but no samples: a result recorded before summaries kept per-request TTFTs.
+        missing = "no per-request TTFTs in this record" if any(r.aggregates.ttft_s.count for r in runs) else "no TTFT measured"
+        hist.text(0.5, 0.5, missing, transform=hist.transAxes, ha="center", va="center")
     hist.set_xlabel("time to first token (ms" + (", log scale)" if all_ttft and log_bins else ")"))
     hist.set_ylabel("requests")
     hist.yaxis.set_major_locator(MaxNLocator(integer=True))
     hist.set_title("TTFT distribution per load level")
     hist.grid(True, alpha=0.3)
 
-    fig.suptitle(f"trtpipe bench: {result.model} @ {result.url}, {result.mode} loop", fontsize=12)
+    fig.suptitle(data.title, fontsize=12)
+    return fig
+
+
+def write_png(fig, path: Path) -> Path:
+    """Write a figure as PNG atomically (temp file beside it, then rename), readable by others."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)

@@ -84,7 +84,8 @@ class BenchResult(BaseModel):
         return True
 
     def summary(self) -> dict:
-        """The aggregates without the raw records: what a results log keeps and `--json` prints."""
+        """The aggregates without the raw records (but each successful request's TTFT): what a results log keeps
+        and `--json` prints."""
         return {
             "url": self.url,
             "model": self.model,
@@ -92,8 +93,12 @@ class BenchResult(BaseModel):
             "slo": self.slo.model_dump(exclude_none=True),
             "workload": self.workload.model_dump(exclude={"requests"}),
             "output_token_counting": self.output_token_counting,
+            # ttft_s_ok: each successful request's TTFT (s, to the microsecond), so a recorded result
+            # redraws the same TTFT histogram `--plot` draws (`trtpipe report`).
             "runs": [
-                run.model_dump(exclude={"records"}) | {"label": run.label}
+                run.model_dump(exclude={"records"})
+                | {"label": run.label,
+                   "ttft_s_ok": [round(r.ttft_s, 6) for r in run.records if r.ok and r.ttft_s is not None]}
                 for run in self.runs
             ],
             "warmup": self.warmup.model_dump(exclude={"records"}) if self.warmup is not None else None,
