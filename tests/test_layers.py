@@ -32,7 +32,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "trtpipe"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "settings", "atomic", "versions", "names", "datafiles", "hostfacts"),
+    ("errors", "settings", "atomic", "versions", "names", "datafiles", "hostfacts", "chained"),
     ("toolchain", "gpu", "quant", "spec", "spec_loader", "trtllm_build"),
     ("resolve", "plan", "hostcheck"),
     ("store", "results", "build_record", "build_report"),
