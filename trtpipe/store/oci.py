@@ -44,7 +44,7 @@ from trtpipe.errors import (
     TimedOut,
     UsageError,
 )
-from trtpipe.settings import Settings, from_env
+from trtpipe.settings import Settings, from_env, refuse_credentials
 from trtpipe.store.manifest import (
     MANIFEST_VERSION,
     MAX_FILES,
@@ -112,7 +112,9 @@ class OciRef:
 
 
 def parse_oci_ref(text: str) -> OciRef:
-    """Parse `oci://host/repo[:tag|@digest]`; raise a UsageError naming what is wrong."""
+    """Parse `oci://host/repo[:tag|@digest]`; raise a UsageError naming what is wrong (credentials in
+    the reference are refused without being repeated)."""
+    refuse_credentials(text)
     if not text.startswith("oci://"):
         raise UsageError(f"{text!r} is not an OCI reference", fix="write it as oci://HOST[:PORT]/REPOSITORY[:TAG|@sha256:DIGEST]")
     rest = text[len("oci://") :]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from trtpipe.errors import UsageError
-from trtpipe.settings import url_scheme
+from trtpipe.settings import refuse_credentials, url_scheme
 
 if TYPE_CHECKING:
     from trtpipe.settings import Settings
@@ -123,6 +123,7 @@ def is_remote_url(text: str | None) -> bool:
 
 
 def _kind(url: str) -> RemoteKind:
+    refuse_credentials(url)
     kind = SCHEMES.get(url_scheme(url) or "")
     if kind is None:
         raise UsageError(
