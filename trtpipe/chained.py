@@ -202,6 +202,35 @@ class ChainedLog:
                     problems.append(f"{self.head_path}: the head's signature does not verify (the head was edited)")
         return problems
 
+    def check_copy(self, head: dict[str, Any], where: str, key: HeadKey | None = None) -> list[str]:
+        """Problems between the log and a copy of an earlier head kept elsewhere (`where`: the registry):
+        the log must still hold the records it anchored, unchanged (with `key`, its signature must verify)."""
+        scan = self.scan()
+        records, last = head.get("records"), head.get("hash")
+        if not isinstance(records, int) or not isinstance(last, str) or head.get("log") != self.path.name:
+            return [f"{where}: not a head of {self.path.name}"]
+        problems: list[str] = []
+        n = len(scan.records)
+        if records > n:
+            problems.append(f"{self.path}: {'emptied or deleted' if n == 0 else 'shortened'}: the head {where} holds "
+                            f"anchors {records} records, the log holds {n}")
+        elif records > 0 and scan.records[records - 1].get("hash") != last:
+            problems.append(f"{self.path}:{records}: rewritten: record {records}'s hash differs from the head {where} holds")
+        if key is not None:
+            try:
+                raw = base64.b64decode(str(head.get("signature") or ""), validate=True)
+            except ValueError:
+                raw = b""
+            if head.get("key_id") != key.key_id or not key.verify(self._signed_part(records, last), raw):
+                problems.append(f"{where}: the head is not signed by the release key {key.key_id[:16]}")
+        return problems
+
+    def head_bytes(self) -> bytes | None:
+        try:
+            return self.head_path.read_bytes()
+        except FileNotFoundError:
+            return None
+
     # ------------------------------------------------------------------ appending
 
     @contextmanager

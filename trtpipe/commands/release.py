@@ -78,6 +78,8 @@ def channels_command(
                                 "with a key) and every pointer against the trail; non-zero exit on any problem."),
     public_key: Optional[Path] = typer.Option(None, "--public-key", help="Release public key (PEM) the trail's head must "
                                               "be signed by (default: the TRTPIPE_SIGNING_KEY setting's)."),
+    registry: bool = typer.Option(True, "--registry/--no-registry", help="With --verify: also check the trail against the "
+                                  "copies of its head the registry keeps beside each channel tag."),
     store: StoreOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -87,7 +89,8 @@ def channels_command(
 
     workspace = open_workspace(store)
     home = workspace.root
-    problems = verify_trail(home, release_key(workspace.settings, public_key)) if verify else None
+    problems = verify_trail(home, release_key(workspace.settings, public_key), workspace.settings,
+                            registry=registry) if verify else None
     try:
         states = channel_states(home)
     except TrtpipeError:

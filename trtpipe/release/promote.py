@@ -38,7 +38,7 @@ from pydantic import ValidationError
 from trtpipe.errors import Conflict, GateRefused, IntegrityError, NotFound, UsageError
 from trtpipe.release.audit import AuditRecord, append_audit, read_audit
 from trtpipe.release.channels import ChannelPointer, ChannelScope, ChannelStore, check_name, now_iso
-from trtpipe.release.trail import ReleaseKey, apply, disagreements, reconcile, release_key
+from trtpipe.release.trail import ReleaseKey, apply, disagreements, publish_channel, reconcile, release_key
 from trtpipe.release.gates import GateResult, evaluate_gates
 from trtpipe.results import ResultRecord, ResultsLog, current_user, normalize_digest
 from trtpipe.settings import Settings
@@ -295,7 +295,8 @@ def promote(
         record = append_audit(home, key=key, at=now_iso(), who=who, action=action, from_digest=now_digest, to_digest=art.digest,
                               reason=reason, detail="; ".join(details) or None, **common)
         if tag is not None:
-            _move_tag_or_abort(home, key, record, lambda: art.remote.point_tag(art.ref, tag))  # type: ignore[union-attr,arg-type]
+            _move_tag_or_abort(home, key, record, lambda: publish_channel(home, art.remote, art.ref, art.model,  # type: ignore[arg-type]
+                                                                          art.target, channel))
         channels.write(apply(now, record))
     return PromotionOutcome(channel, art.model, art.target, now_digest, art.digest, action, gate_results, gates_source, record, tag)
 
@@ -351,8 +352,8 @@ def rollback(home: Path, channel: str, *, model: str | None = None, target: str 
                               target=now.target, from_digest=now.digest, to_digest=previous.digest, ref=previous.ref,
                               reason=reason, detail=f"channel tag {tag}" if tag else None)
         if tag is not None:
-            _move_tag_or_abort(home, key, record,
-                               lambda: open_remote_for_ref(previous.ref, settings).point_tag(previous.ref, tag))  # type: ignore[arg-type]
+            _move_tag_or_abort(home, key, record, lambda: publish_channel(  # type: ignore[arg-type]
+                home, open_remote_for_ref(previous.ref, settings), previous.ref, now.model, now.target, channel))
         channels.write(apply(now, record))
         return record
 

@@ -15,14 +15,16 @@ logs' heads (`trtpipe.chained.HeadKey`).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtpipe.errors import IntegrityError
+from trtpipe.errors import IntegrityError, TrtpipeError
 from trtpipe.release.audit import AuditRecord, append_audit, read_audit
 from trtpipe.release.channels import ChannelPointer, ChannelScope, ChannelStore, PointerTarget, now_iso
 from trtpipe.release.keys import PrivateKey, PublicKey, load_public_key, load_signing_key, sign_bytes, verify_bytes
 from trtpipe.settings import Settings
+from trtpipe.store.remote import RemoteCache
 
 ChannelId = tuple[str, str, str]  # model, target, channel
 MOVES = ("promote", "force-promote", "rollback")
@@ -171,7 +173,7 @@ def reconcile(home: Path, scope: ChannelScope, channel: str, *, who: str, key: R
             fix="put the pointer back where the audit trail says (its last promote or rollback record for this "
                 "channel names the digest), or restore the trail from a backup",
         )
-    _move_registry_tag(found.trail, settings)
+    _move_registry_tag(home, found.trail, settings)
     ChannelStore(home).write(found.trail)
     return append_audit(home, key=key, at=now_iso(), who=who, action="repair", channel=channel, model=scope.model,
                         target=scope.target, from_digest=found.pointer.digest if found.pointer else None,
@@ -179,22 +181,73 @@ def reconcile(home: Path, scope: ChannelScope, channel: str, *, who: str, key: R
                         detail="completed an interrupted move: the pointer now names what the trail's last record says")
 
 
-def _move_registry_tag(pointer: ChannelPointer, settings: Settings | None) -> None:
+def trail_head_tag(model: str, target: str, channel: str) -> str:
+    """The registry tag the trail's head is kept under, beside the channel tag `<model>.<target>.<channel>`."""
+    return f"trail.{model}.{target}.{channel}"[:128]
+
+
+def publish_channel(home: Path, remote: RemoteCache, pinned: str, model: str, target: str, channel: str) -> str:
+    """Move the registry's channel tag to `pinned` and keep the trail's (signed) head beside it, under
+    `trail_head_tag`: truncating or rewriting the local trail then disagrees with the registry's copy."""
+    from trtpipe.release.audit import trail_log
     from trtpipe.release.promote import channel_tag
+
+    tag = channel_tag(model, target, channel)
+    remote.point_tag(pinned, tag)
+    head = trail_log(home).head_bytes()
+    if head is not None:
+        remote.put_trail_head(trail_head_tag(model, target, channel), head)
+    return tag
+
+
+def _move_registry_tag(home: Path, pointer: ChannelPointer, settings: Settings | None) -> None:
     from trtpipe.store.remote import is_remote_url, open_remote_for_ref
 
     if pointer.ref and is_remote_url(pointer.ref):
-        open_remote_for_ref(pointer.ref, settings).point_tag(pointer.ref, channel_tag(pointer.model, pointer.target, pointer.channel))
+        publish_channel(home, open_remote_for_ref(pointer.ref, settings), pointer.ref, pointer.model, pointer.target,
+                        pointer.channel)
 
 
-def verify_trail(home: Path, key: ReleaseKey | None = None) -> list[str]:
-    """Everything `channels --verify` checks: the chain, the anchored head (signed, with a key), and
-    every pointer against the trail's last word."""
+def registry_problems(home: Path, key: ReleaseKey | None, settings: Settings | None) -> list[str]:
+    """The local trail against every copy of its head the registry keeps beside a channel tag."""
+    from trtpipe.release.audit import trail_log
+    from trtpipe.store.remote import is_remote_url, open_remote_for_ref
+
+    log = trail_log(home)
+    seen: dict[tuple[str, str], ChannelPointer] = {}
+    for pointer in [*ChannelStore(home).all(), *replay(read_audit(home)).pointers.values()]:
+        if pointer.ref and is_remote_url(pointer.ref):
+            seen.setdefault((pointer.ref.split("@")[0], trail_head_tag(pointer.model, pointer.target, pointer.channel)), pointer)
+    problems: list[str] = []
+    for (base, tag), pointer in sorted(seen.items()):
+        where = f"in the registry ({base}:{tag})"
+        try:
+            raw = open_remote_for_ref(pointer.ref or "", settings).get_trail_head(tag)
+        except TrtpipeError as err:
+            problems.append(f"{base}:{tag}: the registry's copy of the trail head could not be read ({err.one_line()})")
+            continue
+        if raw is None:
+            problems.append(f"{base}:{tag}: the registry holds no copy of the trail head for a channel it tags")
+            continue
+        try:
+            head = json.loads(raw)
+        except ValueError:
+            head = {}
+        problems.extend(log.check_copy(head if isinstance(head, dict) else {}, where, key))
+    return problems
+
+
+def verify_trail(home: Path, key: ReleaseKey | None = None, settings: Settings | None = None, *,
+                 registry: bool = False) -> list[str]:
+    """Everything `channels --verify` checks: the chain, the anchored head (signed, with a key), every
+    pointer against the trail's last word, and (`registry`) the copies of the head the registry keeps."""
     from trtpipe.release.audit import verify_audit
 
     problems = verify_audit(home, key)
     try:
         problems.extend(d.line(home) for d in disagreements(home))
+        if registry:
+            problems.extend(registry_problems(home, key, settings))
     except IntegrityError as err:
         problems.append(err.one_line())
     return problems

@@ -90,6 +90,12 @@ class RemoteCache(Protocol):
     def point_tag(self, pinned: str, tag: str) -> None:
         """Point a movable tag (a channel) at the artifact `pinned` names."""
 
+    def put_trail_head(self, tag: str, head: bytes) -> None:
+        """Keep a copy of the audit trail's (signed) head under the movable `tag`."""
+
+    def get_trail_head(self, tag: str) -> bytes | None:
+        """The trail head kept under `tag`, or None."""
+
 
 @dataclass(frozen=True)
 class RemoteKind:
