@@ -160,9 +160,11 @@ def reconcile(home: Path, scope: ChannelScope, channel: str, *, who: str, key: R
     `repair`); refuse (recorded as `refused`) if the pointer disagrees otherwise. The caller holds
     the release lock. Returns the repair record, or None when the pointer agrees."""
     cid: ChannelId = (scope.model, scope.target, channel)
-    found = next((d for d in disagreements(home) if d.cid == cid), None)
-    if found is None:
+    replayed = replay(read_audit(home))
+    pointer, trail = ChannelStore(home).get(scope, channel), replayed.pointers.get(cid)
+    if _same(pointer, trail):
         return None
+    found = Disagreement(cid, pointer, trail, cid in replayed.last_move and _same(pointer, replayed.before_last_move.get(cid)))
     if not found.interrupted or found.trail is None:
         append_audit(home, key=key, at=now_iso(), who=who, action="refused", channel=channel, model=scope.model,
                      target=scope.target, from_digest=found.pointer.digest if found.pointer else None,
