@@ -237,6 +237,16 @@ def test_hand_recorded_results_count_only_where_the_policy_allows_and_then_as_fo
     assert json.loads(out)["action"] == "force-promote"
     last = read_audit(isolated_home)[-1]
     assert last.action == "force-promote" and "hand-recorded" in (last.reason or "")
+    # A hand-recorded bench turns one "bench missing" into per-SLO gates: each one it alone satisfied is named.
+    gates = {"dev": {"smoke": True, "bench": {"ttft_p99_ms": 200}}}
+    benched = store_entry(isolated_home, "e6" * 8, seed="g", gates=gates)
+    ResultsLog(isolated_home).record(benched.digest, "smoke", True, {})
+    assert cli("results", "record", benched.digest, "--kind", "bench", "--passed", "--gpu-class", "cpu-reference",
+               "--data", '{"ttft_p99_ms": 150}')[0] == 0
+    code, out, err = cli("promote", benched.digest, "--to", "dev", "--json")
+    assert code == 0, err
+    assert json.loads(out)["action"] == "force-promote"
+    assert read_audit(isolated_home)[-1].reason.startswith("gates bench.ttft_p99_ms passed only on hand-recorded")
 
 
 def test_result_logs_appended_or_truncated_by_hand_are_refused(isolated_home, store_entry, cli) -> None:

@@ -253,7 +253,8 @@ def promote(
     if any(r.origin == "hand" for r in candidate):
         if hand_allowed:
             with_hand = evaluate_gates(gates, candidate, target=art.target, current_results=current, current_digest=seen_from)
-            hand_used = [h.gate for g, h in zip(gate_results, with_hand) if h.passed and not g.passed]
+            passed_on_runs = {g.gate for g in gate_results if g.passed}
+            hand_used = [h.gate for h in with_hand if h.passed and h.gate not in passed_on_runs]
             gate_results = with_hand
         else:
             gate_results = [g if g.passed else g.model_copy(update={"detail": g.detail + " (hand-recorded results do not count "
@@ -306,9 +307,7 @@ def _move_tag_or_abort(home: Path, key: ReleaseKey | None, record: AuditRecord, 
     (the pointer stays) and re-raise."""
     try:
         move()
-    except BaseException as err:
-        if isinstance(err, (KeyboardInterrupt, SystemExit)) or not isinstance(err, Exception):
-            raise
+    except Exception as err:
         append_audit(home, key=key, at=now_iso(), who=record.who, action="aborted", channel=record.channel,
                      model=record.model, target=record.target, from_digest=record.to_digest, to_digest=record.from_digest,
                      ref=record.ref, undoes=record.seq,
