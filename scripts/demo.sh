@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh
 export PATH="$PWD/.venv/bin:$PATH"
 export TRTPIPE_HOME="${TRTPIPE_HOME:-$PWD/out/store}"
-SPEC=build_configs/examples/tiny-cpu.yaml
+SPEC="${SPEC:-build_configs/examples/tiny-cpu.yaml}"  # SPEC=build_configs/examples/tiny-cpu-llmapi.yaml: the LLM-API track
 
 [ -f out/tiny-llama/config.json ] || trtpipe example-model out/tiny-llama
 trtpipe check --spec "$SPEC"
@@ -26,7 +26,7 @@ for _ in $(seq 1 240); do
   kill -0 $SERVER 2>/dev/null || { echo "error: trtpipe serve exited before it was ready" >&2; exit 1; }
   sleep 0.5
 done
-GRPC=$(python -c 'import json,sys; print(json.load(open(sys.argv[1]))["grpc_url"])' "$SERVE_JSON")
+GRPC=$(python -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["grpc_url"])' "$SERVE_JSON")
 trtpipe smoke "$GRPC" --parity "$SPEC" --record "$REPO"
 echo
 echo "Done. Repository: $REPO"

@@ -15,7 +15,8 @@ PIP=".venv/bin/pip --disable-pip-version-check -q"
 # torch first, pinned to the CPU build, so nothing later pulls a multi-GB CUDA build.
 $PIP install "torch==2.13.0" "numpy>=1.24,<2" 2>&1 | grep -v "is ignored" || true
 if [ "$want_test" = 1 ]; then
-  $PIP install -e ".[dev]" 2>&1 | grep -v "is ignored" || true
+  # The tests run build matrices on a real local Ray cluster: the matrix extra is part of the test install.
+  $PIP install -e ".[dev,matrix]" 2>&1 | grep -v "is ignored" || true
 else
   $PIP install -e . 2>&1 | grep -v "is ignored" || true
 fi

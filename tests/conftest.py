@@ -31,6 +31,27 @@ def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def example_model_dir(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):
+    """example_model_dir(arch="llama", tied=False) -> the tiny example model folder of that architecture
+    (llama, qwen2, mistral), with its output head tied to the input embedding when `tied`; each written once
+    per session (the untied Llama and Qwen2 are tiny_llama_dir and tiny_qwen2_dir)."""
+    from trtpipe.checkpoint.example_model import write_example_model
+
+    made: dict[tuple[str, bool], Path] = {}
+
+    def get(arch: str = "llama", tied: bool = False) -> Path:
+        if not tied and arch in ("llama", "qwen2"):
+            return request.getfixturevalue(f"tiny_{arch}_dir")
+        if (arch, tied) not in made:
+            out = tmp_path_factory.mktemp("models") / f"tiny-{arch}{'-tied' if tied else ''}"
+            write_example_model(out, arch=arch, tied=tied)
+            made[(arch, tied)] = out
+        return made[(arch, tied)]
+
+    return get
+
+
 @pytest.fixture
 def trtpipe_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An isolated artifact store for one test."""
@@ -201,3 +222,60 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RegistryHandl
     auth = ["  htpasswd:", "    realm: trtpipe-test", f"    path: {htpasswd}"]
     with _serve_registry(base, auth, REGISTRY_USER, REGISTRY_PASSWORD) as handle:
         yield handle
+
+
+# --------------------------------------------------------------------------- LLM-API artifacts (issue 16)
+# The llm-api backend's artifact, made by the artifact stage's own export (trtpipe.checkpoint.hf_export) from a
+# cpu-reference spec of the tiny model: ModelOpt's unified HF export (or, unquantized, the HF weights re-saved as
+# float16 safetensors), the tokenizer files and llm_args.json (the LLM() keyword arguments the spec implies).
+
+# The limits every test artifact's llm_args.json carries (tests/serving check the model enforces them).
+LLMAPI_ENGINE = {"max_batch_size": 4, "max_input_len": 64, "max_seq_len": 128, "max_num_tokens": 64}
+
+
+def export_llmapi_artifact(model_dir: Path, out: Path, *, algo: str = "none", kv_cache: str = "auto",
+                           calibration_samples: int = 8) -> Path:
+    """Write an LLM-API artifact of `model_dir` into `out` (absent): none, fp8 or int4_awq, kv_cache auto or fp8."""
+    import yaml
+
+    from trtpipe.checkpoint.hf_export import export_hf_artifact
+    from trtpipe.resolve import resolve
+    from trtpipe.spec_loader import load_spec
+
+    spec = {
+        "name": "tiny-llmapi",
+        "model": {"path": str(model_dir), "dtype": "float16"},
+        "target": {"gpu": "cpu-reference"},
+        "quantization": {"algo": algo, "kv_cache": kv_cache,
+                         "calibration": {"samples": calibration_samples, "max_seq_len": 64}},
+        "engine": LLMAPI_ENGINE,
+        "backend": "llm-api",
+    }
+    spec_path = out.with_name(f"{out.name}.spec.yaml")
+    spec_path.write_text(yaml.safe_dump(spec, sort_keys=False), encoding="utf-8")
+    out.mkdir(parents=True)
+    export_hf_artifact(resolve(load_spec(spec_path)), out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def llmapi_artifact(tiny_llama_dir: Path, tiny_qwen2_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """llmapi_artifact(arch="llama", algo="none", kv_cache="auto") -> an LLM-API artifact dir, made once per session."""
+    cache: dict[tuple[str, str, str], Path] = {}
+    models = {"llama": tiny_llama_dir, "qwen2": tiny_qwen2_dir}
+
+    def make(arch: str = "llama", algo: str = "none", kv_cache: str = "auto") -> Path:
+        key = (arch, algo, kv_cache)
+        if key not in cache:
+            out = tmp_path_factory.mktemp("llmapi") / f"{arch}-{algo}-{kv_cache}"
+            cache[key] = export_llmapi_artifact(models[arch], out, algo=algo, kv_cache=kv_cache)
+        return cache[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def export_llmapi():
+    """export_llmapi(model_dir, out, *, algo="none", kv_cache="auto") -> a fresh LLM-API artifact (not cached):
+    parity's independent export, made again instead of read from what a server loads."""
+    return export_llmapi_artifact

@@ -19,6 +19,7 @@ from trtpipe.cli import make_app
 from trtpipe.commands.hints import HINTS, hint_for
 from trtpipe.errors import (
     Conflict,
+    DiskFull,
     GateRefused,
     IntegrityError,
     MissingCapability,
@@ -156,6 +157,7 @@ def test_library_fix_texts_name_no_command_or_flag() -> None:
         (IntegrityError("x", path="/s/repository/k", in_store=True), "trtpipe cache verify --repair"),
         (MissingCapability("x"), "trtpipe check --spec"),
         (TimedOut("x", operation="engine build", seconds=60), "executor timeout in the spec"),
+        (DiskFull("x", path="/store/tmp/x", free=0), "trtpipe cache gc --max-size"),
     ],
 )
 def test_hint_for_each_kind_of_error(error: TrtpipeError, expected: str) -> None:

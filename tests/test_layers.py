@@ -4,17 +4,22 @@ Read from the source with `ast` (every `import trtpipe.x` / `from trtpipe.x impo
 inside a function: a lazy import is a dependency too). A unit is a top-level module (trtpipe/resolve.py)
 or package (trtpipe/serving/). Layers, low -> high; a unit may import its own layer and the ones below:
 
-    0  errors, settings, atomic, versions, names, datafiles,    what everything may use
-       hostfacts
-    1  toolchain, gpu, quant, spec, spec_loader, trtllm_build   the tables and the spec (trtllm_build: the
-                                                                trtllm-build backend's flag and rule tables)
-    2  resolve, plan, hostcheck                                 every rule, the memory plan, the host check
+    0  errors, settings, atomic, versions, names, datafiles,    what everything may use (disk: telling a
+       hostfacts, disk                                          full disk from other failures)
+    1  toolchain, gpu, quant, spec, spec_loader, trtllm_build,  the tables and the spec (trtllm_build: the
+       config_json, model_folder, llm_api                       trtllm-build backend's flag and rule tables;
+                                                                config_json: a model config's bounds;
+                                                                model_folder: confinement, tokenizer check;
+                                                                llm_api: the LLM-API backend's TorchLlmArgs)
+    2  resolve, plan, hostcheck, migrate                        every rule, the memory plan, the host check, the
+                                                                trtllm-build -> llm-api migration report
     3  store, results, build_record, build_report               where artifacts, results, records and build
                                                                 reports live
     4  checkpoint, engine, reference, serving                   what the stages call, and serving their output
     5  stages, pipeline, warm                                   the declared stages, the runner, and the warm
                                                                 path that reuses a build's resolution
-    6  bench, release, repair                                   what works on built and served artifacts
+    6  bench, release, repair, matrix                           what works on built and served artifacts, and
+                                                                the matrix, which runs the runner on Ray workers
     7  workspace, commands, cli                                 the shell
 
 So serving never imports the stages or the runner, the store never imports a stage, and resolve reads
@@ -32,13 +37,13 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "trtpipe"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "settings", "atomic", "versions", "names", "datafiles", "hostfacts", "chained"),
-    ("toolchain", "gpu", "quant", "spec", "spec_loader", "trtllm_build"),
-    ("resolve", "plan", "hostcheck"),
+    ("errors", "settings", "atomic", "versions", "names", "datafiles", "hostfacts", "disk", "chained"),
+    ("toolchain", "gpu", "quant", "spec", "spec_loader", "trtllm_build", "config_json", "model_folder", "llm_api"),
+    ("resolve", "plan", "hostcheck", "migrate"),
     ("store", "results", "build_record", "build_report"),
     ("checkpoint", "engine", "reference", "serving"),
     ("stages", "pipeline", "warm"),
-    ("bench", "release", "repair"),
+    ("bench", "release", "repair", "matrix"),
     ("workspace", "commands", "cli"),
 )
 LAYER = {unit: index for index, units in enumerate(LAYERS) for unit in units}

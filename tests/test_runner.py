@@ -131,8 +131,12 @@ def test_every_backend_kind_has_its_stages_and_every_toolchain_offers_backends()
         for stage in backend.stages:
             assert set(stage.inputs) <= set(names[: names.index(stage.name)]), (kind, stage.name)
     for toolchain in load_toolchains().values():
-        assert {b.kind for b in toolchain.backends} == {"trtllm-build", "reference"}
+        # every stable line builds engines and runs the reference; the LLM-API backend from 1.2.1 on (issue 16)
+        llm_api = {"llm-api"} if toolchain.version_tuple >= (1, 2, 1) else set()
+        assert {b.kind for b in toolchain.backends} == {"trtllm-build", "reference"} | llm_api
         assert toolchain.backend("trtllm-build").flags == toolchain.name
+        if llm_api:
+            assert toolchain.backend("llm-api").args == toolchain.name
 
 
 def test_the_spec_picks_a_backend_its_toolchain_offers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,6 +19,7 @@ from trtpipe.commands import build as build_commands
 from trtpipe.commands import checkpoint as checkpoint_commands
 from trtpipe.commands import engine as engine_commands
 from trtpipe.commands import foundation as foundation_commands
+from trtpipe.commands import matrix as matrix_commands
 from trtpipe.commands import release as release_commands
 from trtpipe.commands import serving as serving_commands
 from trtpipe.commands import store as store_commands
@@ -29,6 +30,7 @@ AREAS = (
     foundation_commands,  # Plan
     checkpoint_commands,  # Build
     build_commands,
+    matrix_commands,
     engine_commands,
     serving_commands,  # Serve
     bench_commands,
@@ -90,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         return err.exit_code
     except OSError as err:
         # The filesystem said no (permission, read-only, no space, not a directory): name the path.
+        from trtpipe.disk import disk_full, disk_full_error
+
+        if disk_full(err):
+            full = disk_full_error(err, err.filename)
+            print(error_line(full), file=sys.stderr)
+            return full.exit_code
         where = f"{err.filename}: " if err.filename else ""
         print(f"error: {where}{err.strerror or err}; check the path and its permissions", file=sys.stderr)
         return 1
@@ -102,6 +110,12 @@ def main(argv: list[str] | None = None) -> int:
         print(INTERRUPTED, file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:
+        from trtpipe.disk import disk_full, disk_full_error
+
+        if disk_full(exc):  # SQLite's "database or disk is full", safetensors' "os error 28", outside a build
+            full = disk_full_error(exc, None)
+            print(error_line(full), file=sys.stderr)
+            return full.exit_code
         # Usage errors (missing argument, bad option value): typer raises its click exception
         # types (vendored inside typer since 0.29), which all carry `show()` and `exit_code`.
         show = getattr(exc, "show", None)

@@ -154,6 +154,19 @@ class CheckFailed(TrtpipeError):
         super().__init__(message, fix=fix)
 
 
+class DiskFull(TrtpipeError):
+    """A write failed for lack of space (ENOSPC, a quota, SQLite's "database or disk is full"): `path` is where,
+    `free` the bytes free on that filesystem afterwards, `written` what the failing step had written before."""
+
+    def __init__(self, message: str, *, path: str, free: int | None = None, written: int | None = None,
+                 stage: str | None = None, fix: str | None = None) -> None:
+        self.path = path
+        self.free = free
+        self.written = written
+        self.stage = stage
+        super().__init__(message, fix=fix)
+
+
 class InternalError(TrtpipeError):
     """trtpipe broke one of its own rules (a stage wrote what the store refuses): a bug to report."""
 

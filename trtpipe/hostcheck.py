@@ -317,6 +317,23 @@ def run_checks(
         )
     )
 
+    # --- which Triton containers carry the toolchain, and which backends each serves (where the table lists them)
+    if toolchain.triton_containers:
+        wanted = resolved.backend_kind if resolved is not None else None
+        serving = [c for c in toolchain.triton_containers if wanted is None or wanted in c.backends]
+        listed = "; ".join(f"{c.image}: {', '.join(c.backends)}" for c in toolchain.triton_containers)
+        missing = wanted is not None and wanted != "reference" and gpu_target and not serving
+        rows.append(
+            CheckRow(
+                status="FAIL" if missing else "OK",
+                item="containers",
+                found=listed,
+                expected=f"a container serving {wanted}" if wanted else None,
+                fix=(f"no Triton container pinned for {toolchain.name} serves {wanted}: pick a toolchain whose "
+                     "containers do (build_configs/toolchains.yaml triton_containers)") if missing else None,
+            )
+        )
+
     possible = ["check and plan any spec (GPU targets included)"]
     impossible: list[str] = []
     if all(packages.get(p) for p in EVERYWHERE):

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from trtpipe import build_record, warm
 from trtpipe.build_report import BuildReport, Outcome, StagePrinter, StageReport
-from trtpipe.errors import TrtpipeError, UsageError
+from trtpipe.disk import disk_full, disk_full_error
+from trtpipe.errors import DiskFull, TrtpipeError, UsageError
 from trtpipe.plan import memory_plan
 from trtpipe.resolve import ResolvedSpec, resolve
 from trtpipe.spec_loader import load_spec
@@ -67,9 +68,10 @@ def _now_iso() -> str:
 class _Runner:
     def __init__(
         self, spec_path: Path, store: Store, *, dry_run: bool, force: tuple[str, ...], verify: bool, progress: bool,
-        remote: Any = None,
+        remote: Any = None, on_stage: Callable[[StageReport], None] | None = None,
     ) -> None:
         self.spec_path = spec_path
+        self.on_stage = on_stage  # told each step's report as it is added (a matrix worker's live progress)
         self.store = store
         self.remote = remote  # a remote cache (find / pull_into / push), or None
         self.dry_run = dry_run
@@ -96,6 +98,8 @@ class _Runner:
         if stage.key:
             self.report.keys[stage.name] = stage.key
         self.printer.stage(stage)
+        if self.on_stage is not None:
+            self.on_stage(stage)
         return stage
 
     def _names(self) -> list[str]:
@@ -135,6 +139,8 @@ class _Runner:
         self._add(StageReport(name="resolve", outcome="ran", seconds=time.monotonic() - started,
                               detail=f"{spec.artifact_name} -> {spec.target.gpu} ({resolved.toolchain.name}, "
                                      f"{resolved.backend_kind})"))
+        for note in resolved.llm_api.notes if resolved.llm_api is not None else ():
+            self.printer.note(f"    note: {note}", style="yellow")  # e.g. a preview line's unverified fields
 
     def plan_step(self) -> None:
         assert self.resolved is not None and self.backend is not None
@@ -294,14 +300,33 @@ class _Runner:
             raise _InputRebuilt  # an input came back with other bytes, and this key names the old ones
         build_started = time.monotonic()
         self.ctx.written.clear()
-        facts = stage.build(self.ctx, handle.dir, inputs, key) or {}
-        seconds = time.monotonic() - build_started
-        # Digests travel with the bytes: files linked from the verified inputs, and those the stage hashed
-        # while writing, are not read again to be hashed (issue 15).
-        entry = handle.commit(inputs=key.inputs, sources=[self.entries[name] for name in stage.inputs],
-                              known=dict(self.ctx.written))
+        try:
+            facts = stage.build(self.ctx, handle.dir, inputs, key) or {}
+            seconds = time.monotonic() - build_started
+            # Digests travel with the bytes: files linked from the verified inputs, and those the stage hashed
+            # while writing, are not read again to be hashed (issue 15).
+            entry = handle.commit(inputs=key.inputs, sources=[self.entries[name] for name in stage.inputs],
+                                  known=dict(self.ctx.written))
+        except Exception as exc:
+            # Disk full while the stage writes: say where, how much it had written and how much is free,
+            # measured before the store removes its temporary directory (nothing half-written stays).
+            if disk_full(exc, handle.dir):
+                raise disk_full_error(exc, handle.dir, stage=stage.name, written_in=handle.dir,
+                                      expected=self._expected_bytes(stage)) from None
+            raise
         self.store.log_built(handle.kind, handle.key, entry.digest, seconds)
         return entry, {**facts, "build_seconds": round(seconds, 6)}
+
+    def _expected_bytes(self, stage: StoredStage) -> int | None:
+        """What the stage says it writes (an optional part of the stage protocol), for a disk-full message."""
+        estimate = getattr(stage, "expected_bytes", None)
+        if estimate is None or self.ctx is None:
+            return None
+        try:
+            value = estimate(self.ctx)
+        except Exception:  # an estimate is a courtesy in an error message; never a second failure
+            return None
+        return int(value) if isinstance(value, (int, float)) and value > 0 else None
 
     def _push(self, entry: Entry) -> str:
         """Share a built entry through the remote cache; a failed push is reported, not fatal."""
@@ -329,10 +354,18 @@ class _Runner:
             if self.dry_run:
                 self.report.status = "dry-run"
         except TrtpipeError as err:
-            self.report.status = "failed"
-            self.report.error = err.one_line()
-            self._end(current, f"{current} failed", err.one_line(), started)
+            self._failed(current, err, started)
             raise
+        except Exception as exc:
+            # A write that failed for lack of space anywhere else (the digest cache, a lock, the store's
+            # temp dir): one line and a failed record, like any error a user can act on.
+            if not disk_full(exc, self.store.root):
+                raise
+            # SQLite names no file: its one here is the store's digest cache
+            where = getattr(self.store.digests, "db_path", None) if "sqlite3" in type(exc).__module__ else None
+            err = disk_full_error(exc, where or self.store.root, stage=current)
+            self._failed(current, err, started)
+            raise err from None
         except KeyboardInterrupt:
             self.report.status = "interrupted"
             self.report.message = "interrupted: nothing half-written" + (
@@ -344,6 +377,13 @@ class _Runner:
             self.printer.note(f"repository: {self.report.repository_path}")
         self._write_record()
         return self.report
+
+    def _failed(self, current: str, err: TrtpipeError, started: float) -> None:
+        self.report.status = "failed"
+        self.report.error = err.one_line()
+        self._end(current, f"{current} failed", err.one_line(), started)
+        if self.report.message:  # the record could not be written: the error line says so too
+            err.message = f"{err.message}; {self.report.message}"
 
     def _end(self, current: str, reason: str, detail: str, started: float) -> None:
         if not any(s.name == current for s in self.report.stages):
@@ -358,7 +398,16 @@ class _Runner:
         record = build_record.make_record(
             report=self.report, resolved=self.resolved, memory_plan=self.memory_plan, started_at=self.started_at
         )
-        self.report.record_path = str(build_record.write_record(self.store.root, record))
+        try:
+            self.report.record_path = str(build_record.write_record(self.store.root, record))
+        except Exception as exc:
+            if not disk_full(exc, self.store.root):
+                raise
+            lost = disk_full_error(exc, build_record.records_dir(self.store.root))
+            if self.report.status != "failed":
+                raise DiskFull(f"every stage was stored, but the build record could not be written: {lost.message}",
+                               path=lost.path, free=lost.free, fix=lost.fix) from None
+            self.report.message = f"the build record could not be written either ({lost.message})"
 
 
 def open_stores(store: Store | Path | str | None, remote: Any = None) -> tuple[Store, Any]:
@@ -388,12 +437,14 @@ def run_build(
     store: Store | Path | str | None = None,
     progress: bool = True,
     remote: Any = None,
+    on_stage: Callable[[StageReport], None] | None = None,
 ) -> BuildReport:
     """Build (or reuse) every stage of a spec. Raises TrtpipeError when a stage fails (BuildInterrupted on
     Ctrl-C); the report's status is "dry-run" for a dry run.
 
     `store`: a Store, a store root, or `oci://HOST/REPO` (the default store with that remote cache);
-    `remote`: a remote cache (find / pull_into / push) to consult before building and push to after."""
+    `remote`: a remote cache (find / pull_into / push) to consult before building and push to after;
+    `on_stage`: called with each step's report as soon as it is known."""
     spec_path = Path(spec_path)
     if not spec_path.is_file():
         raise UsageError(f"{spec_path}: no such spec file", fix="give the path of a build spec YAML")
@@ -401,7 +452,7 @@ def run_build(
     opened, remote = open_stores(store, remote)
     started_ns = time.time_ns()  # before anything is read: the memo's inputs must be older (trtpipe.warm)
     runner = _Runner(spec_path, opened, dry_run=dry_run, force=forced, verify=verify, progress=progress,
-                     remote=remote)
+                     remote=remote, on_stage=on_stage)
     try:
         report = runner.run()
     finally:

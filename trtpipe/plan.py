@@ -246,7 +246,10 @@ class MemoryPlan(BaseModel):
 
 
 def effective_max_num_tokens(resolved: ResolvedSpec) -> int:
-    """The engine's max_num_tokens exactly as its build configuration sets it (trtpipe.trtllm_build.config)."""
+    """The engine's max_num_tokens exactly as its build configuration sets it (trtpipe.trtllm_build.config), or,
+    for backend llm-api, as the LLM() arguments do (trtpipe.llm_api.derive)."""
+    if resolved.llm_api is not None:
+        return int(resolved.llm_api.args["max_num_tokens"])
     config = derive_engine_config(resolved.spec, resolved.toolchain, resolved.gpu, resolved.model_config)
     return int(config.limits["max_num_tokens"])  # type: ignore[arg-type]
 

@@ -79,6 +79,8 @@ class QuantFormat:
     calibrated: bool = False  # needs calibration data (enters the checkpoint key)
     kv_caches: tuple[str, ...] = ()  # quantized KV caches the converter offers on top of this format
     modelopt_config: str | None = None  # [modelopt-0.37] config name; None: nothing to quantize
+    layerwise: bool = False  # calibrates one decoder layer at a time with the full-model result (trtpipe.checkpoint.
+                             # layerwise; equal bytes checked by tests/checkpoint/test_layerwise.py)
     tensors: tuple[TensorRule, ...] | None = None  # per quantized linear layer; None: no exporter here writes it
     dequant: Dequant | None = None  # None: unquantized, or the reference runtime cannot run it
     weight_scale: str = "weights_scaling_factor"  # the tensor holding the weight's scale(s): [1], [out] or groups
@@ -87,6 +89,9 @@ class QuantFormat:
     parity_with_kv: dict[str, ParityBound] = field(default_factory=dict)  # KV cache name -> bound
     refused: str | None = None  # why trtpipe's converter refuses it (None: it converts)
     alternatives: str = ""  # what to use instead, when refused
+    # Why the llm-api backend's artifact (ModelOpt's unified HF export, served by TensorRT-LLM's PyTorch backend)
+    # refuses a format the TRT-LLM checkpoint converter makes (None: the llm-api artifact exports it too).
+    llm_api_refused: str | None = None
     gemm_plugin: str | None = "auto"  # trtllm-build --gemm_plugin the build profile sets for it
     fp8_gemms: bool = False  # the build profile may use the FP8 GEMM plugins and FP8 context FMHA
     build_plugins: dict[str, str] = field(default_factory=dict)  # other plugins its kernels need (flag -> value)
@@ -121,7 +126,7 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
     ),
     QuantFormat(
         name="fp8", checkpoint_algo="FP8", precision="fp8", weight_bits=8, calibrated=True, kv_caches=("fp8",),
-        modelopt_config="FP8_DEFAULT_CFG",
+        modelopt_config="FP8_DEFAULT_CFG", layerwise=True,
         tensors=(TensorRule("weight", "F8_E4M3", ("out", "in")), TensorRule("weights_scaling_factor", "F32", _SCALAR),
                  TensorRule("activation_scaling_factor", "F32", _SCALAR)),
         dequant="fp8", activation_quant="fp8",
@@ -132,7 +137,7 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
     ),
     QuantFormat(
         name="int4_awq", checkpoint_algo="W4A16_AWQ", precision="fp16", weight_bits=4, grouped=True,
-        calibrated=True, kv_caches=("fp8",), modelopt_config="INT4_AWQ_CFG",
+        calibrated=True, kv_caches=("fp8",), modelopt_config="INT4_AWQ_CFG", layerwise=True,
         tensors=(TensorRule("weight", "I8", ("out/2", "in")),
                  TensorRule("weights_scaling_factor", "F32", ("out", "in/group")),
                  TensorRule("prequant_scaling_factor", "model", ("in",))),
@@ -144,7 +149,7 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
     ),
     QuantFormat(
         name="w4a8_awq", checkpoint_algo="W4A8_AWQ", precision="fp8", weight_bits=4, grouped=True,
-        calibrated=True, kv_caches=("fp8",), modelopt_config="W4A8_AWQ_BETA_CFG",
+        calibrated=True, kv_caches=("fp8",), modelopt_config="W4A8_AWQ_BETA_CFG", layerwise=True,
         tensors=(TensorRule("weight", "I8", ("out/2", "in")),
                  TensorRule("weights_scaling_factor", "F32", ("out", "in/group")),
                  TensorRule("prequant_scaling_factor", "model", ("in",)),
@@ -153,16 +158,22 @@ FORMATS: dict[str, QuantFormat] = {f.name: f for f in (
         dequant="int4-grouped", activation_quant="fp8",
         parity=ParityBound(max_rel_error=0.12, min_top1_agreement=0.85),
         parity_with_kv={"fp8": ParityBound(max_rel_error=0.13, min_top1_agreement=0.85)},
+        llm_api_refused="trtpipe's llm-api artifact covers none, fp8 and int4_awq (+ an fp8 KV cache): the unified HF "
+                        "export of W4A8 AWQ and its dequantization by the reference runtime are not verified here "
+                        "(the PyTorch backend itself lists W4A8 AWQ on Ada and Hopper only)",
         source="[modelopt-0.37] W4A8_AWQ_BETA_CFG -> W4A8_AWQ (FP8 activations); tensors [export-here]",
     ),
     QuantFormat(
         name="int8_sq", checkpoint_algo="W8A8_SQ_PER_CHANNEL", precision="int8", weight_bits=8, calibrated=True,
-        modelopt_config="INT8_SMOOTHQUANT_CFG",
+        modelopt_config="INT8_SMOOTHQUANT_CFG", layerwise=True,
         tensors=(TensorRule("weight", "I8", ("out", "in")), TensorRule("weights_scaling_factor", "F32", ("out",)),
                  TensorRule("activation_scaling_factor", "F32", _SCALAR),
                  TensorRule("prequant_scaling_factor", "model", ("in",))),
         dequant="int8-per-channel", activation_quant="int8",
         parity=ParityBound(max_rel_error=0.06, min_top1_agreement=0.90),
+        llm_api_refused="TensorRT-LLM's PyTorch backend has no INT8 SmoothQuant recipe (docs/source/features/"
+                        "quantization.md @09d4c79b lists FP4, FP8 per tensor/block/rowwise, FP8 KV, W4A16/W4A8 "
+                        "GPTQ and AWQ)",
         source="[modelopt-0.37] INT8_SMOOTHQUANT_CFG -> W8A8_SQ_PER_CHANNEL; tensors [export-here]",
     ),
     QuantFormat(

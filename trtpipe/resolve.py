@@ -12,22 +12,31 @@ touches a GPU, TensorRT or the network.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trtpipe import quant
+from trtpipe.config_json import read_model_config
 from trtpipe.errors import InvalidInput
 from trtpipe.gpu import GpuInfo, UnknownGpu, get_gpu, load_catalog
+from trtpipe.llm_api.derive import LlmApiPlan, LlmApiRuleViolation, derive_llm_args
+from trtpipe.model_folder import check_tokenizer, escapes, folder_roots, resolves_inside, shard_problems
 from trtpipe.names import name_fix, name_problem
 from trtpipe.spec import BuildSpec, Executor
 from trtpipe.spec_loader import LoadedSpec
-from trtpipe.toolchain import Backend, Toolchain, UnknownToolchain, get_toolchain, load_toolchains, version_tuple
+from trtpipe.toolchain import (
+    Backend,
+    Toolchain,
+    UnknownToolchain,
+    get_toolchain,
+    load_toolchains,
+    newest_toolchain,
+    version_tuple,
+)
 from trtpipe.trtllm_build.config import RuleViolation, derive_engine_config
 from trtpipe.versions import versions_match
 
-REQUIRED_CONFIG_KEYS = ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
 # The serving models read the tokenizer with the tokenizers library: a published repository needs it.
 SERVING_TOKENIZER_FILE = "tokenizer.json"
@@ -57,6 +66,7 @@ class ResolvedSpec:
     config_path: Path  # the config.json that was read
     loaded: LoadedSpec | None = field(default=None, repr=False)  # for positioned errors downstream
     backend: Backend | None = None  # the toolchain's backend that builds it
+    llm_api: LlmApiPlan | None = None  # backend llm-api: the LLM() arguments the spec implies
 
     @property
     def backend_kind(self) -> str:
@@ -129,25 +139,14 @@ def converter_supports(toolchain: Toolchain) -> bool:
 
 
 def _read_config(loaded: LoadedSpec, field_path: tuple[str, ...], config_path: Path) -> dict[str, Any]:
+    """The model's config.json, read and checked against sane bounds (trtpipe.config_json: the one check plan,
+    convert and the reference runtime share), cited at the spec field that named it."""
     if not config_path.is_file():
         raise loaded.error(field_path, f"{config_path} does not exist", "give the HF model folder's config.json")
     try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise loaded.error(field_path, f"{config_path} is not valid JSON ({exc})", "restore the model's config.json")
-    if not isinstance(config, dict):
-        raise loaded.error(field_path, f"{config_path} is not a JSON object", "restore the model's config.json")
-    # multimodal wrappers keep the language model's fields in text_config
-    if "num_hidden_layers" not in config and isinstance(config.get("text_config"), dict):
-        config = {**config, **config["text_config"]}
-    missing = [key for key in REQUIRED_CONFIG_KEYS if key not in config]
-    if missing:
-        raise loaded.error(
-            field_path,
-            f"{config_path} lacks {', '.join(missing)}: not a decoder LLM config trtpipe can plan",
-            "point at a Llama/Mistral/Qwen2-style config.json",
-        )
-    return config
+        return read_model_config(config_path)
+    except InvalidInput as exc:
+        raise loaded.error(field_path, exc.message, exc.fix) from None
 
 
 def _hf_cache_snapshot(repo_id: str, revision: str) -> Path | None:
@@ -216,9 +215,12 @@ def _resolve_model(
                 "this spec gives only a config.json (planning only), so there are no weights to build from",
                 "set model.path to a local HF folder or model.repo_id + revision",
             )
+    weights_field = ("model", "path") if model.path is not None else ("model", "repo_id")
+    if model_dir is not None and config_path.parent == model_dir and not model.allow_external_links:
+        for escape in escapes(model_dir, ["config.json"]):  # before a byte of it is read
+            raise loaded.error(weights_field, escape.describe("model folder"), _LINK_FIX)
     config = _read_config(loaded, config_field, config_path)
 
-    weights_field = ("model", "path") if model.path is not None else ("model", "repo_id")
     if need_weights and model_dir is not None:
         safetensors = list(model_dir.glob("*.safetensors"))
         pickled = [p for pattern in ("*.bin", "*.pt", "*.pth") for p in model_dir.glob(pattern)]
@@ -246,14 +248,59 @@ def _resolve_model(
         # Conversion calibrates with the tokenizer; the published repository's models read tokenizer.json.
         where = ("model", "tokenizer") if model.tokenizer is not None else weights_field
         folder = tokenizer_dir or model_dir
-        if not (folder / SERVING_TOKENIZER_FILE).is_file():
+        if not (folder / SERVING_TOKENIZER_FILE).is_file() and not _is_link_out(loaded, folder / SERVING_TOKENIZER_FILE):
             raise loaded.error(
                 where, f"{folder} has no tokenizer ({SERVING_TOKENIZER_FILE}), which calibration and the "
                 "published repository's models read",
                 "copy the model's tokenizer files there (tokenizer.save_pretrained writes them), or set "
                 "model.tokenizer to a folder holding tokenizer.json",
             )
+    if model_dir is not None and (need_weights or config_path.parent == model_dir):
+        _check_model_files(loaded, model_dir, tokenizer_dir, weights_field, need_weights)
+    if need_weights and model_dir is not None:
+        where = ("model", "tokenizer") if model.tokenizer is not None else weights_field
+        try:
+            check_tokenizer(tokenizer_dir or model_dir)
+        except InvalidInput as exc:
+            raise loaded.error(where, exc.message, exc.fix) from None
     return model_dir, tokenizer_dir, config_path, config_field, config
+
+
+_LINK_FIX = ("copy the file into the folder, or set model.allow_external_links: true in the spec if you trust "
+             "where it points")
+
+
+def _is_link_out(loaded: LoadedSpec, path: Path) -> bool:
+    """A symlink (maybe dangling) that the confinement check below will name: let it speak first."""
+    return path.is_symlink() and not loaded.spec.model.allow_external_links
+
+
+def _check_model_files(loaded: LoadedSpec, model_dir: Path, tokenizer_dir: Path | None,
+                       weights_field: tuple[str, ...], need_weights: bool) -> None:
+    """The model folder is a boundary (trtpipe.model_folder): the files read from it - config.json when planning;
+    every top-level file, the shards its weight index names, the tokenizer folder's files and a calibration file
+    written inside the folder when building - must resolve inside it, unless model.allow_external_links."""
+    model = loaded.spec.model
+    external_ok = model.allow_external_links
+    if need_weights:
+        for problem in shard_problems(model_dir):
+            raise loaded.error(weights_field, problem, "restore the model's index file (shards are files of the folder)")
+    if external_ok:
+        return
+    for escape in escapes(model_dir, None if need_weights else ["config.json"]):
+        raise loaded.error(weights_field, escape.describe("model folder"), _LINK_FIX)
+    if not need_weights:
+        return
+    if tokenizer_dir is not None and tokenizer_dir != model_dir:
+        for escape in escapes(tokenizer_dir):
+            raise loaded.error(("model", "tokenizer"), escape.describe("tokenizer folder"), _LINK_FIX)
+    dataset_field = ("quantization", "calibration", "dataset")
+    dataset = loaded.written_paths.get(dataset_field)
+    folders = {model_dir, loaded.written_paths.get(("model", "path"), model_dir)}
+    if dataset is not None and any(f == dataset.parent or f in dataset.parents for f in folders):
+        if resolves_inside(dataset, folder_roots(model_dir)) is None:
+            raise loaded.error(dataset_field, f"{dataset} is in the model folder but resolves to "
+                               f"{dataset.resolve()}, outside it", _LINK_FIX)
 
 
 # ---------------------------------------------------------------------------------------------- rules
@@ -266,21 +313,41 @@ def _check_toolchain(loaded: LoadedSpec) -> tuple[Toolchain, Backend]:
         toolchain = get_toolchain(spec.toolchain)
     except UnknownToolchain as exc:
         raise loaded.error(("toolchain",), exc.message, exc.fix) from None
+    if toolchain.preview is not None and not spec.allow_preview:
+        raise loaded.error(
+            ("toolchain",), f"{toolchain.name} is a preview line: {toolchain.preview}",
+            f"set allow_preview: true to trial it knowingly, or use the stable {newest_toolchain(load_toolchains()).name}")
     kind = spec.backend_kind
     backend = toolchain.backend(kind)
     if backend is None:
         offered = ", ".join(b.kind for b in toolchain.backends) or "none"
+        where = ("backend",) if spec.backend is not None else ("toolchain",)
+        removed = toolchain.removed_backends.get(kind)
+        if removed:
+            raise loaded.error(
+                where, f"toolchain {toolchain.name} has no {kind} backend: {removed}",
+                "set backend: llm-api (the same spec through TensorRT-LLM's PyTorch backend), or pick a toolchain "
+                "up to trtllm-1.2.1")
         raise loaded.error(
-            ("backend",) if spec.backend is not None else ("toolchain",),
+            where,
             f"toolchain {toolchain.name} offers no {kind} backend (it offers: {offered})",
             "pick a backend it offers, or a toolchain that offers this one (build_configs/toolchains.yaml)",
         )
     if kind == "reference" and not spec.target.is_cpu_reference:
         raise loaded.error(("backend",), f"the reference backend runs on the CPU, but the target is {spec.target.gpu}",
                            "set target.gpu: cpu-reference, or backend: trtllm-build")
-    if kind != "reference" and spec.target.is_cpu_reference:
+    if kind == "trtllm-build" and spec.target.is_cpu_reference:
         raise loaded.error(("backend",), f"the {kind} backend builds for a GPU, but the target is cpu-reference",
-                           "target a GPU, or use backend: reference")
+                           "target a GPU, or use backend: reference (or llm-api)")
+    if kind == "llm-api" and toolchain.preview is not None and not spec.target.is_cpu_reference:
+        raise loaded.error(
+            ("target", "gpu"), f"the preview line {toolchain.name} builds for target cpu-reference only: no Triton "
+            "container carries it and its pins are unknown, so a GPU host could neither convert with known versions "
+            "nor serve it", f"set target.gpu: cpu-reference, or toolchain: {newest_toolchain(load_toolchains()).name}")
+    if toolchain.preview is not None:
+        # A preview line pins no ModelOpt: its artifact is exported here with trtpipe's converter pins, which the
+        # key records as installed (trtpipe.stages.hf_checkpoint).
+        return toolchain, backend
     # Every backend converts the checkpoint with trtpipe's converter, under the toolchain's pins (the
     # checkpoint key names them): a converter not written for them would be refused when it runs.
     modelopt, transformers = toolchain.modelopt_version, toolchain.transformers_version
@@ -366,7 +433,8 @@ def _check_quantization(loaded: LoadedSpec, gpu: GpuInfo | None) -> None:
                 f"on {gpu.name} use quantization.algo {', '.join(runnable)}, or target a GPU with "
                 f"{fmt.precision} tensor cores",
             )
-        if not gpu.has_precision(kv.precision):
+        # llm-api: the PyTorch backend's own hardware matrix decides the KV cache (trtpipe.llm_api.derive)
+        if not gpu.has_precision(kv.precision) and spec.backend_kind != "llm-api":
             raise loaded.error(
                 ("quantization", "kv_cache"),
                 f"a {q.kv_cache} KV cache needs {kv.precision} tensor cores ({_gpus_with(str(kv.precision))}), but "
@@ -463,12 +531,24 @@ def _check_engine(loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | Non
             f"{engine.max_seq_len} exceeds the model's max_position_embeddings {max_positions}",
             f"lower max_seq_len to at most {max_positions}",
         )
+    if spec.backend_kind == "llm-api":
+        return  # the LLM() arguments and their rules: _check_llm_api
     # The complete trtllm-build configuration, with the pinned trtllm-build's own rules, the in-flight
     # batching requirements, engine.plugins against the flag table and max_num_tokens: derived here once,
     # so a spec that resolves has an engine plan (trtpipe.engine.plan renders the same derivation).
     try:
         derive_engine_config(spec, toolchain, gpu, config)
     except RuleViolation as violation:
+        raise loaded.error(violation.field_path, violation.message, violation.fix) from None
+
+
+def _check_llm_api(loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | None, toolchain: Toolchain) -> LlmApiPlan:
+    """The LLM() arguments the spec implies on the toolchain's PyTorch backend, with that backend's rules
+    (quantization per GPU family and model, KV cache dtype, settings with no equivalent): trtpipe.llm_api.derive."""
+    spec = loaded.spec
+    try:
+        return derive_llm_args(spec, toolchain, gpu, config, weight_dtype=resolve_dtype(spec, config))
+    except LlmApiRuleViolation as violation:
         raise loaded.error(violation.field_path, violation.message, violation.fix) from None
 
 
@@ -501,6 +581,7 @@ def resolve(loaded: LoadedSpec, *, need_weights: bool = True) -> ResolvedSpec:
     model_dir, tokenizer_dir, config_path, config_field, config = _resolve_model(loaded, need_weights)
     _check_shape(loaded, config_field, config)
     _check_engine(loaded, config, gpu, toolchain)
+    llm_api = _check_llm_api(loaded, config, gpu, toolchain) if backend.kind == "llm-api" else None
     return ResolvedSpec(
         spec=spec,
         spec_path=loaded.path,
@@ -512,4 +593,5 @@ def resolve(loaded: LoadedSpec, *, need_weights: bool = True) -> ResolvedSpec:
         config_path=config_path,
         loaded=loaded,
         backend=backend,
+        llm_api=llm_api,
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -73,6 +74,11 @@ class ModelSection(StrictModel):
     tokenizer: Path | None = Field(default=None, description="Tokenizer directory; defaults to the model's.")
     trust_remote_code: bool = False
     allow_pickle: bool = Field(default=False, description="Allow .bin/.pt (pickle) weights. Unsafe.")
+    allow_external_links: bool = Field(
+        default=False,
+        description="Let files of the model (and tokenizer) folder be symlinks that resolve outside it. Off: every "
+                    "file read from the folder must resolve inside it (a Hugging Face cache snapshot may resolve "
+                    "into its repository's blobs/); see trtpipe/model_folder.py.")
 
     @field_validator("revision")
     @classmethod
@@ -147,6 +153,11 @@ class QuantizationSection(StrictModel):
     kv_cache: str = Field(default="auto", description="KV cache dtype: auto (the weights'), fp16, bf16, fp8.")
     group_size: int = Field(default=128, description="AWQ group size (int4_awq, w4a8_awq).")
     calibration: CalibrationSection = Field(default_factory=CalibrationSection)
+    converter: Literal["auto", "modelopt"] = Field(
+        default="auto",
+        description="auto: stream unquantized weights tensor by tensor and calibrate layer by layer where trtpipe "
+        "can (the same checkpoint bytes, a fraction of the memory); modelopt: always load the whole model into "
+        "ModelOpt (for comparison). Not part of the checkpoint key.")
 
     @field_validator("algo")
     @classmethod
@@ -248,8 +259,12 @@ class BuildSpec(StrictModel):
     toolchain: str | None = Field(default=None, description="A name from build_configs/toolchains.yaml.")
     backend: str | None = Field(
         default=None,
-        description="How the artifact is built and served: trtllm-build or reference; default: reference for "
-                    "target cpu-reference, else trtllm-build. The toolchain must offer it.")
+        description="How the artifact is built and served: trtllm-build, llm-api (TensorRT-LLM's PyTorch backend "
+                    "behind Triton's llmapi model; on cpu-reference the reference runtime serves it) or reference; "
+                    "default: reference for target cpu-reference, else trtllm-build. The toolchain must offer it.")
+    allow_preview: bool = Field(
+        default=False,
+        description="Opt in to a preview toolchain (a TensorRT-LLM pre-release, named in full in `toolchain`).")
     release: ReleaseSection = Field(default_factory=ReleaseSection)
 
     @field_validator("name")

@@ -3,11 +3,22 @@
 Every problem becomes ONE positioned `SpecError`: `file:line:col: field.path: what is wrong; how to fix it`.
 YAML is composed into nodes first (marks per key path, duplicate keys refused), then constructed with the safe
 loader and validated by pydantic; pydantic error locations are mapped back to the YAML positions.
+
+A spec is a few hundred bytes of hand-written YAML, so the loader refuses, at the position where it starts,
+anything far outside that: a file over `MAX_SPEC_BYTES`, collections nested deeper than `MAX_DEPTH` (counted
+after aliases are expanded: no RecursionError anywhere below), more than `MAX_NODES` values once aliases are
+expanded (a "billion laughs" spec is refused at the anchor that crosses the bound, before anything is
+constructed, in bounded memory and time), a recursive alias, a NUL byte in any value, a value the safe
+constructor cannot build (an integer beyond Python's digit limit, a timestamp that is no date). Paths in the
+spec are checked when they are anchored: `~user` for a user that does not exist, names longer than the
+filesystem takes, NUL bytes.
 """
 
 from __future__ import annotations
 
 import difflib
+import errno
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -24,6 +35,15 @@ FieldPath = tuple[str | int, ...]
 Position = tuple[int, int]
 
 MERGE_TAG = "tag:yaml.org,2002:merge"
+
+# Bounds on a spec (see the module doc). The largest example spec is about 1 KB, 5 levels deep
+# (release.gates.<channel>.bench.<slo>) and about 60 values; these leave room for hand-written anchors.
+MAX_SPEC_BYTES = 256 * 1024
+MAX_DEPTH = 16
+MAX_NODES = 10_000
+# Linux's NAME_MAX and PATH_MAX (limits.h): open() refuses longer names with ENAMETOOLONG.
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 4095
 
 
 def format_field(field_path: FieldPath) -> str:
@@ -48,6 +68,9 @@ class LoadedSpec:
     path: Path
     display_path: str = ""
     positions: dict[FieldPath, Position] = field(default_factory=dict)
+    # Each path field as written, made absolute against the spec's folder but with symlinks NOT followed (the
+    # spec's values are resolved): whether a file is "in the model folder" is a question about this path.
+    written_paths: dict[FieldPath, Path] = field(default_factory=dict)
 
     def position(self, field_path: FieldPath) -> Position | None:
         """(line, col), 1-based, of the key `field_path` in the file; None if it was not written."""
@@ -118,16 +141,95 @@ def _record_positions(
             _record_positions(item, path + (index,), positions, file, depth + 1)
 
 
+class _SpecLimit(yaml.MarkedYAMLError):
+    """A bound of the loader was crossed at `problem_mark` (reported like any YAML error)."""
+
+    def __init__(self, problem: str, mark: yaml.Mark | None,
+                 fix: str = "a spec is a small hand-written file: write the values out plainly") -> None:
+        super().__init__(problem=problem, problem_mark=mark)
+        self.fix = fix
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with the bounds of the module doc enforced while it composes and constructs.
+
+    The pure-Python loader on purpose: its scanner and parser keep explicit stacks (no recursion), and the
+    composer, the one recursive part, is bounded here before it descends."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self._depth = 0
+        # expanded (size, height) of every node composed so far, by identity; a node is in it once complete
+        self._expanded: dict[int, tuple[int, int]] = {}
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            node = super().compose_node(parent, index)
+            if id(node) not in self._expanded:
+                raise _SpecLimit("this alias refers to a collection it is inside (a recursive alias)", mark,
+                                 "an alias may only name an anchor whose collection is complete")
+            return node
+        mark = self.peek_event().start_mark
+        collection = self.check_event(yaml.SequenceStartEvent, yaml.MappingStartEvent)
+        if collection:
+            self._depth += 1
+            if self._depth > MAX_DEPTH:
+                raise _SpecLimit(f"collections are nested more than {MAX_DEPTH} levels deep here", mark)
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            if collection:
+                self._depth -= 1
+        if isinstance(node, yaml.ScalarNode):
+            if "\x00" in node.value:
+                raise _SpecLimit("this value holds a NUL byte (\\0)", mark, "remove it: no name or path can contain one")
+            size, height = 1, 0
+        else:
+            children = node.value if isinstance(node, yaml.SequenceNode) else [n for pair in node.value for n in pair]
+            stats = [self._expanded[id(child)] for child in children]
+            size = 1 + sum(s for s, _ in stats)
+            height = 1 + max((h for _, h in stats), default=0)
+            if height > MAX_DEPTH:
+                raise _SpecLimit(f"with its aliases expanded, this collection nests more than {MAX_DEPTH} levels "
+                                 "deep", mark)
+            if size > MAX_NODES:
+                raise _SpecLimit(f"with its aliases expanded, this collection holds more than {MAX_NODES:,} values "
+                                 "(anchors and aliases that multiply each other)", mark)
+        self._expanded[id(node)] = (size, height)
+        return node
+
+    def construct_object(self, node: Any, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except yaml.YAMLError:
+            raise
+        except (ValueError, TypeError, OverflowError, ArithmeticError) as exc:
+            # e.g. an integer longer than Python's int() takes, a timestamp with month 13
+            raise _SpecLimit(f"cannot read this value ({exc})", node.start_mark,
+                             "write a plain number, text, true/false or a date that exists") from None
+
+
+def _reader_position(text: str, index: int) -> Position:
+    line = text.count("\n", 0, index) + 1
+    return line, index - (text.rfind("\n", 0, index) + 1) + 1
+
+
 def parse_yaml(text: str, file: str) -> tuple[Any, dict[FieldPath, Position]]:
-    """YAML text -> (data, key positions). Raises a positioned SpecError for broken YAML or duplicate keys."""
-    loader = yaml.SafeLoader(text)
+    """YAML text -> (data, key positions). Raises a positioned SpecError for broken YAML, duplicate keys, or
+    YAML beyond the loader's bounds (size is the caller's: `load_spec`)."""
+    loader: _BoundedLoader | None = None
     try:
+        loader = _BoundedLoader(text)  # its reader refuses characters YAML does not allow, NUL among them
         node = loader.get_single_node()
         if node is None:
             return None, {}
         positions: dict[FieldPath, Position] = {}
         _record_positions(node, (), positions, file)
         data = loader.construct_document(node)
+    except _SpecLimit as exc:
+        line, col = _mark(exc.problem_mark)
+        raise SpecError(f"invalid spec: {exc.problem}", file=file, line=line, col=col, fix=exc.fix) from None
     except yaml.MarkedYAMLError as exc:
         line, col = _mark(exc.problem_mark or exc.context_mark)
         what = " ".join(str(p) for p in (exc.context, exc.problem) if p)
@@ -138,10 +240,19 @@ def parse_yaml(text: str, file: str) -> tuple[Any, dict[FieldPath, Position]]:
             col=col,
             fix="fix the YAML syntax here (indent with spaces, `key: value`, quote values containing ': ' or '#')",
         ) from None
+    except yaml.reader.ReaderError as exc:
+        line, col = _reader_position(text, exc.position)
+        code = exc.character if isinstance(exc.character, int) else 0
+        what = "a NUL byte" if code == 0 else f"the control character #x{code:04x}"
+        raise SpecError(
+            f"invalid YAML: {what} is not allowed in YAML text", file=file, line=line, col=col,
+            fix="remove it (a spec is plain UTF-8 text)",
+        ) from None
     except yaml.YAMLError as exc:
         raise SpecError(f"invalid YAML: {exc}", file=file, line=1, col=1, fix="fix the YAML syntax") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return data, positions
 
 
@@ -330,28 +441,74 @@ _RELATIVE_PATH_FIELDS: tuple[tuple[str, str], ...] = (
 )
 
 
-def _anchor_paths(spec: BuildSpec, base: Path) -> None:
-    """Resolve the spec's relative paths against the spec file's folder."""
+def _shown(text: str, limit: int = 60) -> str:
+    """A path as an error line shows it: its first `limit` characters, never a 4 KB wall."""
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text)} characters)"
 
-    def anchored(value: Path | None) -> Path | None:
+
+def path_problem(value: str) -> tuple[str, str] | None:
+    """(what is wrong, fix) when no filesystem could open `value` as written, else None."""
+    if "\x00" in value:
+        return f"the path {_shown(value)} holds a NUL byte", "remove it: no file name can contain one"
+    encoded = os.fsencode(value)
+    longest = max((len(part) for part in encoded.split(b"/")), default=0)
+    if longest > MAX_NAME_BYTES:
+        return (f"the path {_shown(value)} has a name of {longest} bytes; a file name is at most {MAX_NAME_BYTES}",
+                "shorten that name (or fix a missing '/')")
+    if len(encoded) > MAX_PATH_BYTES:
+        return (f"the path {_shown(value)} is {len(encoded)} bytes long; a path is at most {MAX_PATH_BYTES}",
+                "use a shorter path (a folder closer to the root, or a symlink to it)")
+    return None
+
+
+def _anchor_paths(loaded: LoadedSpec, base: Path) -> None:
+    """Resolve the spec's relative paths against the spec file's folder; refuse, at the field, a path no
+    filesystem could open (NUL byte, an overlong name) or a `~user` whose user does not exist."""
+    spec = loaded.spec
+
+    def anchored(field_path: FieldPath, value: Path | None) -> Path | None:
         if value is None:
             return None
-        value = value.expanduser()
-        return value if value.is_absolute() else (base / value).resolve()
+        problem = path_problem(str(value))
+        if problem:
+            raise loaded.error(field_path, *problem)
+        try:
+            value = value.expanduser()
+        except RuntimeError:  # pathlib: "Could not determine home directory." for ~nosuchuser
+            user = str(value).split("/", 1)[0]
+            raise loaded.error(field_path, f"{user} names no user of this machine, so {_shown(str(value))} cannot be "
+                               "found", f"write the folder's full path instead of {user}/...") from None
+        if value.is_absolute():  # kept as written (its last name may name the artifact)
+            loaded.written_paths[field_path] = Path(os.path.normpath(value))
+            return value
+        value = base / value
+        problem = path_problem(str(value))
+        if problem:
+            raise loaded.error(field_path, *problem)
+        loaded.written_paths[field_path] = Path(os.path.normpath(value))
+        try:
+            return value.resolve()
+        except OSError as exc:  # ELOOP (a symlink loop), ENAMETOOLONG once links are followed
+            raise loaded.error(field_path, f"cannot resolve {_shown(str(value))}: {exc.strerror}",
+                               "give a path that exists without a symlink loop") from None
 
     for section, name in _RELATIVE_PATH_FIELDS:
         holder = getattr(spec, section)
-        setattr(holder, name, anchored(getattr(holder, name)))
+        setattr(holder, name, anchored((section, name), getattr(holder, name)))
     calibration = spec.quantization.calibration
-    calibration.dataset = anchored(calibration.dataset)
+    calibration.dataset = anchored(("quantization", "calibration", "dataset"), calibration.dataset)
 
 
 def load_spec(path: Path | str) -> LoadedSpec:
     """Read, parse and validate a build spec. Raises one positioned SpecError (exit code 2) on any problem."""
     display = str(path)
+    problem = path_problem(display)
+    if problem:
+        raise SpecError(problem[0], file=_shown(display), line=1, col=1, fix=problem[1])
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_SPEC_BYTES + 1)  # never more: a device or a huge file is refused below
     except FileNotFoundError:
         raise SpecError(
             "spec file does not exist", file=display, line=1, col=1, fix="check the path (see build_configs/examples/)"
@@ -359,9 +516,15 @@ def load_spec(path: Path | str) -> LoadedSpec:
     except IsADirectoryError:
         raise SpecError("is a directory, not a spec file", file=display, line=1, col=1, fix="pass the YAML file") from None
     except OSError as exc:
+        fix = ("use a shorter path" if exc.errno == errno.ENAMETOOLONG else
+               "give a path whose folders exist" if exc.errno in (errno.ENOTDIR, errno.ELOOP) else
+               "check the file's permissions")
+        raise SpecError(f"cannot read the spec: {exc.strerror}", file=display, line=1, col=1, fix=fix) from None
+    if len(raw) > MAX_SPEC_BYTES:
         raise SpecError(
-            f"cannot read the spec: {exc.strerror}", file=display, line=1, col=1, fix="check the file's permissions"
-        ) from None
+            f"the spec is larger than {MAX_SPEC_BYTES // 1024} KiB; a build spec is a small hand-written file",
+            file=display, line=1, col=1, fix="give the build spec YAML, not another file",
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -396,7 +559,7 @@ def load_spec(path: Path | str) -> LoadedSpec:
         raise spec_error_from_validation(exc, data, positions, display) from None
     loaded = LoadedSpec(spec=spec, path=path.resolve(), display_path=display, positions=positions)
     try:
-        _anchor_paths(spec, path.resolve().parent)
+        _anchor_paths(loaded, path.resolve().parent)
     except ValidationError as exc:  # validate_assignment re-checks a resolved path
         raise spec_error_from_validation(exc, data, positions, display) from None
     return loaded

@@ -17,11 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from trtpipe.datafiles import load_table
 from trtpipe.errors import TrtpipeError
 
-# trtllm-build (the engine path this tool drives) and the C++ Triton backend were removed after the 1.2 line.
+# trtllm-build (the engine path this tool drives) and the C++ Triton backend were removed after the 1.2 line
+# (TensorRT-LLM PRs #15763, #15767, #15907, #15918). Lines after it offer only the LLM-API backend; trtpipe pins
+# such a line only as a preview (a pre-release that a spec opts into: `allow_preview: true`).
 LAST_SUPPORTED_LINE = (1, 2)
 REMOVAL_REASON = (
-    "TensorRT-LLM removed `trtllm-build` and the C++ Triton backend after the 1.2 line, "
-    "so trtpipe pins toolchains up to 1.2.x only"
+    "TensorRT-LLM removed `trtllm-build` and the C++ Triton backend after the 1.2 line (PRs #15763, #15767, "
+    "#15907, #15918), so trtpipe pins stable toolchains up to 1.2.x only"
 )
 
 
@@ -55,10 +57,32 @@ class ReferenceBackend(BaseModel):
     kind: Literal["reference"] = "reference"
 
 
+class LlmApiBackend(BaseModel):
+    """The LLM-API path: ModelOpt's unified Hugging Face export -> Triton's `llmapi` Python model, which runs
+    `tensorrt_llm.LLM` on TensorRT-LLM's PyTorch backend with the artifact's `llm_args.json` as its arguments.
+    TensorRT-LLM 1.2.1 and later. On target cpu-reference the same artifact is run by trtpipe's reference runtime
+    behind the same Triton contract."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["llm-api"] = "llm-api"
+    args: str = Field(description="The release's TorchLlmArgs table: build_configs/llm_api_args/<args>.yaml.")
+
+
+class TritonContainer(BaseModel):
+    """One Triton TRT-LLM container release and which backends it can serve."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    image: str
+    backends: list[str]
+    source: str
+
+
 # One toolchain line offers one or more backends; `kind` tells them apart (a tagged union). A new
-# backend (an LLM-API one, say) is one more class here, its stages and its repository writer.
-Backend = Annotated[TrtllmBuildBackend | ReferenceBackend, Field(discriminator="kind")]
-BACKEND_KINDS = ("trtllm-build", "reference")
+# backend is one more class here, its stages and its repository writer.
+Backend = Annotated[TrtllmBuildBackend | ReferenceBackend | LlmApiBackend, Field(discriminator="kind")]
+BACKEND_KINDS = ("trtllm-build", "reference", "llm-api")
 
 
 class Toolchain(BaseModel):
@@ -80,13 +104,19 @@ class Toolchain(BaseModel):
     sm_max: int
     python_version: str | None = None
     backends: list[Backend] = Field(description="The backends this release builds and serves with.")
+    removed_backends: dict[str, str] = Field(
+        default_factory=dict, description="Backends older lines offered that this release removed: kind -> why.")
+    triton_containers: list[TritonContainer] = Field(
+        default_factory=list, description="The Triton containers that carry this release, and what each serves.")
+    preview: str | None = Field(
+        default=None, description="Why this line is a preview (a pre-release); a spec opts in with allow_preview.")
     sources: dict[str, str] = Field(default_factory=dict, description="Where each fact comes from.")
 
     @property
     def version_tuple(self) -> tuple[int, ...]:
         return version_tuple(self.trtllm_version)
 
-    def backend(self, kind: str) -> TrtllmBuildBackend | ReferenceBackend | None:
+    def backend(self, kind: str) -> TrtllmBuildBackend | ReferenceBackend | LlmApiBackend | None:
         """This toolchain's backend of that kind, or None when it offers none."""
         return next((b for b in self.backends if b.kind == kind), None)
 
@@ -113,20 +143,23 @@ def version_tuple(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def load_toolchains(path: Path | None = None) -> dict[str, Toolchain]:
-    """All pinned toolchains by name, oldest first."""
+def load_toolchains(path: Path | None = None, *, include_preview: bool = False) -> dict[str, Toolchain]:
+    """The pinned stable toolchains by name, oldest first (`include_preview`: the preview lines too)."""
     path = path or build_configs_dir() / "toolchains.yaml"
-    toolchains = {t.name: t for t in load_table(path, "toolchain table", "toolchains", Toolchain)}
+    toolchains = {t.name: t for t in load_table(path, "toolchain table", "toolchains", Toolchain)
+                  if include_preview or t.preview is None}
     return dict(sorted(toolchains.items(), key=lambda item: item[1].version_tuple))
 
 
 def newest_toolchain(toolchains: dict[str, Toolchain]) -> Toolchain:
-    return max(toolchains.values(), key=lambda t: t.version_tuple)
+    """The newest stable toolchain: a preview line is never a default, only named by a spec that opts in."""
+    return max((t for t in toolchains.values() if t.preview is None), key=lambda t: t.version_tuple)
 
 
 def get_toolchain(name: str | None, *, path: Path | None = None) -> Toolchain:
-    """The pinned toolchain called `name` ("trtllm-1.2.1" or just "1.2.1"); None means the newest."""
-    toolchains = load_toolchains(path)
+    """The pinned toolchain called `name` ("trtllm-1.2.1" or just "1.2.1"); None means the newest stable one.
+    A preview line is found by its full name only."""
+    toolchains = load_toolchains(path, include_preview=True)
     if name is None:
         return newest_toolchain(toolchains)
     wanted = name.strip()
@@ -135,14 +168,18 @@ def get_toolchain(name: str | None, *, path: Path | None = None) -> Toolchain:
         if candidate in toolchains:
             return toolchains[candidate]
     bare = wanted.removeprefix("trtllm-").removeprefix("v")
-    # "1.2" names the 1.2 line: accept it when exactly one pinned toolchain is on that line
-    on_line = [t for t in toolchains.values() if t.trtllm_version.startswith(bare + ".")]
+    # "1.2" names the 1.2 line: accept it when exactly one pinned stable toolchain is on that line (a preview
+    # line is chosen only by its full name)
+    on_line = [t for t in toolchains.values() if t.trtllm_version.startswith(bare + ".") and t.preview is None]
     if len(on_line) == 1:
         return on_line[0]
     numbers = version_tuple(bare)
     if len(numbers) >= 2 and numbers[:2] > LAST_SUPPORTED_LINE:
+        previews = [t.name for t in toolchains.values() if t.preview is not None]
+        also = (f"; the LLM-API backend can be trialled on the preview line {' or '.join(previews)} "
+                "(backend: llm-api, allow_preview: true)") if previews else ""
         raise UnknownToolchain(
-            f"toolchain {name!r} is newer than the 1.2 line; {REMOVAL_REASON}",
+            f"toolchain {name!r} is not pinned: {REMOVAL_REASON}{also}",
             fix=f"use one of: {', '.join(toolchains)}",
         )
     close = difflib.get_close_matches(wanted, list(toolchains), n=1, cutoff=0.6)

@@ -80,6 +80,27 @@ REAL_MESSAGES = [
         "E1130 05:00:00.000 1 model_instance_state.cc:1] Streaming is only supported if model is deployed using "
         "decoupled mode.",
     ),
+    # tritonserver 2.51.0 (the nvidia-pytriton wheel's) on this machine: its log when a port is taken, and
+    # what a client got from it after the tensorrt_llm / preprocessing stub was SIGKILLed.
+    (
+        "port-in-use",
+        "E1130 15:06:02.190574 1274 main.cc:245] \"failed to start GRPC service: Unavailable - Socket "
+        "'127.0.0.1:18555' already in use \"",
+    ),
+    (
+        "port-in-use",
+        "E1130 15:06:13.697029 1614 main.cc:257] \"failed to start HTTP service: Unavailable - Socket "
+        "'127.0.0.1:18556' already in use \"",
+    ),
+    (
+        "port-in-use",
+        "E1130 15:06:18.013771 1885 main.cc:293] \"failed to start Metrics service: Unavailable - Socket "
+        "'127.0.0.1:18556' already in use \"",
+    ),
+    ("port-in-use", "OSError: [Errno 98] Address already in use"),
+    ("python-stub-died", "in ensemble 'ensemble', Stub process 'tensorrt_llm_0_0' is not healthy."),
+    ("python-stub-died", "tensorrt_llm_bls: Stub process 'preprocessing_0_0' is not healthy."),
+    ("python-stub-died", "Stub process is not healthy."),
 ]
 
 

@@ -48,15 +48,20 @@ def examples_dir() -> Path:
 
 @pytest.fixture
 def hf_dir(tmp_path: Path, models_dir: Path) -> Path:
-    """A local 'HF folder' with a real Llama-3-8B config.json and (placeholder) safetensors and tokenizer files.
+    """A local 'HF folder' with a real Llama-3-8B config.json, a placeholder safetensors file and a small real
+    tokenizer (two words and an end token).
 
-    Resolve checks the files exist; it never reads the weights or the tokenizer.
+    Resolve checks the weights exist (it never reads them) and loads the tokenizer as the serving models do
+    (issue 14: a tokenizer that does not load is refused when the build resolves).
     """
+    from tokenizers import Tokenizer, models
+
     folder = tmp_path / "llama-3-8b-local"
     folder.mkdir()
     (folder / "config.json").write_text((models_dir / "llama-3-8b" / "config.json").read_text())
     (folder / "model.safetensors").write_bytes(b"")
-    (folder / "tokenizer.json").write_text("{}")
+    Tokenizer(models.WordLevel({"<unk>": 0, "</s>": 1, "hello": 2}, unk_token="<unk>")).save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
     return folder
 
 

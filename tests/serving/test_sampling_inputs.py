@@ -195,30 +195,40 @@ def test_unsupported_inputs_are_refused_by_name(triton_server, kwargs: dict, mat
 
 
 def test_stop_cancels_the_request_with_that_id(triton_server, hf) -> None:
-    """upstream's `stop` input (tensorrt_llm): a request with stop=true cancels the in-flight request of that id."""
+    """upstream's `stop` input (tensorrt_llm): a request with stop=true cancels the in-flight request of that id.
+
+    The stop goes out on its own connection after the second token arrives; on a loaded machine the server can
+    finish all 100 tokens before it lands (the tiny engine's max_seq_len 128 allows no longer run). Such an
+    attempt shows nothing, so it is tried again, up to three times; one attempt must end early."""
     prompt = np.array([hf.prompt_ids], dtype=np.int32)
-    request_id = f"stop-test-{uuid.uuid4().hex}"
     base = [
         _tensor("input_lengths", np.array([[prompt.shape[1]]], dtype=np.int32)),
         _tensor("request_output_len", np.array([[100]], dtype=np.int32)),
     ]
     generate = [_tensor("input_ids", prompt), *base, _tensor("end_id", np.array([[-1]], dtype=np.int32)),
                 _tensor("streaming", np.array([[True]], dtype=bool))]
-    stop_sent = threading.Event()
-    received: list[int] = []
+    counts: list[int] = []
+    for _attempt in range(3):
+        request_id = f"stop-test-{uuid.uuid4().hex}"
+        stop_sent = threading.Event()
+        received: list[int] = []
 
-    def on_response(result) -> None:
-        ids = result.as_numpy("output_ids")
-        if ids is not None:
-            received.extend(ids.reshape(-1).tolist())
-        if len(received) >= 2 and not stop_sent.is_set():
-            stop_sent.set()
-            threading.Thread(target=lambda: _stream_once(
-                triton_server.grpc_url, "tensorrt_llm", [*base, _tensor("stop", np.array([[True]], dtype=bool))],
-                ["output_ids"], request_id=request_id), daemon=True).start()
+        def on_response(result, received=received, stop_sent=stop_sent, request_id=request_id) -> None:
+            ids = result.as_numpy("output_ids")
+            if ids is not None:
+                received.extend(ids.reshape(-1).tolist())
+            if len(received) >= 2 and not stop_sent.is_set():
+                stop_sent.set()
+                threading.Thread(target=lambda: _stream_once(
+                    triton_server.grpc_url, "tensorrt_llm", [*base, _tensor("stop", np.array([[True]], dtype=bool))],
+                    ["output_ids"], request_id=request_id), daemon=True).start()
 
-    _stream_once(triton_server.grpc_url, "tensorrt_llm", generate, ["output_ids", "sequence_length"],
-                 request_id=request_id, on_response=on_response, timeout=120)
-    assert stop_sent.is_set()
+        _stream_once(triton_server.grpc_url, "tensorrt_llm", generate, ["output_ids", "sequence_length"],
+                     request_id=request_id, on_response=on_response, timeout=120)
+        assert stop_sent.is_set()
+        assert 2 <= len(received) <= 100
+        counts.append(len(received))
+        if len(received) < 100:
+            break
     # 100 tokens were asked for and end_id -1 never matches: only the stop can end it this early.
-    assert 2 <= len(received) < 100
+    assert counts[-1] < 100, counts

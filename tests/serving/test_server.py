@@ -209,28 +209,46 @@ def test_smoke_fails_against_no_server(capsys: pytest.CaptureFixture[str]) -> No
     assert "FAIL live" in capsys.readouterr().out
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)
 def test_server_killed_mid_stream(example_repo: Path) -> None:
-    """A second server, killed while streaming: the client raises a clear error, nothing hangs."""
-    from trtpipe.serving.server import start_server
+    """A second server, killed while streaming: the client raises a clear error, nothing hangs.
 
-    with start_server(example_repo, start_timeout=180) as server:
-        client = TritonLLMClient(server.grpc_url, timeout=15)
-        received = []
-        with pytest.raises(TritonConnectionError, match=server.grpc_url):
-            # end_id -1 never matches: the generation runs its full length, long after the kill.
-            for chunk in client.stream(PROMPTS[0], 120, top_k=1, end_id=-1):
-                received.append(chunk)
-                if len(received) == 2:
-                    server.kill()
-        assert len(received) >= 2
-        assert not server.alive()
-    # Stopping reaps the dead server's orphaned Python stubs and their shared-memory regions.
+    The client's gRPC thread queues responses as they arrive, so on a loaded machine the whole generation
+    (120 tokens, the most the tiny engine's max_seq_len allows) can already be queued when the test reads its
+    first chunk and kills the server: that stream ended before the kill and rightly raises nothing. Such an
+    attempt proves nothing either way, so it is tried again on a fresh server, up to three times; one attempt
+    must catch the server mid-generation and raise."""
     import os
 
-    with pytest.raises(ProcessLookupError):
-        os.killpg(server.pid, 0)
-    assert not list(Path("/dev/shm").glob(f"{server.shm_prefix}*"))
+    from trtpipe.serving.server import start_server
+
+    outcomes = []
+    for _attempt in range(3):
+        with start_server(example_repo, start_timeout=180) as server:
+            client = TritonLLMClient(server.grpc_url, timeout=15)
+            received = []
+            try:
+                # end_id -1 never matches: the generation runs its full length.
+                for chunk in client.stream(PROMPTS[0], 120, top_k=1, end_id=-1):
+                    received.append(chunk)
+                    if len(received) == 1:
+                        server.kill()
+            except TritonConnectionError as err:
+                assert server.grpc_url in str(err)
+                outcomes.append("raised")
+            else:
+                # No error: only acceptable when the server had already sent the whole generation.
+                assert received[-1].is_final and sum(len(c.token_ids) for c in received) == 120
+                outcomes.append("finished before the kill")
+            assert received
+            assert not server.alive()
+        # Stopping reaps the dead server's orphaned Python stubs and their shared-memory regions.
+        with pytest.raises(ProcessLookupError):
+            os.killpg(server.pid, 0)
+        assert not list(Path("/dev/shm").glob(f"{server.shm_prefix}*"))
+        if outcomes[-1] == "raised":
+            break
+    assert outcomes[-1] == "raised", outcomes
 
 
 @pytest.mark.timeout(240)

@@ -84,6 +84,7 @@ def run_bench(
     sender: RequestSender | None = None,
     sampling: dict | None = None,
     on_progress: ProgressHook | None = None,
+    count_tokens: Callable[[str], int] | None = None,
     warmup: list[RequestSpec] | None = None,
 ) -> BenchResult:
     """Send `workload` once per load level and measure it.
@@ -95,6 +96,9 @@ def run_bench(
     `sender` replaces the Triton gRPC sender (the load generator takes any `RequestSender`);
     `sampling` goes with every request to the serving client (e.g. `{"end_id": -1}` so generation
     never stops at the end token and every request returns exactly `max_tokens`).
+    The model speaks the inflight_batcher_llm or the llmapi contract (its metadata says which; the default
+    model, the ensemble, stands for the llmapi model on a server that serves an llmapi repository). An
+    llmapi model returns text only: `count_tokens` (text -> tokens, no special tokens) counts its output.
 
     Before the first level's clock starts, everything a request needs is imported and the gRPC streams
     are open (the Triton sender does both when it is made); then the `warmup` requests are sent one at a
@@ -115,8 +119,21 @@ def run_bench(
     slo = slo or Slo()
     seed = workload.seed if seed is None else seed
     own_sender = sender is None
+    contract = "inflight_batcher_llm"
+    if sender is None:
+        from trtpipe.errors import TrtpipeError
+        from trtpipe.serving.client import LLMAPI, resolve_model
+
+        try:
+            model, contract = resolve_model(url, model, timeout=max(drain_s, 1.0))
+        except TrtpipeError:
+            pass  # an unreachable server: every request fails and is reported, as without the question
+        if contract == LLMAPI and count_tokens is None:
+            raise UsageError(f"{model} at {url} speaks the llmapi contract, which returns text only, and no "
+                             "tokenizer was given to count its output tokens",
+                             fix="give the served model's tokenizer (the repository the server serves)")
     active_sender: RequestSender = sender if sender is not None else TritonSender(
-        url, model, timeout=max(drain_s, 1.0), sampling=sampling
+        url, model, timeout=max(drain_s, 1.0), sampling=sampling, contract=contract, count_tokens=count_tokens
     )
     started_at = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     runs: list[RunResult] = []
@@ -178,4 +195,5 @@ def run_bench(
         runs=runs,
         warmup=warmed,
         started_at=started_at,
+        output_token_counting="text" if contract == "llmapi" and own_sender else "server",
     )

@@ -12,6 +12,7 @@ a different count is refused (`TokenizerMismatch`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -103,6 +104,45 @@ def repository_tokenizer(repo: Path, option: str) -> tuple[Path, bool | None]:
             fix="publish the repository again",
         )
     return tokenizer_json, _bool_parameter(params.get("add_special_tokens"))
+
+
+LLMAPI_CONFIG = "tensorrt_llm/1/model.yaml"
+LLMAPI_NOT_CHECKED = ("the llmapi model counts no tokens over gRPC (it returns text only); prompt lengths are counted "
+                      "with the tokenizer of the checkpoint it serves")
+
+
+def is_llmapi_repository(repo: Path) -> bool:
+    """An llm-api backend repository (trtpipe.serving.llmapi): one tensorrt_llm model reading model.yaml."""
+    return (repo / LLMAPI_CONFIG).is_file() and not (repo / PREPROCESSING).exists()
+
+
+def llmapi_repository_tokenizer(repo: Path, option: str) -> tuple[Path, bool]:
+    """The tokenizer.json the llmapi model's LLM loads (its checkpoint folder, model.yaml `model`), with the LLM
+    API's default add_special_tokens=True."""
+    import yaml
+
+    try:
+        settings = yaml.safe_load((repo / LLMAPI_CONFIG).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise UsageError(f"{option}: cannot read {repo / LLMAPI_CONFIG}: {' '.join(str(err).split())[:160]}",
+                         fix="pass a model repository published by trtpipe, or the tokenizer directory itself") from None
+    model = str(settings.get("model") or "")
+    # GPU repositories name the container's mount; the files are the repository's own checkpoint folder.
+    folder = repo / "tensorrt_llm" / "1" / Path(model).name if model else repo / "tensorrt_llm" / "1" / "checkpoint"
+    tokenizer_json = folder / TOKENIZER_FILE
+    if not folder.resolve().is_relative_to((repo / "tensorrt_llm" / "1").resolve()) or not tokenizer_json.is_file():
+        raise UsageError(f"{option}: {tokenizer_json} does not exist (the llmapi model's tokenizer)",
+                         fix="publish the repository again")
+    return tokenizer_json, True
+
+
+def text_token_counter(tokenizer_json: Path) -> Callable[[str], int]:
+    """Tokens of generated text as the served tokenizer splits it (no special tokens): how an llmapi model's
+    output, which comes back as text, is counted."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_json))
+    return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
 
 
 def server_counts(url: str, prompts: list[str], max_batch_size: int) -> list[int]:

@@ -290,9 +290,11 @@ def _stream_error(stream: _Stream, timeout: float) -> BaseException | None:
 class TritonSender:
     """Streams requests to a Triton LLM model (ensemble or BLS) over gRPC, on persistent streams.
 
-    Requests are built by the serving client's `build_inputs` (the ensemble/BLS input contract);
-    responses are read the same way the serving client reads them (final flag from
-    `triton_final_response`, empty final responses accepted). Unlike `TritonLLMClient.stream`,
+    Requests are built by the serving client for the contract the model speaks (`contract`: the
+    ensemble/BLS `build_inputs`, or the llmapi model's `build_llmapi_inputs`); responses are read the same
+    way the serving client reads them (final flag from `triton_final_response`, empty final responses
+    accepted). An llmapi model returns text only, and streams the whole text so far: its responses are
+    counted with `count_tokens` (the served tokenizer, no special tokens) on the text each one adds. Unlike `TritonLLMClient.stream`,
     which opens a new gRPC client and stream for every call, streams are pooled here and reused:
     one open stream per request in flight (tritonclient allows one stream per client object). A
     fresh channel per request costs milliseconds of TTFT and E2E on a busy host, which would be
@@ -300,23 +302,34 @@ class TritonSender:
     not end cleanly (error, timeout, abandoned) is closed and never reused.
     """
 
-    def __init__(self, url: str, model: str = "ensemble", *, timeout: float = 30.0, sampling: dict | None = None) -> None:
+    def __init__(self, url: str, model: str = "ensemble", *, timeout: float = 30.0, sampling: dict | None = None,
+                 contract: str = "inflight_batcher_llm", count_tokens: Callable[[str], int] | None = None) -> None:
+        if contract == "llmapi" and count_tokens is None:
+            raise ValueError("an llmapi model returns text only: give count_tokens to count its output tokens")
         # Everything a request needs is imported here, before any send time is taken: importing
         # tritonclient.grpc inside the first request charged its 150-200 ms to that request's TTFT.
         import tritonclient.grpc as grpcclient
 
-        # the serving area's request contract and its reading of the final flag
-        from trtpipe.serving.client import build_inputs, is_final_response
+        # the serving area's request contracts and its reading of the final flag
+        from trtpipe.serving.client import (LLMAPI, LLMAPI_OUTPUTS, build_inputs, build_llmapi_inputs,
+                                            is_final_response, text_delta)
 
         self._grpc = grpcclient
-        self._build_inputs = build_inputs
+        self._build_inputs = build_llmapi_inputs if contract == LLMAPI else build_inputs
+        self._outputs = LLMAPI_OUTPUTS if contract == LLMAPI else BENCH_OUTPUTS
         self._is_final = is_final_response
+        self._text_delta = text_delta
         self.url = url
         self.model = model
         self.timeout = timeout
         self.sampling = dict(sampling or {})
+        self.contract = contract
+        self.count_tokens = count_tokens
         self._idle: list[_Stream] = []
         self._lock = threading.Lock()
+
+    def _inputs(self, request: RequestSpec) -> tuple[list, tuple[str, ...]]:
+        return self._build_inputs(request.prompt, request.max_tokens, stream=True, **self.sampling), self._outputs
 
     def open_streams(self, count: int) -> None:
         """Open `count` streams now (before the run's clock starts), so no measured request pays for
@@ -338,15 +351,17 @@ class TritonSender:
         return _Stream(self.url, self._grpc)
 
     def __call__(self, request: RequestSpec, deadline: float) -> Iterator[TokenChunk]:
-        grpcclient, build_inputs, is_final_response = self._grpc, self._build_inputs, self._is_final
+        grpcclient, is_final_response, text_delta = self._grpc, self._is_final, self._text_delta
+        inputs, outputs = self._inputs(request)
+        seen = ""  # llmapi: the text so far
         stream = self._take()
         clean = False
         try:
             try:
                 stream.client.async_stream_infer(
                     self.model,
-                    build_inputs(request.prompt, request.max_tokens, stream=True, **self.sampling),
-                    outputs=[grpcclient.InferRequestedOutput(name) for name in BENCH_OUTPUTS],
+                    inputs,
+                    outputs=[grpcclient.InferRequestedOutput(name) for name in outputs],
                     request_id=f"bench-{request.index}-{uuid.uuid4().hex[:8]}",
                     enable_empty_final_response=True,
                 )
@@ -365,9 +380,18 @@ class TritonSender:
                 if error is not None:
                     raise error
                 final = is_final_response(result)
+                if self.count_tokens is not None and self.contract == "llmapi":
+                    texts = result.as_numpy("text_output")
+                    text = "" if texts is None else texts.reshape(-1)[0]
+                    text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
+                    n_tokens = self.count_tokens(seen + text_delta(seen, text)) - self.count_tokens(seen) \
+                        if texts is not None else 0
+                    seen = text if texts is not None else seen
+                else:
+                    n_tokens = tokens_in_response(result)
                 # Mark the stream reusable before yielding: the caller stops iterating at the final chunk.
                 clean = final
-                yield TokenChunk(t_received=t_received, n_tokens=tokens_in_response(result), is_final=final)
+                yield TokenChunk(t_received=t_received, n_tokens=max(0, n_tokens), is_final=final)
                 if final:
                     return
         finally:

@@ -65,6 +65,12 @@ class BenchResult(BaseModel):
     runs: list[RunResult]
     warmup: WarmupResult | None = Field(default=None, description="requests sent before the runs, excluded from them")
     started_at: str = Field(description="UTC ISO-8601 time the first run started")
+    output_token_counting: Literal["server", "text"] = Field(
+        default="server",
+        description="'server': output tokens as the server reports them (sequence_length / output_ids); 'text': an "
+                    "llmapi model returns text only, so each response's new text counted in the workload tokenizer's "
+                    "tokens (words when counting words)",
+    )
 
     @property
     def passed(self) -> bool:
@@ -85,6 +91,7 @@ class BenchResult(BaseModel):
             "mode": self.mode,
             "slo": self.slo.model_dump(exclude_none=True),
             "workload": self.workload.model_dump(exclude={"requests"}),
+            "output_token_counting": self.output_token_counting,
             "runs": [
                 run.model_dump(exclude={"records"}) | {"label": run.label}
                 for run in self.runs
@@ -171,7 +178,9 @@ def result_table(result: BenchResult) -> Table:
         caption="latencies in ms: mean / P50 / P90 / P99;  server = Triton's mean request duration for the model;  "
         + (f"warm-up: {len(result.warmup.records)} request(s) sent one at a time before the runs, in no figure "
            "but its own row;  " if result.warmup is not None else "")
-        + f"{input_column} = mean prompt length: {counting_note(result.workload)};  output tokens as the server reports them",
+        + f"{input_column} = mean prompt length: {counting_note(result.workload)};  "
+        + ("output tokens as the server reports them" if result.output_token_counting == "server"
+           else "output tokens: the streamed text counted with the same tokenizer (the llmapi model returns text only)"),
         columns=columns,
         rows=rows,
     )

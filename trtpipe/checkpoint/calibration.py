@@ -40,14 +40,30 @@ def calibration_source(spec: BuildSpec) -> Path:
     return Path(dataset) if dataset is not None else shipped_text_path()
 
 
+# A calibration run reads a few hundred samples; a file past this is refused before it is read (a user's
+# whole corpus, or a device), so reading it is bounded in memory.
+MAX_CALIBRATION_BYTES = 1024**3
+
+
 def read_texts(path: Path, text_field: str = "text") -> list[str]:
-    """The samples of a plain-text or JSONL file, in file order; empty ones dropped."""
+    """The samples of a plain-text or JSONL file, in file order; empty ones dropped. Any problem with the file
+    (not UTF-8, a line that is not a JSON object, JSON nested beyond the parser's recursion limit, too large)
+    is one InvalidInput naming the file and line."""
     if not path.is_file():
         raise NotFound(
             f"quantization.calibration.dataset: {path} does not exist", what="calibration dataset", ref=str(path),
             fix="give a .txt or .jsonl file",
         )
-    raw = path.read_text(encoding="utf-8")
+    with path.open("rb") as handle:
+        data = handle.read(MAX_CALIBRATION_BYTES + 1)
+    if len(data) > MAX_CALIBRATION_BYTES:
+        raise InvalidInput(f"{path}: larger than {MAX_CALIBRATION_BYTES // 1024**3} GiB of calibration data",
+                           fix="give a sample of a few thousand paragraphs or lines")
+    try:
+        raw = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise InvalidInput(f"{path}:{line}: not UTF-8 text", fix="save the calibration data as UTF-8") from None
     if path.suffix.lower() in (".jsonl", ".ndjson"):
         texts: list[str] = []
         for number, line in enumerate(raw.splitlines(), start=1):
@@ -57,6 +73,10 @@ def read_texts(path: Path, text_field: str = "text") -> list[str]:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise InvalidInput(f"{path}:{number}: not valid JSON ({exc.msg})", fix="one JSON object per line") from None
+            except (ValueError, RecursionError) as exc:  # an integer past int()'s digit limit; nesting too deep
+                what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
+                raise InvalidInput(f"{path}:{number}: not a usable JSON object ({what})",
+                                   fix="one flat JSON object per line with a text field") from None
             if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
                 raise InvalidInput(
                     f"{path}:{number}: no string field {text_field!r}",

@@ -58,7 +58,7 @@ from trtpipe.checkpoint.hf_source import HfSource, dims, inspect_source, load_mo
 from trtpipe.checkpoint.schema import validate_checkpoint
 from trtpipe.errors import InvalidInput, MissingCapability, TrtpipeError
 from trtpipe.spec import BuildSpec
-from trtpipe.versions import versions_match
+from trtpipe.versions import installed_version, versions_match
 
 
 class FileDigest(BaseModel):
@@ -85,22 +85,24 @@ class ConvertSummary(BaseModel):
     modelopt_version: str
     transformers_version: str
     calibration: CalibrationInfo | None
+    path: str = "modelopt"  # streaming, layerwise or modelopt (see `choose_path`)
+    path_reason: str = ""  # why this path was taken
+    bytes_read: int | None = None  # HF weight bytes this conversion read (None: not counted, ModelOpt's loader)
+    activation_bytes: int | None = None  # calibration activations held at once (layerwise)
 
 
 # ------------------------------------------------------------------------------------------------ checks
 
 
 def check_versions(toolchain: Any, *, warn: Callable[[str], None]) -> tuple[str, str]:
-    """Refuse a ModelOpt/transformers that differs from the toolchain's pins; warn when a pin is unknown."""
-    import transformers
+    """Refuse a ModelOpt/transformers that differs from the toolchain's pins; warn when a pin is unknown.
 
-    with warnings.catch_warnings():
-        # modelopt warns on import that transformers 4.57 is outside its [hf] extra; the pin check is ours.
-        warnings.simplefilter("ignore")
-        import modelopt
-        import modelopt.torch.quantization  # noqa: F401
-
-    installed = {"nvidia-modelopt": modelopt.__version__, "transformers": transformers.__version__}
+    Reads the installed distributions' metadata: importing ModelOpt costs seconds and ~200 MB, which a
+    streamed conversion never needs."""
+    installed = {"nvidia-modelopt": installed_version("nvidia-modelopt"), "transformers": installed_version("transformers")}
+    for package, version in installed.items():
+        if version is None:
+            raise MissingCapability(f"{package} is not installed", fix=f"pip install {package}")
     pins = {
         "nvidia-modelopt": getattr(toolchain, "modelopt_version", None),
         "transformers": getattr(toolchain, "transformers_version", None),
@@ -110,12 +112,12 @@ def check_versions(toolchain: Any, *, warn: Callable[[str], None]) -> tuple[str,
         if not pinned or str(pinned).lower() == "unknown":
             warn(f"toolchain {name} does not pin {package}; using the installed {installed[package]}")
             continue
-        if not versions_match(installed[package], str(pinned)):
+        if not versions_match(str(installed[package]), str(pinned)):
             raise MissingCapability(
                 f"{package} {installed[package]} is installed but toolchain {name} pins {pinned}",
                 fix=f"pip install {package}=={pinned} (or choose the toolchain that matches)",
             )
-    return installed["nvidia-modelopt"], installed["transformers"]
+    return str(installed["nvidia-modelopt"]), str(installed["transformers"])
 
 
 def quant_config(algo: str, kv_cache: str, group_size: int) -> dict[str, Any] | None:
@@ -244,23 +246,30 @@ def _torch_dtype(name: str) -> Any:
     return {"float16": torch.float16, "bfloat16": torch.bfloat16}[name]
 
 
-def _untouched_parameters(model: Any) -> dict[str, Any]:
-    """Parameters no quantizer will change: everything outside the decoder's Linear layers, plus their biases."""
+def _untouched_parameters(model: Any) -> list[tuple[Any, str, Any]]:
+    """Parameters no quantizer will change, as (module, attribute, original data): everything outside the
+    decoder's Linear layers, plus their biases.
+
+    A parameter shared by two modules (tied embeddings: `lm_head.weight` is `embed_tokens.weight`) is
+    recorded once, under its first owner: `named_parameters()` lists a shared tensor once, so looking
+    it up by its second name fails, and restoring one owner restores both."""
     import torch
 
-    keep: dict[str, Any] = {}
+    keep: list[tuple[Any, str, Any]] = []
+    seen: set[int] = set()
     for module_name, module in model.named_modules():
         is_decoder_linear = isinstance(module, torch.nn.Linear) and ".layers." in f".{module_name}"
         for param_name, param in module.named_parameters(recurse=False):
-            if not is_decoder_linear or param_name == "bias":
-                keep[f"{module_name}.{param_name}" if module_name else param_name] = param.data
+            if id(param) in seen or (is_decoder_linear and param_name != "bias"):
+                continue
+            seen.add(id(param))
+            keep.append((module, param_name, param.data))
     return keep
 
 
-def _restore_parameters(model: Any, originals: dict[str, Any]) -> None:
-    params = dict(model.named_parameters())
-    for name, tensor in originals.items():
-        params[name].data = tensor
+def _restore_parameters(originals: list[tuple[Any, str, Any]]) -> None:
+    for module, param_name, data in originals:
+        getattr(module, param_name).data = data
 
 
 def _calibrate_and_quantize(
@@ -384,6 +393,42 @@ def _check_on_gpus(model: Any) -> None:
         )
 
 
+PATHS = ("streaming", "layerwise", "modelopt")
+
+
+def choose_path(spec: BuildSpec, source: HfSource, hf_config: dict[str, Any], device: str) -> tuple[str, str]:
+    """Which way to convert, and why. The three give the same bytes where they apply (tests/checkpoint
+    compare them); they differ in what is in memory at once.
+
+    - "streaming": nothing to calibrate (quantization.algo none; no calibrated KV cache): the HF tensors
+      are re-arranged block by block (trtpipe.checkpoint.streaming). Any device: no arithmetic runs.
+    - "layerwise": a format the quantization table marks `layerwise` (FP8 and INT4-AWQ, with or without the
+      FP8 KV cache), calibrated on the CPU: one decoder layer at a time (trtpipe.checkpoint.layerwise).
+    - "modelopt": everything else, and whatever the other two do not reproduce (`streaming_refusal`), and
+      `quantization.converter: modelopt`: the whole model loaded, quantized and exported by ModelOpt.
+      Calibration on GPUs (device "cuda") stays here: the model is spread over the GPUs by accelerate.
+    """
+    from trtpipe.checkpoint.streaming import streaming_refusal
+
+    q = spec.quantization
+    fmt, kv = quant.FORMATS[q.algo], quant.KV_CACHES[q.kv_cache]
+    if q.converter == "modelopt":
+        return "modelopt", "quantization.converter: modelopt"
+    if spec.model.trust_remote_code:
+        return "modelopt", "model.trust_remote_code: the model's own code may differ from the llama layout"
+    calibrated = fmt.modelopt_config is not None or kv.calibrated
+    if calibrated and not fmt.layerwise:
+        return "modelopt", f"quantization.algo {q.algo} has no layer-wise calibration here"
+    if calibrated and device != "cpu":
+        return "modelopt", "calibration on the GPU loads the whole model onto the GPUs"
+    refusal = streaming_refusal(source, hf_config, spec.target.tp, spec.target.pp)
+    if refusal is not None:
+        return "modelopt", refusal
+    if not calibrated:
+        return "streaming", "nothing to calibrate: tensor by tensor from the safetensors files"
+    return "layerwise", "calibrated one decoder layer at a time"
+
+
 def convert_checkpoint(
     resolved: Any,
     out_dir: Path,
@@ -395,16 +440,14 @@ def convert_checkpoint(
     """Convert the resolved spec's HF model into a validated TRT-LLM checkpoint written into `out_dir`.
 
     `out_dir` must exist (the caller created it, typically a temp dir it renames into place afterwards).
+    The way (`choose_path`) is chosen from the recipe and the model; all give ModelOpt's bytes.
     `device` "cuda" calibrates on the visible GPUs (the model spread over them by accelerate) with the
     same recipe as on the CPU (bfloat16 calibration, untouched tensors restored, same export); an
     executor on the GPU builder uses it. `progress_lines` prints progress as plain lines (for a log).
     """
-    import torch
-
     if device not in DEVICES:
         raise ValueError(f"device {device!r} is not one of {DEVICES}")
 
-    
     started = time.monotonic()
     spec: BuildSpec = resolved.spec
     requested = spec.quantization
@@ -420,37 +463,28 @@ def convert_checkpoint(
     tp, pp = spec.target.tp, spec.target.pp
 
     export_dtype = resolved.weight_dtype
-    recipe = quant_config(requested.algo, requested.kv_cache, requested.group_size)
-    calibration: CalibrationInfo | None = None
-    if recipe is not None:  # a missing or malformed dataset fails now, not after loading the model
+    calibrated = quant.needs_calibration(requested.algo, requested.kv_cache)
+    if calibrated:  # a missing or malformed dataset fails now, not after loading the model
         read_texts(calibration_source(spec), requested.calibration.text_field)
 
     if device == "cuda":
         _check_cuda()
 
+    hf_config = _hf_config(source, spec)
+    path, reason = choose_path(spec, source, hf_config, device)
+    facts: dict[str, Any] = {}
     with _quiet_stdout(), _threads_for(source.config), _Progress(show_progress, lines=progress_lines) as progress:
-        torch.manual_seed(requested.calibration.seed)
-        advance = progress.task("loading model", 1)
-        model = load_model(source, _torch_dtype(export_dtype), trust_remote_code=spec.model.trust_remote_code,
-                           device_map="auto" if device == "cuda" else None)
-        advance(1)
-        if device == "cuda":
-            _check_on_gpus(model)
-        if recipe is not None:
-            from transformers import AutoTokenizer
+        if path == "streaming":
+            facts = _convert_streaming(source, hf_config, out_dir, export_dtype, tp, pp, modelopt_version, progress)
+        elif path == "layerwise":
+            from trtpipe.checkpoint.layerwise import convert_layerwise
 
-            tokenizer = AutoTokenizer.from_pretrained(
-                source.tokenizer_dir, trust_remote_code=spec.model.trust_remote_code
-            )
-            windows, calibration = prepare_calibration(spec, tokenizer)
-            originals = _untouched_parameters(model)
-            model = model.to(torch.bfloat16)
-            _calibrate_and_quantize(model, recipe, windows, progress)
-            _restore_parameters(model, originals)
-        advance = progress.task("exporting", 1)
-        _export(model, out_dir, export_dtype, tp, pp)
-        advance(1)
-        del model
+            recipe = quant_config(requested.algo, requested.kv_cache, requested.group_size)
+            assert recipe is not None
+            facts = convert_layerwise(resolved, source, hf_config, out_dir, recipe=recipe, dtype=export_dtype,
+                                      task=progress.task)
+        else:
+            facts = _convert_modelopt(resolved, source, out_dir, export_dtype, device, progress)
     _post_process_config(out_dir, source, spec)
     validate_checkpoint(out_dir, spec)
     files = _file_digests(out_dir)
@@ -471,8 +505,67 @@ def convert_checkpoint(
         peak_rss_bytes=_peak_rss_bytes(),
         modelopt_version=modelopt_version,
         transformers_version=transformers_version,
-        calibration=calibration,
+        calibration=facts.get("calibration"),
+        path=path,
+        path_reason=reason,
+        bytes_read=facts.get("bytes_read"),
+        activation_bytes=facts.get("activation_bytes"),
     )
+
+
+def _hf_config(source: HfSource, spec: BuildSpec) -> dict[str, Any]:
+    """The HF config as transformers fills it in; the raw config.json when transformers cannot read it
+    (the ModelOpt path then reports the real error while loading)."""
+    from trtpipe.checkpoint.streaming import load_hf_config
+
+    try:
+        return load_hf_config(source)
+    except (OSError, ValueError, KeyError):
+        return dict(source.config)
+
+
+def _convert_streaming(source: HfSource, hf_config: dict[str, Any], out_dir: Path, dtype: str, tp: int, pp: int,
+                       modelopt_version: str, progress: _Progress) -> dict[str, Any]:
+    from trtpipe.checkpoint import streaming
+
+    g = streaming.geometry(source, tp, pp)
+    advance = progress.task("streaming tensors", g.layers + 2)
+    facts = streaming.stream_unquantized(source, hf_config, out_dir, dtype=dtype, tp=tp, pp=pp, advance=advance)
+    config = streaming.trtllm_config(source, hf_config, g, dtype=dtype, modelopt_version=modelopt_version)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=4), encoding="utf-8")
+    return facts
+
+
+def _convert_modelopt(resolved: Any, source: HfSource, out_dir: Path, export_dtype: str, device: str,
+                      progress: _Progress) -> dict[str, Any]:
+    """ModelOpt's full-model path: load, calibrate in bfloat16, restore the untouched tensors, export."""
+    import torch
+
+    spec: BuildSpec = resolved.spec
+    requested = spec.quantization
+    recipe = quant_config(requested.algo, requested.kv_cache, requested.group_size)
+    calibration: CalibrationInfo | None = None
+    torch.manual_seed(requested.calibration.seed)
+    advance = progress.task("loading model", 1)
+    model = load_model(source, _torch_dtype(export_dtype), trust_remote_code=spec.model.trust_remote_code,
+                       device_map="auto" if device == "cuda" else None)
+    advance(1)
+    if device == "cuda":
+        _check_on_gpus(model)
+    if recipe is not None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(source.tokenizer_dir, trust_remote_code=spec.model.trust_remote_code)
+        windows, calibration = prepare_calibration(spec, tokenizer)
+        originals = _untouched_parameters(model)
+        model = model.to(torch.bfloat16)
+        _calibrate_and_quantize(model, recipe, windows, progress)
+        _restore_parameters(originals)
+    advance = progress.task("exporting", 1)
+    _export(model, out_dir, export_dtype, spec.target.tp, spec.target.pp)
+    advance(1)
+    del model
+    return {"calibration": calibration}
 
 
 def _export(model: Any, out_dir: Path, dtype: str, tp: int, pp: int) -> None:

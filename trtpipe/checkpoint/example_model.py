@@ -103,7 +103,7 @@ def train_tokenizer(paragraphs: list[str], vocab_size: int = VOCAB_SIZE) -> Any:
     return tokenizer
 
 
-def _model_config(arch: str, rope_scaling: dict[str, Any] | None) -> Any:
+def _model_config(arch: str, rope_scaling: dict[str, Any] | None, tied: bool = False) -> Any:
     from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
     common: dict[str, Any] = dict(
@@ -117,7 +117,7 @@ def _model_config(arch: str, rope_scaling: dict[str, Any] | None) -> Any:
         rms_norm_eps=1e-5,
         rope_theta=10000.0,
         hidden_act="silu",
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
         bos_token_id=0,
         eos_token_id=1,
         pad_token_id=2,
@@ -143,8 +143,13 @@ def _training_batches(token_ids: list[int], steps: int, generator: Any) -> Itera
         yield torch.stack([stream[s : s + TRAIN_SEQ_LEN] for s in starts.tolist()])
 
 
-def build_example_model(arch: str = "llama", *, rope_scaling: dict[str, Any] | None = None, steps: int = TRAIN_STEPS):
-    """Return (model, tokenizer) in memory: the trained tiny model (float16) and its `tokenizers.Tokenizer`."""
+def build_example_model(
+    arch: str = "llama", *, rope_scaling: dict[str, Any] | None = None, tied: bool = False, steps: int = TRAIN_STEPS
+):
+    """Return (model, tokenizer) in memory: the trained tiny model (float16) and its `tokenizers.Tokenizer`.
+
+    `tied`: the output head shares the input embedding's weight (`tie_word_embeddings`, as in Qwen2/2.5
+    0.5B-3B and Llama 3.2 1B/3B); the saved safetensors then hold `model.embed_tokens.weight` only."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -158,7 +163,7 @@ def build_example_model(arch: str = "llama", *, rope_scaling: dict[str, Any] | N
         token_ids.extend(encoding.ids + [eos])  # encoding already starts with BOS
     assert token_ids[0] == bos
 
-    config = _model_config(arch, rope_scaling)
+    config = _model_config(arch, rope_scaling, tied)
     with _single_thread():
         torch.manual_seed(SEED)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
@@ -192,10 +197,10 @@ def _save(model: Any, tokenizer: Any, target: Path) -> None:
     )
     fast.save_pretrained(target)
     # A small marker that says where this model came from (tests and the README check for it).
-    (target / "trtpipe_example.json").write_text(
-        json.dumps({"generator": "trtpipe.checkpoint.example_model", "arch": model.config.architectures[0]}, indent=2)
-        + "\n"
-    )
+    marker: dict[str, Any] = {"generator": "trtpipe.checkpoint.example_model", "arch": model.config.architectures[0]}
+    if model.config.tie_word_embeddings:
+        marker["tied"] = True  # only when tied: the untied models' bytes stay what they were
+    (target / "trtpipe_example.json").write_text(json.dumps(marker, indent=2) + "\n")
 
 
 def write_example_model(
@@ -203,13 +208,15 @@ def write_example_model(
     arch: str = "llama",
     *,
     rope_scaling: dict[str, Any] | None = None,
+    tied: bool = False,
     overwrite: bool = False,
 ) -> Path:
     """Write the tiny example model as a normal HF directory at `out_dir` and return its path.
 
     `arch`: "llama" (default), "qwen2" (QKV bias) or "mistral". `rope_scaling`: e.g. Llama 3.1's
     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 256}. A non-empty existing `out_dir` is refused unless `overwrite`.
+    "original_max_position_embeddings": 256}. `tied`: tie the output head to the input embedding
+    (`tie_word_embeddings: true`). A non-empty existing `out_dir` is refused unless `overwrite`.
     """
     out_dir = Path(out_dir)
     if arch not in ARCHITECTURES:
@@ -218,7 +225,7 @@ def write_example_model(
         raise UsageError(f"{out_dir} exists and is not empty", fix="choose a new or empty directory, or replace it")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
 
-    model, tokenizer = build_example_model(arch, rope_scaling=rope_scaling)
+    model, tokenizer = build_example_model(arch, rope_scaling=rope_scaling, tied=tied)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         _save(model, tokenizer, staging)

@@ -8,11 +8,11 @@ model's shape, the AWQ group size against every GEMM width) are trtpipe.resolve'
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trtpipe.config_json import read_model_config
 from trtpipe.errors import IntegrityError, InvalidInput
 from trtpipe.resolve import SUPPORTED_ARCHITECTURES
 
@@ -145,7 +145,7 @@ def inspect_source(
     config_path = model_dir / "config.json"
     if not config_path.is_file():
         raise InvalidInput(f"{model_dir}: no config.json", fix="give the folder of a Hugging Face model")
-    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config = read_model_config(config_path)  # bounds and types checked before any shape is derived from it
     arch = check_architecture(config, config_path)
     files, uses_pickle = _weight_files(model_dir, allow_pickle)
     if not uses_pickle:

@@ -33,6 +33,7 @@ def spec_text(
     seed: int = 1234,
     dataset: Path | None = None,
     allow_pickle: bool = False,
+    converter: str = "auto",
 ) -> str:
     calibration: dict[str, object] = {"samples": samples, "max_seq_len": max_seq_len, "seed": seed}
     if dataset is not None:
@@ -40,7 +41,8 @@ def spec_text(
     spec = {
         "model": {"path": str(Path(model_dir).resolve()), "dtype": dtype, "allow_pickle": allow_pickle},
         "target": {"gpu": "cpu-reference", "tp": tp, "pp": pp},
-        "quantization": {"algo": algo, "kv_cache": kv_cache, "group_size": group_size, "calibration": calibration},
+        "quantization": {"algo": algo, "kv_cache": kv_cache, "group_size": group_size, "calibration": calibration,
+                         "converter": converter},
     }
     return yaml.safe_dump(spec, sort_keys=False)
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from trtpipe.commands.output import JsonOption, StoreOption, open_workspace, print_json, print_table
-from trtpipe.errors import UsageError
+from trtpipe.errors import TrtpipeError, UsageError
 
 if TYPE_CHECKING:
     from trtpipe.bench.counting import ServedPreprocessing
@@ -41,8 +41,11 @@ def token_counter(
     are none). The tokenizer comes from --tokenizer, else --record; nothing is asked of the server
     before the options are known to be usable."""
     from trtpipe.bench.counting import (
+        LLMAPI_NOT_CHECKED,
         PREPROCESSING,
         TOKENIZER_FILE,
+        is_llmapi_repository,
+        llmapi_repository_tokenizer,
         repository_tokenizer,
         served_preprocessing,
     )
@@ -59,7 +62,10 @@ def token_counter(
             fix="pass --tokenizer REPO (the model repository the server serves, or its tokenizer directory) "
             "or --record REPO; or --token-counting words to count words instead of tokens",
         )
-    if (source / PREPROCESSING / "config.pbtxt").is_file():
+    llmapi = is_llmapi_repository(source)
+    if llmapi:
+        tokenizer_json, add_special = llmapi_repository_tokenizer(source, option)
+    elif (source / PREPROCESSING / "config.pbtxt").is_file():
         tokenizer_json, add_special = repository_tokenizer(source, option)
     elif (source / TOKENIZER_FILE).is_file() or (source.is_file() and source.name == TOKENIZER_FILE):
         tokenizer_json, add_special = (source if source.is_file() else source / TOKENIZER_FILE), None
@@ -69,7 +75,7 @@ def token_counter(
             f"directory ({TOKENIZER_FILE})",
             fix="pass the model repository the server serves, or --token-counting words",
         )
-    served, reason = served_preprocessing(url)
+    served, reason = (None, LLMAPI_NOT_CHECKED) if llmapi else served_preprocessing(url)
     if add_special is None:  # a bare tokenizer: add special tokens as the server does (model.py's default: true)
         add_special = served.add_special_tokens if served is not None else True
     try:
@@ -84,7 +90,7 @@ def token_counter(
 
 def bench(
     url: str = typer.Argument(..., help="Triton gRPC address, e.g. localhost:8001"),
-    model: str = typer.Option("ensemble", "--model", help="model to call: ensemble or tensorrt_llm_bls"),
+    model: str = typer.Option("ensemble", "--model", help="model to call: ensemble or tensorrt_llm_bls (the ensemble stands for tensorrt_llm on an llmapi repository)"),
     mode: str = typer.Option("open", "--mode", help="open (Poisson arrivals at --rate) or closed (fixed --concurrency)"),
     rate: Optional[float] = typer.Option(None, "--rate", help="open loop: requests per second"),
     rates: Optional[str] = typer.Option(None, "--rates", help="open loop sweep: comma-separated rates, e.g. 1,2,4"),
@@ -202,6 +208,21 @@ def bench(
         )
     for note in notes:
         typer.echo(note, err=json_out)
+    count_tokens = None
+    from trtpipe.serving.client import LLMAPI, resolve_model
+
+    try:
+        model, contract = resolve_model(url, model, timeout=drain_s or 30)
+    except TrtpipeError:
+        contract = None  # unreachable: every request fails and is reported
+    if contract == LLMAPI:
+        # The llmapi model has no end_id input and returns text only: its output is counted in served tokens.
+        if ignore_eos:
+            raise UsageError(f"--ignore-eos: {model} at {url} speaks the llmapi contract, which has no end_id input",
+                             fix="drop --ignore-eos for an llm-api deployment (requests then stop at the end token)")
+        from trtpipe.bench.counting import text_token_counter
+
+        count_tokens = text_token_counter(Path(workload.tokenizer)) if workload.tokenizer else counter.count
     levels = len(sweep) if sweep else 1
     with Progress(
         TextColumn("[progress.description]{task.description}"),
@@ -229,6 +250,7 @@ def bench(
             seed=seed,
             sampling={"end_id": -1} if ignore_eos else None,
             on_progress=lambda level, _record: progress.advance(tasks[min(level, levels - 1)]),
+            count_tokens=count_tokens,
             warmup=warmup_requests,
         )
 
@@ -272,12 +294,26 @@ def bench(
         sent = sum(run.aggregates.requests_sent for run in result.runs)
         first = failed[0]
         lines.append(f"{len(failed)} of {sent} requests failed; first: {first.error_kind}: {first.error_message}")
+        lines += _dead_models(failed)
     for line in lines:
         typer.echo(line, err=json_out)
     if json_out:
         print_json(result.summary())
     if not result.passed:
         raise typer.Exit(1)
+
+
+def _dead_models(failed: list) -> list[str]:
+    """A line per model whose backend process died, named from the server's "Stub process ... is not healthy"."""
+    from trtpipe.serving.client import dead_model
+
+    dead: dict[str, int] = {}
+    for record in failed:
+        found = dead_model(record.error_message or "")
+        if found is not None:
+            dead[found[0]] = dead.get(found[0], 0) + 1
+    return [f"the model {model}'s backend process died ({n} requests failed on it); the server must be restarted "
+            "(`trtpipe serve REPO --restart on-failure` does so by itself)" for model, n in dead.items()]
 
 
 def register(app: typer.Typer) -> None:

@@ -53,20 +53,22 @@ def _replace_dir(staging: Path, out: Path) -> None:
 def example_model_command(
     directory: Path = typer.Argument(..., help="Folder to create (must not exist or be empty)."),
     arch: str = typer.Option("llama", "--arch", help="llama, qwen2 (QKV bias) or mistral."),
+    tied: bool = typer.Option(False, "--tied", help="Tie the output head to the input embedding (tie_word_embeddings, "
+                              "like Qwen2.5 0.5-3B and Llama 3.2 1B/3B)."),
     force: bool = typer.Option(False, "--force", help="Replace DIR if it is not empty."),
     as_json: JsonOption = False,
 ) -> None:
     from trtpipe.checkpoint.example_model import write_example_model
 
-    path = write_example_model(directory, arch=arch, overwrite=force)
+    path = write_example_model(directory, arch=arch, tied=tied, overwrite=force)
     files = [
         {"name": p.name, "bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
         for p in sorted(path.iterdir())
     ]
     if as_json:
-        print(json.dumps({"path": str(path), "arch": arch, "files": files}, indent=2))
+        print(json.dumps({"path": str(path), "arch": arch, "tied": tied, "files": files}, indent=2))
         return
-    print_table(f"wrote {arch} example model to {path}", ["file", "bytes", "sha256"],
+    print_table(f"wrote {arch}{' (tied head)' if tied else ''} example model to {path}", ["file", "bytes", "sha256"],
                 [[f["name"], f"{f['bytes']:,}", f["sha256"]] for f in files])
 
 

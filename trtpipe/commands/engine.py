@@ -73,7 +73,43 @@ def engine_plan(
         typer.echo(f"(no container pinned for {plan.toolchain} in build_configs/toolchains.yaml)")
 
 
+def migrate(
+    spec: Path = typer.Argument(..., help="A build spec YAML (backend trtllm-build, or none named)."),
+    as_json: JsonOption = False,
+) -> None:
+    """Show what changes when SPEC moves from trtllm-build to backend llm-api: settings that map, settings with
+    no equivalent (and why), the LLM() arguments. Exit 0 ready, 1 the spec needs changes first or is refused."""
+    from trtpipe.migrate import migration_plan
+
+    report = migration_plan(spec)
+    if as_json:
+        typer.echo(json.dumps(report.model_dump(mode="json"), indent=2))
+    else:
+        typer.echo(f"{spec}: {report.name} on {report.target} ({report.toolchain}): {report.from_backend} -> llm-api: "
+                   f"{report.verdict}")
+        if report.maps:
+            print_table("settings that map", ["spec field", "value", "trtllm-build", "llm-api (LLM() argument)", "why"],
+                        [[m.spec_field or "(set by trtpipe)", m.value, m.trtllm_build or "-", m.llm_api, m.reason]
+                         for m in report.maps])
+        print_table("settings with no llm-api equivalent", ["spec field", "value", "action", "why"],
+                    [[u.spec_field, u.value, "REMOVE" if u.blocking else "none", u.reason] for u in report.no_equivalent])
+        if report.not_used:
+            print_table("settings not used by llm-api", ["spec field", "value", "why"],
+                        [[u.spec_field, u.value, u.reason] for u in report.not_used])
+        if report.refused:
+            typer.echo(f"refused with backend llm-api: {report.refused}")
+        if report.serving:
+            typer.echo(f"served by: {report.serving}")
+        for note in report.notes:
+            typer.echo(f"note: {note}")
+        if report.verdict == "ready":
+            typer.echo("to migrate: add `backend: llm-api` to the spec")
+    if report.verdict != "ready":
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the trtpipe app."""
     app.command("doctor", rich_help_panel="Build")(doctor)
     app.command("engine-plan", rich_help_panel="Plan")(engine_plan)
+    app.command("migrate", rich_help_panel="Plan")(migrate)

@@ -140,11 +140,15 @@ def spec_check_command(
         "weight_dtype": resolved.weight_dtype,
         "kv_cache_dtype": resolved.kv_cache_dtype,
         "model_config": str(resolved.config_path),
+        "backend": resolved.backend_kind,
     }
+    notes = resolved.llm_api.notes if resolved.llm_api is not None else []
     if as_json:
-        print(json.dumps({"valid": True, **facts}, indent=2))
+        print(json.dumps({"valid": True, **facts, "notes": notes}, indent=2))
     else:
         print(f"ok: {spec}: " + ", ".join(f"{k}={v}" for k, v in facts.items() if k != "spec"))
+        for note in notes:
+            print(f"note: {note}")
 
 
 def register(app: typer.Typer) -> None:

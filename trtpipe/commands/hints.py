@@ -13,11 +13,14 @@ from dataclasses import dataclass, field
 
 from trtpipe.errors import (
     AccessDenied,
+    CheckFailed,
     Conflict,
+    DiskFull,
     GateRefused,
     IntegrityError,
     MissingCapability,
     NotFound,
+    RemoteError,
     TimedOut,
     TrtpipeError,
 )
@@ -47,6 +50,20 @@ def _timed_out_building(err: TrtpipeError) -> bool:
     return any(word in operation for word in ("build", "conver", "trtllm-build"))
 
 
+def _server_failed(err: TrtpipeError) -> bool:
+    """serve stopped a server that could not serve (trtpipe.serving.watch), under the default policy."""
+    return getattr(err, "check", None) in ("stub-died", "server-exited", "probe-failed")
+
+
+def _model_process_died(err: TrtpipeError) -> bool:
+    """A client met a model whose backend process is dead (trtpipe.serving.client.ModelProcessDied)."""
+    return bool(getattr(err, "dead_model", None))
+
+
+def _server_start_timed_out(err: TrtpipeError) -> bool:
+    return getattr(err, "operation", None) == "tritonserver start"
+
+
 def _is_channel(err: TrtpipeError) -> bool:
     return str(getattr(err, "resource", "")).startswith("channel ")
 
@@ -71,6 +88,12 @@ HINTS: tuple[Hint, ...] = (
     Hint(TimedOut, "raise the executor timeout in the spec (engine.timeout, engine.conversion_timeout), or build on "
                    "a faster GPU host; `trtpipe doctor LOG` reads the build log", _timed_out_building,
          example={"operation": "engine build"}),
+    Hint(CheckFailed, "`trtpipe serve REPO --restart on-failure` restarts the server by itself (bounded)",
+         _server_failed),
+    Hint(RemoteError, "restart it; `trtpipe serve REPO --restart on-failure` does so by itself", _model_process_died),
+    Hint(TimedOut, "give it longer with `trtpipe serve REPO --start-timeout SECONDS`", _server_start_timed_out),
+    Hint(DiskFull, "free space in the store with `trtpipe cache gc --max-size SIZE`, or keep the store on a larger "
+                   "disk with `trtpipe build SPEC --store DIR`"),
     Hint(AccessDenied, "registry credentials: TRTPIPE_REGISTRY_USERNAME and TRTPIPE_REGISTRY_PASSWORD, or "
                        "`docker login HOST`"),
 )

@@ -49,15 +49,28 @@ def serve_command(
     http_port: Optional[int] = typer.Option(None, "--http-port", help="HTTP port (default: a free port; 8000 in a container)."),
     metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Prometheus metrics port (default: a free port; 8002 in a container)."),
     start_timeout: float = typer.Option(120, "--start-timeout", help="Seconds to wait for every model to be ready."),
-    as_json: bool = typer.Option(False, "--json", help="Print the server's addresses as JSON on stdout once ready."),
+    restart: str = typer.Option("no", "--restart", help="When a model's backend process or the server dies, or "
+                                "probes keep failing: no = stop and exit 1 (for an orchestrator to see); "
+                                "on-failure = restart tritonserver on the same ports, at most --max-restarts times."),
+    max_restarts: int = typer.Option(3, "--max-restarts", help="Restarts allowed with --restart on-failure "
+                                     "(waiting 1 s, then twice as long each time, at most 30 s)."),
+    probe_interval: float = typer.Option(10, "--probe-interval", help="Seconds between real one-token probes of "
+                                         "each text model (0: none); two failed in a row make the server "
+                                         "unhealthy. Processes are checked every 0.5 s."),
+    probe_timeout: float = typer.Option(30, "--probe-timeout", help="Seconds a probe's requests may take, together."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON line per event on stdout: the server's "
+                                 "addresses once ready (the first line), then unhealthy / restarting / ready."),
 ) -> None:
     """Serve a repository: tritonserver on loopback (cpu-reference) or the Triton container (GPU).
 
     The server reads a serving directory outside the store (links for engine files, copies for the
-    rest, the repository digest written into its configs), never the stored entry."""
+    rest, the repository digest written into its configs), never the stored entry. serve watches it:
+    the server's and every model's backend process, and a real probe request; when it cannot serve,
+    serve says why in one line and exits 1, or restarts it (--restart on-failure)."""
     from trtpipe.serving.publish import read_manifest
-    from trtpipe.serving.server import container_image, docker_command, start_container, start_server
+    from trtpipe.serving.server import container_image, docker_command, start_container
     from trtpipe.serving.serving_dir import prepare
+    from trtpipe.serving.watch import WatchPolicy, serve_watched
 
     repo = _existing_dir(repo)
     manifest = read_manifest(repo)
@@ -74,29 +87,46 @@ def serve_command(
     if print_only:
         raise UsageError("--print is for GPU targets (a docker command)",
                          fix=f"run `trtpipe serve {repo}` without --print to start the CPU reference server")
+    if restart not in ("no", "on-failure"):
+        raise UsageError(f"--restart must be no or on-failure, got {restart!r}")
+    policy = WatchPolicy(probe_interval_s=probe_interval, probe_timeout_s=probe_timeout, restart=restart,  # type: ignore[arg-type]
+                         max_restarts=max_restarts)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with start_server(repo, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
-                          start_timeout=start_timeout) as handle:
-            info = {"grpc_url": handle.grpc_url, "http_url": handle.http_url, "metrics_url": handle.metrics_url,
-                    "pid": handle.pid, "log": str(handle.log_path), "models": handle.models,
-                    "repository_digest": handle.repository_digest, "serving_dir": str(handle.serving_dir)}
-            if as_json:
-                typer.echo(json.dumps(info), nl=True)
-            else:
-                typer.echo(f"serving {repo} (models: {', '.join(handle.models)})")
-                typer.echo(f"  digest  {handle.repository_digest or 'none (not a stored artifact)'}")
-                typer.echo(f"  gRPC    {handle.grpc_url}\n  HTTP    {handle.http_url}\n  metrics {handle.metrics_url}")
-                typer.echo(f"  served from {handle.serving_dir} (removed when the server stops)")
-                typer.echo(f"  log     {handle.log_path}\nCtrl-C stops it.")
-            while not stop.wait(0.5):
-                if not handle.alive():
-                    typer.echo(f"error: tritonserver exited ({handle.process.returncode}); see {handle.log_path}", err=True)
-                    raise typer.Exit(1)
+        serve_watched(repo, on_event=lambda event: _print_serve_event(event, repo, as_json), stop=stop, policy=policy,
+                      grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port, start_timeout=start_timeout)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _print_serve_event(event: object, repo: Path, as_json: bool) -> None:
+    from trtpipe.serving.watch import ServerReady, ServerRestarting, ServerUnhealthy
+
+    if as_json:
+        typer.echo(event.model_dump_json())  # type: ignore[attr-defined]
+        return
+    if isinstance(event, ServerReady) and event.restarts == 0:
+        watch = event.watch
+        probes = (f"a one-token probe every {watch['probe_interval_s']:g}s" if watch["probe_interval_s"] else "no probes")
+        on_failure = ("restart (at most {0})".format(watch["max_restarts"]) if watch["restart"] == "on-failure"
+                      else "stop and exit 1")
+        typer.echo(f"serving {repo} (models: {', '.join(event.models)})")
+        typer.echo(f"  digest  {event.repository_digest or 'none (not a stored artifact)'}")
+        typer.echo(f"  gRPC    {event.grpc_url}\n  HTTP    {event.http_url}\n  metrics {event.metrics_url}")
+        typer.echo(f"  served from {event.serving_dir} (removed when the server stops)")
+        typer.echo(f"  log     {event.log}")
+        typer.echo(f"  watch   processes every {watch['liveness_interval_s']:g}s, {probes}; when it cannot serve: {on_failure}")
+        typer.echo("Ctrl-C stops it.")
+    elif isinstance(event, ServerReady):
+        typer.echo(f"serving again after restart {event.restarts} of {event.watch['max_restarts']} "
+                   f"(tritonserver pid {event.pid}, gRPC {event.grpc_url}, log {event.log})")
+    elif isinstance(event, ServerUnhealthy) and event.action == "restart":
+        # With action "exit" the error line that follows says it (one line, not two).
+        typer.echo(f"unhealthy: {event.detail}", err=True)
+    elif isinstance(event, ServerRestarting):
+        typer.echo(f"restarting tritonserver ({event.restart} of {event.max_restarts}) in {event.delay_s:g}s", err=True)
 
 
 def smoke_command(
@@ -142,7 +172,7 @@ def smoke_command(
     else:
         for check in result.checks:
             typer.echo(f"{'ok  ' if check.passed else 'FAIL'} {check.name:<13} {check.detail}")
-        typer.echo(f"smoke {'passed' if result.passed else 'FAILED'} ({url}, {model})")
+        typer.echo(f"smoke {'passed' if result.passed else 'FAILED'} ({url}, {result.model})")
     if not result.passed:
         raise typer.Exit(1)
 

@@ -38,6 +38,7 @@ from pydantic import BaseModel
 
 from trtpipe.checkpoint.calibration import calibration_source
 from trtpipe.checkpoint.convert import ConvertSummary
+from trtpipe.checkpoint.hf_export import HfExportSummary, validate_hf_artifact
 from trtpipe.checkpoint.schema import validate_checkpoint
 from trtpipe.engine.executors.base import BuildFailed, ConversionJob, ExecutorResult
 from trtpipe.engine.executors.docker import DockerExecutor, conversion_container_spec
@@ -131,7 +132,8 @@ def job_dir_for(out_dir: Path) -> Path:
     return out_dir.parent / f".{out_dir.name}{JOB_SUFFIX}"
 
 
-def make_job(resolved: Any, out_dir: Path, *, device: str = "cuda", placeholders: bool = False) -> ConversionJob:
+def make_job(resolved: Any, out_dir: Path, *, device: str = "cuda", placeholders: bool = False,
+             artifact: str = "trtllm") -> ConversionJob:
     """The conversion job for `resolved` into `out_dir` (`placeholders`: for a dry run of a spec whose
     weights are not at hand, the model folder is shown as <model.path>)."""
     target = resolved.spec.target
@@ -143,7 +145,8 @@ def make_job(resolved: Any, out_dir: Path, *, device: str = "cuda", placeholders
     else:
         read_only = conversion_inputs(resolved)
     return ConversionJob(job_dir=job_dir_for(out_dir), out_dir=Path(out_dir), read_only=read_only,
-                         device=device, world_size=target.gpu_count or target.world_size)
+                         device=device, world_size=target.gpu_count or target.world_size,
+                         artifact=artifact)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------------------------ run
@@ -160,12 +163,14 @@ def make_conversion_executor(resolved: Any, build_plan: Any, *, progress: bool =
     raise TrtpipeError(f"the {name} executor converts nothing: cpu-reference checkpoints convert in-process")
 
 
-def preflight_conversion(resolved: Any, build_plan: Any) -> str:
+def preflight_conversion(resolved: Any, build_plan: Any, *, artifact: str = "trtllm") -> str:
     """In well under a second and before anything heavy: everything this host lacks to convert AND build
-    there, in one line (exit 3). Returns the executor."""
+    there, in one line (exit 3). Returns the executor. The llm-api artifact (`artifact` "hf") is served, not
+    built, so the local executor needs no trtllm-build binary for it."""
     name = choose_executor_name(resolved)
     if name == "local":
-        LocalExecutor(resolved.toolchain, target_sm=build_plan.gpu_sm).preflight(conversion=True)
+        LocalExecutor(resolved.toolchain, target_sm=build_plan.gpu_sm).preflight(
+            conversion=True, need_build_binary=artifact != "hf")
     else:
         preflight(resolved, build_plan)  # docker: a pinned image and a daemon that answers
     return name
@@ -173,18 +178,19 @@ def preflight_conversion(resolved: Any, build_plan: Any) -> str:
 
 def convert_in_executor(
     resolved: Any, out_dir: Path, log_path: Path, *, build_plan: BuildPlan | None = None, progress: bool = True,
-    executor: Any = None, device: str = "cuda",
+    executor: Any = None, device: str = "cuda", artifact: str = "trtllm",
 ) -> dict[str, Any]:
     """Convert `resolved`'s checkpoint into `out_dir` through the engine's executor; return what the build
     record keeps (the converter's summary, where it ran, its log).
 
     The checkpoint is validated here, on the host, against the spec (config and every tensor's name,
-    dtype and shape) before the caller may commit it. `executor` and `device` are for tests."""
+    dtype and shape; for `artifact` "hf", the llm-api export's files, declared quantization and llm_args.json)
+    before the caller may commit it. `executor` and `device` are for tests."""
     if executor is None:
         build_plan = build_plan or make_build_plan(resolved)
-        preflight_conversion(resolved, build_plan)
+        preflight_conversion(resolved, build_plan, artifact=artifact)
         executor = make_conversion_executor(resolved, build_plan, progress=progress)
-    job = make_job(resolved, Path(out_dir), device=device)
+    job = make_job(resolved, Path(out_dir), device=device, artifact=artifact)
     job.job_dir.mkdir(mode=0o700)
     try:
         staging = job.spec_path.with_name(".spec.json.tmp")
@@ -194,10 +200,14 @@ def convert_in_executor(
         if not job.summary_path.is_file():
             raise BuildFailed(f"checkpoint conversion ({executor.name}) exited 0 but wrote no summary; log: {log_path}",
                               fix="read the end of the log: the conversion's own message is there", log_path=log_path)
-        summary = ConvertSummary.model_validate_json(job.summary_path.read_text(encoding="utf-8"))
+        summary_model = HfExportSummary if artifact == "hf" else ConvertSummary
+        summary = summary_model.model_validate_json(job.summary_path.read_text(encoding="utf-8"))
     finally:
         shutil.rmtree(job.job_dir, ignore_errors=True)
-    validate_checkpoint(Path(out_dir), resolved.spec)
+    if artifact == "hf":
+        validate_hf_artifact(Path(out_dir), resolved)
+    else:
+        validate_checkpoint(Path(out_dir), resolved.spec)
     return {
         "convert": summary.model_dump(mode="json"),
         "conversion": {"executor": result.executor, "image": result.image, "device": job.device,
@@ -208,11 +218,11 @@ def convert_in_executor(
 # ------------------------------------------------------------------------------------------------ dry run
 
 
-def preview_conversion(resolved: Any, out_dir: Path) -> ConversionPreview:
+def preview_conversion(resolved: Any, out_dir: Path, *, artifact: str = "trtllm") -> ConversionPreview:
     """Where and how the conversion of `resolved` would run, for `trtpipe build --dry-run`. Pure: no
     daemon, nothing written; a reason instead of a container where there can be none."""
     name = choose_executor_name(resolved)
-    job = make_job(resolved, Path(out_dir), placeholders=True)
+    job = make_job(resolved, Path(out_dir), placeholders=True, artifact=artifact)
     if name == "local":
         executor = LocalExecutor(resolved.toolchain, target_sm=resolved.sm, check_host=False)
         preview = ConversionPreview(

@@ -1,7 +1,7 @@
-"""`python -m trtpipe.engine.convert_entry --spec SPEC --out DIR [--summary FILE] [--device cuda|cpu]`
+"""`python -m trtpipe.engine.convert_entry --spec SPEC --out DIR [--summary FILE] [--device cuda|cpu] [--artifact hf]`
 
-The checkpoint stage as a process: the HF -> TRT-LLM checkpoint conversion (ModelOpt calibration
-included) run by an executor where the engine is built, on that host's GPUs: in the TensorRT-LLM
+The checkpoint stage as a process: the HF -> TRT-LLM checkpoint conversion (or, with `--artifact hf`, the
+llm-api backend's unified HF export; ModelOpt calibration included) run by an executor where the engine is built, on that host's GPUs: in the TensorRT-LLM
 environment of a GPU host (LocalExecutor.run_conversion) or inside the toolchain's container, with
 trtpipe's source mounted read-only on PYTHONPATH (DockerExecutor.run_conversion).
 
@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--summary", type=Path, default=None, help="write the ConvertSummary here as JSON")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--artifact", choices=("trtllm", "hf"), default="trtllm",
+                        help="trtllm: a TRT-LLM checkpoint; hf: the llm-api backend's unified HF export")
     args = parser.parse_args(argv)
 
     missing = missing_modules(args.device)
@@ -78,8 +80,14 @@ def main(argv: list[str] | None = None) -> int:
         resolved = resolve(load_spec(args.spec))
         if not args.out.is_dir():
             raise InvalidInput(f"{args.out}: the output directory does not exist", fix="create it first")
-        summary = convert_checkpoint(resolved, args.out, show_progress=True, progress_lines=True,
-                                     device=args.device)
+        if args.artifact == "hf":
+            from trtpipe.checkpoint.hf_export import export_hf_artifact
+
+            summary = export_hf_artifact(resolved, args.out, show_progress=True, progress_lines=True,
+                                         device=args.device)
+        else:
+            summary = convert_checkpoint(resolved, args.out, show_progress=True, progress_lines=True,
+                                         device=args.device)
     except TrtpipeError as err:
         return _fail(err.one_line(), err.exit_code)
     if args.summary is not None:

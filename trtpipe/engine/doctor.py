@@ -110,6 +110,26 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         "set triton.streaming: true in the spec and republish (decoupled transaction policy), or call without streaming",
     ),
     KnownFailure(
+        # tritonserver r24.10 (e0f0734d): src/main.cc:245/257/293 "failed to start {GRPC,HTTP,Metrics} service" with
+        # src/grpc/grpc_server.cc:2546 / src/http_server.cc:221 "Socket 'HOST:PORT' already in use"; the OS's
+        # own text (EADDRINUSE) where another tool reports it.
+        "port-in-use",
+        _p(r"(?:Socket '[^']*' already in use|address already in use)"),
+        "another process already listens on a port the server needs (the server exits at start)",
+        "stop the other process (a server left running?), or serve on other ports (or let free ones be picked)",
+    ),
+    KnownFailure(
+        # python_backend r24.10 (01d0ad82): src/stub_launcher.cc:771-773 "Stub process '<instance>' is not
+        # healthy." (src/python_be.cc:1060 without the name): a request reached a model whose Python-backend
+        # process is dead, while the server still reports the model ready.
+        "python-stub-died",
+        _p(r"Stub process (?:'[^']*' )?is not healthy"),
+        "the Python backend process of the model named in the message (instance <model>_<group>_<n>) died "
+        "(killed, or out of memory); the server keeps reporting it ready but every request to it fails",
+        "restart the server (Triton does not restart the process); if it was killed for memory (the kernel log "
+        "names OOM kills), give the host more memory or run fewer model instances",
+    ),
+    KnownFailure(
         "container-oom-killed",
         _p(r"\[trtpipe\] container was OOM-killed"),
         "the build container exceeded host memory and the kernel killed it",

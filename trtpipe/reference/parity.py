@@ -138,11 +138,20 @@ def _load_hf(hf_dir: Path) -> torch.nn.Module:
     return model.eval()
 
 
-def _checkpoint_format(path: Path) -> str:
+def _checkpoint_quantization(path: Path) -> tuple[str | None, str | None]:
+    """(quant_algo, kv_cache_quant_algo) of a TRT-LLM checkpoint, reference engine or HF-format checkpoint."""
+    from trtpipe.reference import hf_loader
+
+    if hf_loader.is_hf_checkpoint(path):
+        algo, kv_algo, _ = hf_loader.hf_quantization(path)
+        return algo, kv_algo
     raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    cfg = raw.get("pretrained_config", raw)
-    quant = cfg.get("quantization") or {}
-    return format_key(quant.get("quant_algo"), quant.get("kv_cache_quant_algo"))
+    quant = raw.get("pretrained_config", raw).get("quantization") or {}
+    return quant.get("quant_algo"), quant.get("kv_cache_quant_algo")
+
+
+def _checkpoint_format(path: Path) -> str:
+    return format_key(*_checkpoint_quantization(path))
 
 
 def check_parity(
@@ -153,7 +162,8 @@ def check_parity(
     bounds: ParityBounds | None = None,
     reference: ReferenceModel | None = None,
 ) -> ParityReport:
-    """Compare the reference runtime on `ckpt_or_engine_dir` with transformers on `hf_dir`.
+    """Compare the reference runtime on `ckpt_or_engine_dir` (a TRT-LLM checkpoint, a reference engine or a
+    Hugging Face-format llm-api checkpoint) with transformers on `hf_dir`.
 
     `bounds` defaults to `DEFAULT_BOUNDS` for the checkpoint's format. `reference` may pass an already
     loaded model of `ckpt_or_engine_dir` to skip loading it again.
@@ -163,9 +173,7 @@ def check_parity(
         raise UsageError("parity needs at least one non-empty prompt", fix="pass token id lists")
     fmt = _checkpoint_format(ckpt_or_engine_dir)
     if bounds is None:
-        raw = json.loads((ckpt_or_engine_dir / "config.json").read_text(encoding="utf-8"))
-        quant = raw.get("pretrained_config", raw).get("quantization") or {}
-        bounds = bounds_for(quant.get("quant_algo"), quant.get("kv_cache_quant_algo"))
+        bounds = bounds_for(*_checkpoint_quantization(ckpt_or_engine_dir))
     ref = reference if reference is not None else ReferenceModel.load(ckpt_or_engine_dir)
     hf = _load_hf(hf_dir)
     vocab = min(ref.config.vocab_size, int(hf.config.vocab_size))

@@ -2,9 +2,10 @@
 
 This is plain, readable PyTorch meant for checking numbers, not for speed. It is NOT TensorRT, does not
 claim to behave like TensorRT's kernels bit for bit, and is not fast. It loads a TensorRT-LLM checkpoint
-directory (config.json + rank{N}.safetensors, any TP/PP split, merged back into one model) or a trtpipe
+directory (config.json + rank{N}.safetensors, any TP/PP split, merged back into one model), a trtpipe
 reference engine directory (config.json with `pretrained_config`, `build_config`, `trtpipe_reference: true`,
-and the rank files beside it), dequantizes every weight to float32 and runs a KV-cached decoder.
+and the rank files beside it) or a Hugging Face-format checkpoint as the llm-api backend serves it
+(`trtpipe.reference.hf_loader`), dequantizes every weight to float32 and runs a KV-cached decoder.
 
 Compute dtype: float32 throughout (weights are dequantized once at load time). Quantized activations
 (FP8, INT8 SmoothQuant) and the FP8 KV cache are simulated by quantize-dequantize round trips with the
@@ -30,6 +31,7 @@ from typing import Any
 
 import torch
 
+from trtpipe.config_json import check_model_config, file_text
 from trtpipe.errors import IntegrityError, InvalidInput, NotFound, UsageError
 from trtpipe.reference import dequant, sampling
 from trtpipe.reference.dequant import Linear
@@ -71,6 +73,9 @@ class ModelConfig:
 
     @classmethod
     def from_checkpoint_config(cls, cfg: dict[str, Any], source: Path) -> ModelConfig:
+        # the bounds and types every consumer of a model's shape checks (trtpipe.config_json), before any tensor
+        check_model_config(cfg, source, flavour="trtllm", text=file_text(source))
+
         def need(key: str) -> Any:
             if key not in cfg:
                 raise IntegrityError(f"{source}: field {key} is missing", path=str(source), fix="re-export the checkpoint")
@@ -261,8 +266,13 @@ class ReferenceModel:
 
     @classmethod
     def load(cls, path: Path, *, simulate_activation_quant: bool = True) -> ReferenceModel:
-        """Load a TRT-LLM checkpoint dir or a trtpipe reference engine dir, merging all TP/PP shards."""
+        """Load a TRT-LLM checkpoint dir or a trtpipe reference engine dir, merging all TP/PP shards; or a
+        Hugging Face-format checkpoint (the llm-api artifact: `trtpipe.reference.hf_loader`)."""
+        from trtpipe.reference import hf_loader
+
         path = Path(path)
+        if hf_loader.is_hf_checkpoint(path):
+            return hf_loader.load_hf_checkpoint(path, simulate_activation_quant=simulate_activation_quant)
         raw_config, build_config = _read_config(path)
         config = ModelConfig.from_checkpoint_config(raw_config, path / "config.json")
         tp, pp = config.tp_size, config.pp_size
@@ -291,10 +301,12 @@ class ReferenceModel:
         ]
         embedding = cls._merge_vocab(config, [r for stage in others for r in stage], "transformer.vocab_embedding.weight", path)
         final_norm = cls._first_of(others, "transformer.ln_f.weight", path).to(torch.float32)
-        if any("lm_head.weight" in r for stage in others for r in stage) and not config.share_embedding_table:
-            lm_head = cls._merge_vocab(config, others[-1], "lm_head.weight", path)
+        if config.share_embedding_table:
+            lm_head = embedding  # TRT-LLM's shared table: the head multiplies by the embedding
         else:
-            lm_head = embedding
+            # A tied HF model is exported with its own lm_head copy; a missing head is an error, never the
+            # embedding in its place (an untied model would then answer with the wrong head).
+            lm_head = cls._merge_vocab(config, others[-1], "lm_head.weight", path)
         return cls(config, embedding, layers, final_norm, lm_head, build_config)
 
     @staticmethod

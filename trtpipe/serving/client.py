@@ -1,19 +1,29 @@
-"""A small typed gRPC client for the trtpipe ensemble and BLS models.
+"""A small typed gRPC client for the trtpipe ensemble and BLS models, and for the llmapi model.
 
 Every call has a timeout; a server that dies mid-stream surfaces as a TrtpipeError within the
 client's timeout, never as a hang. Decoupled models (streaming deployments) are always called
 through the streaming API, with the final-response flag handled whether it arrives on the last
 data response or on a separate empty one.
+
+Two request contracts, told apart by the served model's metadata (`detect_contract`):
+- inflight_batcher_llm (ensemble, tensorrt_llm_bls): text_input, max_tokens, stream and the sampling inputs;
+  responses carry the new text and its token ids (output_ids, sequence_length).
+- llmapi (TensorRT-LLM's llmapi tensorrt_llm model, build_configs/triton_contracts/llmapi.yaml): text_input,
+  streaming and sampling_param_*; responses carry text only, and a streamed text_output is the whole text so
+  far (CompletionOutput.text), which this client turns back into deltas. It asks for the generated text alone
+  (sampling_param_exclude_input_from_output, upstream's default being the prompt echoed).
+Callers pass the same keyword arguments either way; one the llmapi model has no input for is refused, naming it.
 """
 
 from __future__ import annotations
 
 import queue
+import re
 import threading
 import time
 import uuid
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, Literal
 
 import numpy as np
 import tritonclient.grpc as grpcclient
@@ -23,11 +33,25 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 from trtpipe.errors import InvalidInput, RemoteError, TrtpipeError, UsageError
 
 OUTPUTS = ("text_output", "output_ids", "sequence_length", "cum_log_probs", "output_log_probs")
+LLMAPI_OUTPUTS = ("text_output",)
+
+INFLIGHT = "inflight_batcher_llm"
+LLMAPI = "llmapi"
+Contract = Literal["inflight_batcher_llm", "llmapi"]
+# The client's keyword arguments the llmapi model has inputs for (sampling_param_<name> unless mapped here).
+LLMAPI_INPUTS = {
+    "temperature": ("sampling_param_temperature", np.float32),
+    "top_k": ("sampling_param_top_k", np.int32),
+    "top_p": ("sampling_param_top_p", np.float32),
+    "seed": ("sampling_param_seed", np.uint64),
+    "presence_penalty": ("sampling_param_presence_penalty", np.float32),
+    "frequency_penalty": ("sampling_param_frequency_penalty", np.float32),
+}
 
 
 class Generation(BaseModel):
     text: str
-    output_token_ids: list[int]
+    output_token_ids: list[int]  # empty from an llmapi model (it returns text only)
     cum_log_prob: float | None = None
     output_log_probs: list[float] = Field(default_factory=list)
     model: str
@@ -47,6 +71,41 @@ class TritonRequestError(InvalidInput):
 
 class TritonConnectionError(RemoteError):
     """The server could not be reached, or went away mid-request."""
+
+
+class ModelProcessDied(TritonConnectionError):
+    """A model's Python-backend process (its "stub") is dead: the server is up, but every request that
+    reaches that model fails until the server is restarted (Triton does not restart it)."""
+
+    def __init__(self, message: str, *, remote: str, dead_model: str, instance: str, fix: str | None = None) -> None:
+        self.dead_model = dead_model
+        self.instance = instance
+        super().__init__(message, remote=remote, fix=fix)
+
+
+# What the Python backend answers for a request to a model whose stub process is dead: triton-inference-server/
+# python_backend r24.10 (01d0ad82) src/stub_launcher.cc:771-773 "Stub process '<instance>' is not healthy."
+# (src/python_be.cc:1060 has the same text without the name). Triton 2.51.0 keeps reporting the server live,
+# ready and the model ready meanwhile, and does not restart the stub (python_be.cc:2291-2293).
+STUB_NOT_HEALTHY = re.compile(r"Stub process '([^']+)' is not healthy")
+
+
+def dead_model(message: str, models: Iterable[str] = ()) -> tuple[str, str] | None:
+    """(model, instance) named by a "Stub process '<instance>' is not healthy" message, else None.
+
+    Triton names an instance `<group>_<n>`, and a group without a name `<model>_<index>` (a model without
+    instance groups: `<model>`): triton-inference-server/core r24.10 (bfec7c61) src/model_config_utils.cc:811
+    and :851, src/backend_model.cc:594. The model is the longest of `models` (the server's repository index)
+    the instance name starts with; without that list, the instance name less its numeric suffixes.
+    """
+    match = STUB_NOT_HEALTHY.search(message)
+    if match is None:
+        return None
+    instance = match.group(1)
+    named = [m for m in models if instance.startswith(f"{m}_")]
+    if named:
+        return max(named, key=len), instance
+    return re.sub(r"(?:_\d+){1,2}$", "", instance) or instance, instance
 
 
 def _tensor(name: str, value: np.ndarray) -> grpcclient.InferInput:
@@ -114,6 +173,84 @@ def build_inputs(
     return inputs
 
 
+def build_llmapi_inputs(
+    prompt: str,
+    max_tokens: int,
+    *,
+    stream: bool,
+    stop_words: list[str] | None = None,
+    exclude_input_in_output: bool | None = None,
+    **sampling: Any,
+) -> list[grpcclient.InferInput]:
+    """The llmapi model's request tensors (max_batch_size 0: no batch dimension). `exclude_input_in_output`
+    defaults to true here (generated text only); every other keyword must have an llmapi input."""
+    inputs = [
+        _tensor("text_input", np.array([prompt.encode("utf-8")], dtype=object)),
+        _tensor("streaming", np.array([stream], dtype=bool)),
+        _tensor("sampling_param_max_tokens", np.array([max_tokens], dtype=np.int32)),
+        _tensor("sampling_param_exclude_input_from_output",
+                np.array([True if exclude_input_in_output is None else exclude_input_in_output], dtype=bool)),
+    ]
+    for name, value in sampling.items():
+        if value is None:
+            continue
+        if name not in LLMAPI_INPUTS:
+            raise UsageError(f"{name}: the llmapi model has no such input (its sampling inputs: "
+                             f"{', '.join(sorted(LLMAPI_INPUTS))}, stop_words)",
+                             fix=f"omit {name} for an llm-api deployment")
+        tensor_name, dtype = LLMAPI_INPUTS[name]
+        inputs.append(_tensor(tensor_name, np.array([value], dtype=dtype)))
+    if stop_words:
+        inputs.append(_tensor("sampling_param_stop", np.array([w.encode("utf-8") for w in stop_words], dtype=object)))
+    return inputs
+
+
+def contract_of(metadata: dict[str, Any]) -> Contract:
+    """Which request contract a model speaks, from its gRPC metadata (as_json)."""
+    names = {t["name"] for t in metadata.get("inputs", [])}
+    if "sampling_param_max_tokens" in names and "max_tokens" not in names:
+        return LLMAPI
+    return INFLIGHT
+
+
+DEFAULT_MODEL = "ensemble"
+LLMAPI_MODEL = "tensorrt_llm"
+
+
+def resolve_model(url: str, model: str = DEFAULT_MODEL, *, timeout: float = 30) -> tuple[str, Contract]:
+    """The model to call at `url` and the contract it speaks. The default model (the ensemble) stands for the
+    llmapi model on a server that serves an llmapi repository, which has no ensemble: callers written for
+    either deployment work unchanged. Any other name is taken as given."""
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        try:
+            names = {m["name"] for m in client.get_model_repository_index(as_json=True, client_timeout=timeout)
+                     .get("models", [])}
+            if model == DEFAULT_MODEL and model not in names and LLMAPI_MODEL in names:
+                metadata = client.get_model_metadata(LLMAPI_MODEL, as_json=True, client_timeout=timeout)
+                if contract_of(metadata) == LLMAPI:
+                    return LLMAPI_MODEL, LLMAPI
+            if model not in names:
+                return model, INFLIGHT  # the caller's own checks say the model is missing
+            return model, contract_of(client.get_model_metadata(model, as_json=True, client_timeout=timeout))
+        except InferenceServerException as err:
+            raise TritonConnectionError(f"cannot ask {url} which models it serves: {err.message()}", remote=url,
+                                        fix="check that the server is running and reachable") from None
+    finally:
+        client.close()
+
+
+def text_delta(previous: str, text: str) -> str:
+    """The new part of a cumulative llmapi text_output; if the text does not extend the previous one (a cut
+    stop string), what follows their common prefix."""
+    if text.startswith(previous):
+        return text[len(previous):]
+    common = 0
+    while common < min(len(previous), len(text)) and previous[common] == text[common]:
+        common += 1
+    return text[common:]
+
+
 def _decode(result: Any) -> tuple[str, list[int], float | None, list[float]]:
     """text, token ids, cum log prob, log probs of one response (empty for an empty final response)."""
     text_array = result.as_numpy("text_output")
@@ -151,18 +288,40 @@ class TritonLLMClient:
         self.model = model
         self.timeout = timeout
         self._decoupled: bool | None = None
+        self._contract: Contract | None = None
 
     def _client(self) -> grpcclient.InferenceServerClient:
         return grpcclient.InferenceServerClient(self.url)
 
     def _connection_error(self, err: Exception, doing: str) -> TrtpipeError:
-        """A server-side refusal (status None on a stream, or a non-transport code) vs a lost connection."""
+        """A server-side refusal (status None on a stream, or a non-transport code) vs a lost connection;
+        a model whose backend process died is neither (the request was fine, the server is not)."""
         transport = ("StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED", "StatusCode.CANCELLED")
+        text = err.message() if isinstance(err, InferenceServerException) else str(err)
+        dead = dead_model(text or "", self._model_names()) if STUB_NOT_HEALTHY.search(text or "") else None
+        if dead is not None:
+            model, instance = dead
+            return ModelProcessDied(
+                f"the model {model}'s backend process died or hangs ({self.model} at {self.url}: {text.strip()})",
+                remote=self.url, dead_model=model, instance=instance,
+                fix="the server must be restarted (Triton does not restart a dead Python-backend process); "
+                    "if it was killed for memory, give the host more",
+            )
         if isinstance(err, InferenceServerException) and err.status() not in transport:
             return TritonRequestError(f"{self.model} at {self.url} refused the request: {err.message()}",
                                       fix="check the prompt and parameters against the engine's limits")
         return TritonConnectionError(f"Triton at {self.url} failed while {doing}: {err}", remote=self.url,
                                      fix="check that the server is running and reachable")
+
+    def _model_names(self) -> list[str]:
+        """The server's model names (to read an instance name back to its model); empty if it cannot say."""
+        client = self._client()
+        try:
+            return [m["name"] for m in client.get_model_repository_index(as_json=True, client_timeout=5).get("models", [])]
+        except Exception:  # noqa: BLE001 - only a better name is lost; the suffix rule still names the model
+            return []
+        finally:
+            _quietly(client.close)
 
     def is_decoupled(self) -> bool:
         if self._decoupled is None:
@@ -176,8 +335,30 @@ class TritonLLMClient:
             self._decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
         return self._decoupled
 
+    def contract(self) -> Contract:
+        """The request contract the served model speaks (from its metadata; asked once)."""
+        if self._contract is None:
+            client = self._client()
+            try:
+                metadata = client.get_model_metadata(self.model, as_json=True, client_timeout=self.timeout)
+            except InferenceServerException as err:
+                raise self._connection_error(err, f"reading the metadata of {self.model}") from None
+            finally:
+                client.close()
+            self._contract = contract_of(metadata)
+        return self._contract
+
+    def _inputs(self, prompt: str, max_tokens: int, *, stream: bool, **sampling: Any) -> list[grpcclient.InferInput]:
+        if self.contract() == LLMAPI:
+            return build_llmapi_inputs(prompt, max_tokens, stream=stream, **sampling)
+        return build_inputs(prompt, max_tokens, stream=stream, **sampling)
+
+    def _outputs(self) -> list[grpcclient.InferRequestedOutput]:
+        names = LLMAPI_OUTPUTS if self.contract() == LLMAPI else OUTPUTS
+        return [grpcclient.InferRequestedOutput(n) for n in names]
+
     def generate(self, prompt: str, max_tokens: int, **sampling: Any) -> Generation:
-        """One complete generation (stream=false)."""
+        """One complete generation (stream=false). On an llmapi model `output_token_ids` is empty (it returns text)."""
         start = time.monotonic()
         if self.is_decoupled():
             parts = list(self._stream_results(prompt, max_tokens, stream=False, **sampling))
@@ -189,9 +370,8 @@ class TritonLLMClient:
             client = self._client()
             try:
                 result = client.infer(
-                    self.model, build_inputs(prompt, max_tokens, stream=False, **sampling),
-                    outputs=[grpcclient.InferRequestedOutput(n) for n in OUTPUTS],
-                    client_timeout=self.timeout,
+                    self.model, self._inputs(prompt, max_tokens, stream=False, **sampling),
+                    outputs=self._outputs(), client_timeout=self.timeout,
                 )
             except InferenceServerException as err:
                 raise self._connection_error(err, "generating") from None
@@ -221,14 +401,16 @@ class TritonLLMClient:
         def on_response(result: Any, error: Any) -> None:
             responses.put((result, error, time.monotonic()))
 
+        cumulative = self.contract() == LLMAPI
+        seen = ""
         client = self._client()
         finished = False
         try:
             try:
                 client.start_stream(callback=on_response)
+                inputs, outputs = self._inputs(prompt, max_tokens, stream=stream, **sampling), self._outputs()
                 client.async_stream_infer(
-                    self.model, build_inputs(prompt, max_tokens, stream=stream, **sampling),
-                    outputs=[grpcclient.InferRequestedOutput(n) for n in OUTPUTS],
+                    self.model, inputs, outputs=outputs,
                     request_id=uuid.uuid4().hex, enable_empty_final_response=True,
                 )
             except InferenceServerException as err:
@@ -246,6 +428,8 @@ class TritonLLMClient:
                     raise self._connection_error(error, "streaming") from None
                 final = is_final_response(result)
                 text, ids, cum, logprobs = _decode(result)
+                if cumulative:  # llmapi: the whole text so far; hand on what is new
+                    text, seen = text_delta(seen, text), text if (text or not final) else seen
                 if ids or text or final:
                     yield t_received, text, ids, cum, logprobs, final
                 if final:

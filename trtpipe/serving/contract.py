@@ -1,7 +1,8 @@
-"""The upstream inflight_batcher_llm Triton contract, and whether a repository is a superset of it.
+"""The upstream Triton contracts (inflight_batcher_llm, llmapi), and whether a repository is a superset of one.
 
-The tables live in `build_configs/triton_contracts/inflight_batcher_llm.yaml` (facts read from the pinned
-TensorRT-LLM / tensorrtllm_backend templates, each with its source and line). A client written for upstream
+The tables live in `build_configs/triton_contracts/<layout>.yaml` (facts read from the pinned
+TensorRT-LLM / tensorrtllm_backend templates, each with its source and line): `inflight_batcher_llm.yaml` for the
+five-model layout the trtllm-build backend publishes, `llmapi.yaml` for the one-model layout of the llm-api backend. A client written for upstream
 sends some subset of upstream's inputs and asks for some of its outputs; it keeps working against our repository
 when every upstream tensor is declared by ours in a compatible way. The rules, stated once:
 
@@ -16,13 +17,22 @@ when every upstream tensor is declared by ours in a compatible way. The rules, s
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from trtpipe.errors import IntegrityError, MissingCapability
 
-CONTRACT_FILE = "triton_contracts/inflight_batcher_llm.yaml"
+INFLIGHT_BATCHER_LLM = "inflight_batcher_llm"
+LLMAPI = "llmapi"
+LAYOUTS = (INFLIGHT_BATCHER_LLM, LLMAPI)
+CONTRACT_FILE = "triton_contracts/inflight_batcher_llm.yaml"  # the default layout's table
+
+
+def contract_file(layout: str = INFLIGHT_BATCHER_LLM) -> str:
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown repository layout {layout!r} (known: {', '.join(LAYOUTS)})")
+    return f"triton_contracts/{layout}.yaml"
 RESHAPE_MATTERS = ("tensorrt_llm",)
 
 Direction = Literal["input", "output"]
@@ -69,6 +79,7 @@ class Contract(BaseModel):
     readings: dict[str, Reading]
     toolchains: dict[str, ToolchainSource]
     models: dict[str, ModelContract]
+    layout: dict[str, Any] | None = Field(default=None, description="Layout and behaviour facts (llmapi.yaml).")
 
     def cite(self, model: str, tensor: Tensor) -> str:
         """`repo@commit path:line` of the first reading that declares `tensor`."""
@@ -77,20 +88,20 @@ class Contract(BaseModel):
         return f"{reading.repo}@{reading.commit[:12]} {reading.path.format(model=model)}:{line}"
 
 
-def contract_path() -> Path:
+def contract_path(layout: str = INFLIGHT_BATCHER_LLM) -> Path:
     from trtpipe.toolchain import build_configs_dir
 
-    return build_configs_dir() / CONTRACT_FILE
+    return build_configs_dir() / contract_file(layout)
 
 
-def load_contract(path: Path | None = None) -> Contract:
+def load_contract(path: Path | None = None, *, layout: str = INFLIGHT_BATCHER_LLM) -> Contract:
     from pydantic import ValidationError
 
     import yaml
 
     from trtpipe.datafiles import read_yaml
 
-    path = path or contract_path()
+    path = path or contract_path(layout)
     try:
         data = read_yaml(path)
     except FileNotFoundError:
@@ -112,12 +123,12 @@ def load_contract(path: Path | None = None) -> Contract:
     return contract
 
 
-def contract_for(toolchain: str, contract: Contract | None = None) -> Contract:
-    """The contract a repository published with `toolchain` must satisfy."""
-    contract = contract or load_contract()
+def contract_for(toolchain: str, contract: Contract | None = None, *, layout: str = INFLIGHT_BATCHER_LLM) -> Contract:
+    """The contract a repository of `layout` published with `toolchain` must satisfy."""
+    contract = contract or load_contract(layout=layout)
     if toolchain not in contract.toolchains:
         raise MissingCapability(
-            f"no upstream Triton contract for toolchain {toolchain!r} in {CONTRACT_FILE}",
+            f"no upstream Triton contract for toolchain {toolchain!r} in {contract_file(layout)}",
             fix=f"add it there from its pinned templates (known: {', '.join(contract.toolchains)})",
         )
     return contract

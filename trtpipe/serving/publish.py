@@ -30,6 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from trtpipe.errors import IntegrityError, InternalError, InvalidInput, NotFound, UsageError
+from trtpipe.model_folder import copy_confined, folder_roots
 from trtpipe.serving import identity, templates
 
 log = logging.getLogger(__name__)
@@ -194,18 +195,24 @@ def place_engine(engine_dir: Path, dest: Path) -> tuple[Placement, list[str]]:
     raise AssertionError("unreachable")
 
 
-def copy_tokenizer(tokenizer_dir: Path, dest: Path) -> list[str]:
+def copy_tokenizer(tokenizer_dir: Path, dest: Path, *, allow_external_links: bool = False) -> list[str]:
+    """Copy the tokenizer files into `dest`. The model folder is a boundary (trtpipe.model_folder): a file that
+    resolves outside the folder is refused here too, at the moment it is copied, unless the spec allows it."""
     if not (tokenizer_dir / REQUIRED_TOKENIZER_FILE).is_file():
         raise InvalidInput(
             f"{tokenizer_dir}: no {REQUIRED_TOKENIZER_FILE} (the serving models read it with the tokenizers library)",
             fix="point model.tokenizer at a directory with a fast tokenizer (save it with tokenizer.save_pretrained)",
         )
     dest.mkdir(parents=True, exist_ok=True)
+    roots = folder_roots(tokenizer_dir)
     copied = []
     for name in TOKENIZER_FILES:
         src = tokenizer_dir / name
         if src.is_file():
-            shutil.copy2(src, dest / name)
+            if allow_external_links:
+                shutil.copy2(src, dest / name)
+            else:
+                copy_confined(src, dest / name, roots)
             copied.append(name)
     return copied
 
@@ -234,7 +241,8 @@ def _write_models(
             fix="set model.tokenizer to a local tokenizer directory",
         )
     first = root / MODELS_WITH_TOKENIZER[0] / TOKENIZER_SUBDIR
-    tokenizer_files = copy_tokenizer(Path(tokenizer_dir), first)
+    tokenizer_files = copy_tokenizer(Path(tokenizer_dir), first,
+                                     allow_external_links=resolved.spec.model.allow_external_links)
     for model in MODELS_WITH_TOKENIZER[1:]:
         other = root / model / TOKENIZER_SUBDIR
         other.mkdir()

@@ -11,9 +11,11 @@ carry the repository digest the server then reports (`trtpipe.serving.identity`)
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -27,14 +29,24 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from trtpipe.errors import CheckFailed, InvalidInput, MissingCapability
+from trtpipe.errors import CheckFailed, InvalidInput, MissingCapability, TimedOut, UsageError
 from trtpipe.settings import child_environment
 
 log = logging.getLogger(__name__)
 
 PORT_ATTEMPTS = 4
 EXIT_TIMEOUT_S = 5
+# A server that can no longer serve gets its own exit timeout and a second more before SIGKILL: an open
+# client stream (a benchmark) holds tritonserver past SIGTERM, and meanwhile it answers only errors.
+UNHEALTHY_STOP_S = EXIT_TIMEOUT_S + 1
 SHM_DIR = Path("/dev/shm")
+SERVICES = ("gRPC", "HTTP", "metrics")  # the order of a handle's ports
+
+# How tritonserver 2.51.0 (the r24.10 line of triton-inference-server/server, e0f0734d) says a port is
+# taken: src/main.cc:245/257/293 log "failed to start {GRPC,HTTP,Metrics} service" with the error of
+# src/grpc/grpc_server.cc:2546 or src/http_server.cc:221, "Socket 'HOST:PORT' already in use ", then exit 1.
+PORT_IN_USE = re.compile(r"failed to start (GRPC|HTTP|Metrics) service: .*?Socket '([^']*):(\d+)' already in use",
+                         re.IGNORECASE)
 
 
 # --- locating the server -------------------------------------------------------------------
@@ -115,6 +127,95 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     return ports
 
 
+def check_ports(host: str, ports: dict[str, int | None]) -> None:
+    """Refuse, before anything starts, ports the server could not bind: out of range, given twice, or
+    taken (a bind test on `host` with SO_REUSEADDR, as the server's own listeners bind: a port left
+    in TIME_WAIT passes, one another process listens on does not). `ports`: service name -> port."""
+    given = {service: port for service, port in ports.items() if port is not None}
+    for service, port in given.items():
+        if not 1 <= port <= 65535:
+            raise UsageError(f"the {service} port {port} is not one tritonserver can listen on",
+                             fix="give a port from 1 to 65535, or none to have a free one picked")
+    seen: dict[int, str] = {}
+    for service, port in given.items():
+        if port in seen:
+            raise UsageError(f"port {port} is given for both {seen[port]} and {service}",
+                             fix="give each service its own port")
+        seen[port] = service
+    for service, port in given.items():
+        problem = _bind_problem(host, port)
+        if problem is not None:
+            raise port_error(service, host, port, problem)
+
+
+def _bind_problem(host: str, port: int) -> str | None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                return "in use"
+            return err.strerror or str(err)
+    return None
+
+
+def port_error(service: str, host: str, port: int, problem: str = "in use") -> UsageError:
+    """One line for a port the server cannot have, naming what holds it when this host lets us see."""
+    if problem != "in use":
+        return UsageError(f"cannot bind the {service} port {host}:{port} ({problem})",
+                          fix="give another port, or none to have a free one picked")
+    holder = _listener(port)
+    return UsageError(f"the {service} port {host}:{port} is already in use{f' by {holder}' if holder else ''}",
+                      fix="stop what listens there, or give another port (or none, to have a free one picked)")
+
+
+def _listener(port: int) -> str | None:
+    """`pid N (name)` of the process listening on `port`, when the OS tells us (best effort)."""
+    try:
+        import psutil
+
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+                return f"pid {conn.pid} ({psutil.Process(conn.pid).name()})"
+    except Exception:  # noqa: BLE001 - naming the holder is a courtesy; the port is busy either way
+        return None
+    return None
+
+
+def port_clash(log_text: str) -> tuple[str, str, int] | None:
+    """(service, host, port) of the first "already in use" failure in a tritonserver log, else None."""
+    match = PORT_IN_USE.search(log_text)
+    if match is None:
+        return None
+    service = {"grpc": "gRPC", "http": "HTTP", "metrics": "metrics"}[match.group(1).lower()]
+    return service, match.group(2), int(match.group(3))
+
+
+# Errors tritonserver logs on every start without a GPU (the notes' "quieter on CPU" flags leave these two);
+# they are never why it failed.
+CPU_ONLY_NOISE = ("CudaDriverHelper has not been initialized", "CUDA driver version is insufficient")
+
+
+def last_error(log_text: str) -> str | None:
+    """The last error line (E...) of a tritonserver log that is not CPU-only noise, else None."""
+    errors = [line for line in log_text.splitlines()
+              if line.startswith("E") and not any(noise in line for noise in CPU_ONLY_NOISE)]
+    return errors[-1] if errors else None
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports process `pid` listens on (empty when it cannot be read)."""
+    try:
+        import psutil
+
+        return {c.laddr.port for c in psutil.Process(pid).net_connections(kind="tcp")
+                if c.status == psutil.CONN_LISTEN and c.laddr}
+    except Exception:  # noqa: BLE001 - gone, or not ours to read: the caller's deadline decides
+        return set()
+
+
 def repository_models(repo: Path) -> list[str]:
     return sorted(p.name for p in Path(repo).iterdir() if (p / "config.pbtxt").is_file())
 
@@ -142,6 +243,7 @@ class TritonServerHandle:
         self.log_path = log_path
         self.shm_prefix = shm_prefix
         self.models = models
+        self.keep_log = False  # set when the server failed: its log outlives a clean exit then
 
     @property
     def grpc_url(self) -> str:
@@ -158,6 +260,11 @@ class TritonServerHandle:
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    @property
+    def ports(self) -> tuple[int, int, int]:
+        """(gRPC, HTTP, metrics), the order of `SERVICES`."""
+        return self.grpc_port, self.http_port, self.metrics_port
 
     @property
     def serving_dir(self) -> Path | None:
@@ -198,14 +305,30 @@ class TritonServerHandle:
                 return
             time.sleep(0.05)
 
-    def stop(self, timeout: float = EXIT_TIMEOUT_S + 10) -> None:
-        """SIGTERM, then SIGKILL past `timeout` (an open client stream can hold the server up)."""
+    def detach_serving(self) -> Any:
+        """Take the serving directory from this handle, so that `stop()` leaves it for a restarted server."""
+        serving, self.serving = self.serving, None
+        return serving
+
+    def stop_for_restart(self) -> None:
+        """Stop a server that can no longer serve, keeping its serving directory for the next one."""
+        serving = self.detach_serving()
+        try:
+            self.stop(timeout=UNHEALTHY_STOP_S, failed=True)
+        finally:
+            self.serving = serving
+
+    def stop(self, timeout: float = EXIT_TIMEOUT_S + 10, *, failed: bool = False) -> None:
+        """SIGTERM, then SIGKILL past `timeout` (an open client stream can hold the server up). `failed`: the
+        server could no longer serve, so its log is kept and a SIGKILL is expected, not worth a warning."""
+        self.keep_log = self.keep_log or failed
         if self.alive():
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                log.warning("tritonserver %d ignored SIGTERM for %.0fs; killing it", self.pid, timeout)
+                log.log(logging.INFO if failed else logging.WARNING,
+                        "tritonserver %d ignored SIGTERM for %.0fs; killing it", self.pid, timeout)
                 self.process.kill()
                 self.process.wait(timeout=10)
         self.cleanup()
@@ -219,7 +342,7 @@ class TritonServerHandle:
             except OSError:
                 pass
         shutil.rmtree(self.work_dir / "backends", ignore_errors=True)
-        if self.process.returncode == 0 and self.log_path.parent == self.work_dir:
+        if self.process.returncode == 0 and not self.keep_log and self.log_path.parent == self.work_dir:
             shutil.rmtree(self.work_dir, ignore_errors=True)  # a clean exit: the log is not needed
         if self.serving is not None and not self.alive():
             self.serving.remove()
@@ -232,7 +355,9 @@ class TritonServerHandle:
 
 
 def _wait_ready(handle: TritonServerHandle, deadline: float) -> str | None:
-    """None when the server and every model are ready; else why not (the server exited)."""
+    """None when the server and every model are ready and the server listens on all three of its ports
+    (tritonserver starts gRPC, then HTTP, then metrics, and exits if a later one cannot bind: ready
+    over gRPC alone is not yet serving); else why not ("timeout", or the server exited)."""
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(handle.grpc_url)
@@ -243,7 +368,7 @@ def _wait_ready(handle: TritonServerHandle, deadline: float) -> str | None:
             try:
                 if client.is_server_ready(client_timeout=2) and all(
                     client.is_model_ready(name, client_timeout=2) for name in handle.models
-                ):
+                ) and set(handle.ports) <= listening_ports(handle.pid):
                     return None
             except Exception:  # not listening yet
                 pass
@@ -284,6 +409,8 @@ def start_server(
                                fix="publish the repository again from its spec")
     if host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("binding tritonserver to %s, not loopback", host)
+    # A port the user gave that the server cannot bind: one line now, before any banner.
+    check_ports(host, dict(zip(SERVICES, (grpc_port, http_port, metrics_port))))
     home = tritonserver_home()
     env = stub_environment()
     check_stub_links(python_stub(home), env)
@@ -302,7 +429,7 @@ def _start(serving: Any, *, host: str, start_timeout: float, ports: tuple[int | 
     models = repository_models(repo)
     grpc_port, http_port, metrics_port = ports
     explicit = (grpc_port, http_port, metrics_port)
-    last_error, log_seen = "", Path()
+    failure, log_seen = "", Path()
     for attempt in range(PORT_ATTEMPTS):
         ports = free_ports(3, host)
         ports = [given or picked for given, picked in zip(explicit, ports)]
@@ -339,20 +466,47 @@ def _start(serving: Any, *, host: str, start_timeout: float, ports: tuple[int | 
         if why is None:
             handle.serving = serving
             return handle
-        tail = handle.log_tail(40)
+        tail = handle.log_tail(80)
         handle.stop()
-        errors = [line for line in tail.splitlines() if line.startswith("E")]
-        last_error = f"{why}: {errors[-1] if errors else (tail.splitlines() or ['no log output'])[-1]}"
-        log_seen = server_log
-        busy = "already in use" in tail.lower()
-        if not busy or any(explicit):
-            break
-        log.info("tritonserver port clash (attempt %d); retrying on other ports", attempt + 1)
-    hint = "pass free ports (or none, to pick free ones); " if "already in use" in last_error else ""
+        log_seen = Path(server_log)
+        clash = port_clash(tail)
+        if clash is not None:
+            service, _, port = clash
+            if explicit[SERVICES.index(service)] is not None:
+                # A port the user gave, taken after the check: the same one line as the check's.
+                raise port_error(service, host, port)
+            log.info("tritonserver port clash on %s (attempt %d); retrying on other ports", port, attempt + 1)
+            failure = f"the {service} port {port} was taken by another process as the server started"
+            continue
+        error = last_error(tail)
+        last_line = f"its last error: {error}" if error else f"its log ends: {(tail.splitlines() or ['(empty)'])[-1]}"
+        if why == "timeout":
+            raise TimedOut(
+                f"tritonserver did not become ready on {serving.source} within {start_timeout:g}s ({last_line})",
+                operation="tritonserver start", seconds=start_timeout,
+                fix=f"allow a longer start if the models are just slow to load; see the server log {log_seen}",
+            )
+        failure = f"{why}: {last_line}"
+        break
     raise CheckFailed(
-        f"tritonserver did not become ready on {serving.source} ({last_error})", check="ready",
-        fix=f"{hint}see the server log {log_seen}",
+        f"tritonserver did not become ready on {serving.source} ({failure})", check="ready",
+        fix=f"see the server log {log_seen}",
     )
+
+
+def restart_server(handle: TritonServerHandle, *, start_timeout: float) -> TritonServerHandle:
+    """Stop `handle`'s server and start a new one on the same serving directory and the same ports (clients
+    keep their address). If the new one does not start, the directory goes back to `handle`, whose `stop()`
+    then removes it."""
+    handle.stop_for_restart()
+    serving = handle.detach_serving()
+    try:
+        home = tritonserver_home()
+        return _start(serving, host=handle.host, start_timeout=start_timeout, ports=handle.ports, log_path=None,
+                      home=home, env=stub_environment())
+    except BaseException:
+        handle.serving = serving
+        raise
 
 
 # --- GPU targets: the Triton container ---------------------------------------------------------
@@ -363,13 +517,23 @@ def container_image(manifest: dict[str, Any]) -> str:
     return f"{image.split('@')[0]}@{digest}" if digest else image
 
 
+def _world_size(manifest: dict[str, Any]) -> int:
+    """GPUs the repository's model needs: the engine's ranks, or the llm-api artifact's tp x pp."""
+    section = manifest.get("engine") or manifest.get("artifact") or {}
+    return int(section.get("world_size", 1))
+
+
 def docker_command(
     repo: Path, manifest: dict[str, Any], *, grpc_port: int = 8001, http_port: int = 8000,
     metrics_port: int = 8002, shm_size: str = "2g",
 ) -> list[str]:
-    """The exact `docker run` for the toolchain's Triton container, one server per rank (MPI)."""
+    """The exact `docker run` for the toolchain's Triton container, one server per rank (MPI); for an llmapi
+    repository one server under `mpirun -n 1` (the LLM starts its own workers: llmapi_command)."""
+    if manifest.get("layout") == "llmapi":
+        return llmapi_command(repo, manifest, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
+                              shm_size=shm_size)
     mount = manifest.get("container_repo_mount", "/trtpipe/repo")
-    world = int((manifest.get("engine") or {}).get("world_size", 1))
+    world = _world_size(manifest)
     image = container_image(manifest)
     devices = ",".join(str(i) for i in range(world))
     cmd = [
@@ -405,6 +569,41 @@ def docker_command(
     return cmd
 
 
+def llmapi_command(
+    repo: Path, manifest: dict[str, Any], *, grpc_port: int = 8001, http_port: int = 8000,
+    metrics_port: int = 8002, shm_size: str = "2g",
+) -> list[str]:
+    """The exact `docker run` for an llmapi repository in the toolchain's Triton TRT-LLM container.
+
+    Upstream's launch for this layout (tensorrtllm_backend 98bfe1d docs/llmapi.md: launch_triton_server.py
+    --model_repo=llmapi_repo/, world size left at its default 1) runs ONE tritonserver under `mpirun -n 1` with
+    --disable-auto-complete-config and a per-rank shm prefix (TensorRT-LLM triton_backend/scripts/
+    launch_triton_server.py get_cmd, code index 0a2e2c1f); with an MPI world of one, upstream's model.py starts
+    the LLM, which spawns its own workers for tensor/pipeline parallelism. The container sees tp x pp GPUs.
+    """
+    mount = manifest.get("container_repo_mount", "/trtpipe/repo")
+    world = _world_size(manifest)
+    devices = ",".join(str(i) for i in range(world))
+    return [
+        "docker", "run", "--rm", "--init",
+        f"--gpus=\"device={devices}\"",
+        f"--shm-size={shm_size}",
+        "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
+        "-p", f"127.0.0.1:{grpc_port}:{grpc_port}",
+        "-p", f"127.0.0.1:{http_port}:{http_port}",
+        "-p", f"127.0.0.1:{metrics_port}:{metrics_port}",
+        "-v", f"{Path(repo).resolve()}:{mount}:ro",
+        container_image(manifest),
+        "mpirun", "--allow-run-as-root", "-n", "1",
+        "/opt/tritonserver/bin/tritonserver",
+        f"--model-repository={mount}",
+        f"--grpc-port={grpc_port}", f"--http-port={http_port}", f"--metrics-port={metrics_port}",
+        "--disable-auto-complete-config",
+        "--backend-config=python,shm-region-prefix-name=prefix0_",
+        f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
+    ]
+
+
 def start_container(repo: Path, manifest: dict[str, Any], **ports: int) -> Any:
     """Run the Triton container through the Docker SDK; MissingCapability without a daemon or GPU."""
     try:
@@ -422,7 +621,7 @@ def start_container(repo: Path, manifest: dict[str, Any], **ports: int) -> Any:
     ports = {"grpc_port": 8001, "http_port": 8000, "metrics_port": 8002, **ports}
     argv = docker_command(repo, manifest, **ports)
     image_index = argv.index(container_image(manifest))
-    world = int((manifest.get("engine") or {}).get("world_size", 1))
+    world = _world_size(manifest)
     mount = manifest.get("container_repo_mount", "/trtpipe/repo")
     return client.containers.run(
         argv[image_index],

@@ -88,16 +88,22 @@ def _store_entry(repo: Path):
 
 
 def _engine_files(repo: Path) -> set[str]:
-    """The repository's engine files that are linked, not copied (trtpipe.json `engine.files`)."""
+    """The repository's engine files that are linked, not copied (trtpipe.json `engine.files`; for an llmapi
+    repository the LLM-API artifact's weights, `artifact.files` under `artifact.dir`)."""
     try:
         manifest = json.loads((repo / REPOSITORY_MANIFEST).read_text())
     except (OSError, ValueError):
         return set()
-    engine = manifest.get("engine") if isinstance(manifest, dict) else None
-    names = engine.get("files") if isinstance(engine, dict) else None
-    if not isinstance(names, list):
+    if not isinstance(manifest, dict):
         return set()
-    return {f"{ENGINE_SUBDIR}/{n}" for n in names if isinstance(n, str) and n != "config.json"}
+    section, default_dir = manifest.get("engine"), ENGINE_SUBDIR
+    if not isinstance(section, dict) and isinstance(manifest.get("artifact"), dict):
+        section = manifest["artifact"]
+        default_dir = str(section.get("dir") or "")
+    names = section.get("files") if isinstance(section, dict) else None
+    if not isinstance(names, list) or not default_dir:
+        return set()
+    return {f"{default_dir}/{n}" for n in names if isinstance(n, str) and n != "config.json"}
 
 
 def prepare(repo: Path, *, kept: bool = False) -> ServingDir:

@@ -8,6 +8,11 @@ reference is given by the caller (`trtpipe smoke --parity SPEC` converts the spe
 
 The result carries the identity the server reports (`trtpipe.serving.identity`); `record_smoke`
 files it under the repository digest the server serves, and nothing else.
+
+Both request contracts are spoken (`trtpipe.serving.client`): the inflight_batcher_llm ensemble/BLS, compared
+token by token, and the llmapi model (text only), compared on the text the reference's greedy tokens decode to
+(special tokens skipped, as the LLM API detokenizes). The default model, the ensemble, stands for the llmapi
+model on a server that serves an llmapi repository.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ if TYPE_CHECKING:
 
 DEFAULT_PROMPTS = ("Once upon a time", "The cat sat on the", "In the beginning")
 REQUIRED_INPUTS = ("text_input", "max_tokens")
+REQUIRED_LLMAPI_INPUTS = ("text_input", "sampling_param_max_tokens")
 
 
 class SmokeCheck(BaseModel):
@@ -95,18 +101,45 @@ def reference_greedy(
     return outputs
 
 
+def reference_llmapi_greedy(checkpoint_dir: Path, prompts: list[str], max_tokens: int) -> list[str]:
+    """What the llmapi model answers greedily for each prompt, computed by the reference runtime on an HF-format
+    checkpoint: the LLM API's tokenization (special tokens added), end token (hf_end_id) and detokenization
+    (special tokens skipped), generated text only."""
+    from tokenizers import Tokenizer
+
+    from trtpipe.reference.hf_loader import hf_end_id
+    from trtpipe.reference.runtime import ReferenceModel
+
+    tokenizer = Tokenizer.from_file(str(checkpoint_dir / "tokenizer.json"))
+    end_id = hf_end_id(checkpoint_dir)
+    model = ReferenceModel.load(checkpoint_dir)
+    texts = []
+    for prompt in prompts:
+        ids = tokenizer.encode(prompt, add_special_tokens=True).ids
+        out = [t.token_id for t in model.generate(ids, max_new_tokens=max_tokens, end_id=end_id, top_k=1)]
+        texts.append(tokenizer.decode(out, skip_special_tokens=True))
+    return texts
+
+
 def check_parity(
     url: str, model: str, engine_dir: Path, tokenizer_dir: Path, *, prompts: list[str], max_tokens: int, timeout: float
 ) -> dict[str, Any]:
-    from trtpipe.serving.client import TritonLLMClient
+    from trtpipe.serving.client import LLMAPI, TritonLLMClient
 
-    expected = reference_greedy(engine_dir, tokenizer_dir, prompts, max_tokens)
     client = TritonLLMClient(url, model=model, timeout=timeout)
+    if client.contract() == LLMAPI:  # text only: compare texts
+        expected_texts = reference_llmapi_greedy(engine_dir, prompts, max_tokens)
+        rows = []
+        for prompt, want in zip(prompts, expected_texts):
+            got = client.generate(prompt, max_tokens, top_k=1).text
+            rows.append({"prompt": prompt, "triton": got, "reference": want, "equal": got == want})
+        return {"prompts": len(rows), "mismatches": sum(not r["equal"] for r in rows), "rows": rows, "compared": "text"}
+    expected = reference_greedy(engine_dir, tokenizer_dir, prompts, max_tokens)
     rows = []
     for prompt, want in zip(prompts, expected):
         got = client.generate(prompt, max_tokens, top_k=1, exclude_input_in_output=True).output_token_ids
         rows.append({"prompt": prompt, "triton": got, "reference": want, "equal": got == want})
-    return {"prompts": len(rows), "mismatches": sum(not r["equal"] for r in rows), "rows": rows}
+    return {"prompts": len(rows), "mismatches": sum(not r["equal"] for r in rows), "rows": rows, "compared": "token ids"}
 
 
 def run_smoke(
@@ -124,9 +157,13 @@ def run_smoke(
     runs for the parity check; no parity check without it."""
     import tritonclient.grpc as grpcclient
 
-    from trtpipe.serving.client import TritonLLMClient
+    from trtpipe.serving.client import LLMAPI, TritonLLMClient, contract_of, resolve_model
 
     prompts = list(prompts or DEFAULT_PROMPTS)
+    try:
+        model, _ = resolve_model(url, model, timeout=timeout)
+    except TrtpipeError:
+        pass  # the live/ready checks below report an unreachable server
     checks: list[SmokeCheck] = []
     result = SmokeResult(url=url, model=model, passed=False, checks=checks)
     raw = grpcclient.InferenceServerClient(url)
@@ -154,19 +191,25 @@ def run_smoke(
         def metadata() -> str:
             meta = raw.get_model_metadata(model, as_json=True, client_timeout=timeout)
             names = {t["name"] for t in meta.get("inputs", [])}
-            missing = [n for n in REQUIRED_INPUTS if n not in names]
+            llmapi = contract_of(meta) == LLMAPI
+            missing = [n for n in (REQUIRED_LLMAPI_INPUTS if llmapi else REQUIRED_INPUTS) if n not in names]
             if missing:
                 raise CheckFailed(f"{model} lacks inputs {', '.join(missing)}", check="metadata")
             outputs = {t["name"] for t in meta.get("outputs", [])}
             if "text_output" not in outputs:
                 raise CheckFailed(f"{model} lacks the text_output output", check="metadata")
-            return f"{len(names)} inputs, {len(outputs)} outputs"
+            return f"{len(names)} inputs, {len(outputs)} outputs ({'llmapi' if llmapi else 'inflight_batcher_llm'} contract)"
 
         client = TritonLLMClient(url, model=model, timeout=timeout)
         generated: dict[str, str] = {}
 
         def non_streaming() -> str:
             gen = client.generate(prompts[0], max_tokens, top_k=1)
+            if client.contract() == LLMAPI:  # text only
+                if not gen.text:
+                    raise CheckFailed("no text generated", check="generate")
+                generated["text"] = gen.text
+                return f"{len(gen.text)} characters in {gen.latency_s:.2f}s: {gen.text[:60]!r}"
             if not gen.output_token_ids:
                 raise CheckFailed("no tokens generated", check="generate")
             generated["text"] = gen.text
@@ -181,6 +224,8 @@ def run_smoke(
             text = "".join(c.text for c in chunks)
             if "text" in generated and text != generated["text"]:
                 raise CheckFailed(f"streamed text {text!r} differs from the non-streaming text {generated['text']!r}", check="stream")
+            if client.contract() == LLMAPI:
+                return f"{len(text)} characters in {len(chunks)} responses"
             return f"{sum(len(c.token_ids) for c in chunks)} tokens in {len(chunks)} responses"
 
         ok = _check(checks, "live", live) and _check(checks, "ready", ready)
@@ -203,7 +248,7 @@ def run_smoke(
                                 f"e.g. {bad['prompt']!r}: triton {bad['triton']} vs reference {bad['reference']}",
                                 check="parity",
                             )
-                        return f"{report['prompts']} prompts equal to the reference runtime (greedy)"
+                        return f"{report['prompts']} prompts equal to the reference runtime (greedy, {report['compared']})"
 
                     _check(checks, "parity", parity)
     finally:

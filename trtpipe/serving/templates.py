@@ -22,14 +22,24 @@ MODEL_NAMES = ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing", "t
 GPU_SOURCES = {name: name for name in MODEL_NAMES}
 REFERENCE_SOURCES = {**GPU_SOURCES, "tensorrt_llm": "tensorrt_llm_reference"}
 
+# The llm-api backend's layout lives in triton_repo/llmapi/: one config.pbtxt (tensorrt_llm/) shared by both
+# targets, and the model.py per target kind (its folder under llmapi/).
+LLMAPI_DIR = "llmapi"
+LLMAPI_SOURCES = {"gpu": "tensorrt_llm", "reference": "tensorrt_llm_reference"}
+LAYOUTS = ("inflight_batcher_llm", "llmapi")
 
-def template_root() -> Path:
-    if not (TEMPLATE_ROOT / "ensemble" / "config.pbtxt").is_file():
+
+def template_root(layout: str = "inflight_batcher_llm") -> Path:
+    """The folder holding `layout`'s templates (inflight_batcher_llm: triton_repo/; llmapi: triton_repo/llmapi/)."""
+    root, first = (TEMPLATE_ROOT / LLMAPI_DIR, "tensorrt_llm") if layout == "llmapi" else (TEMPLATE_ROOT, "ensemble")
+    if layout not in LAYOUTS:
+        raise InternalError(f"unknown repository layout {layout!r}", fix=f"use one of {', '.join(LAYOUTS)}")
+    if not (root / first / "config.pbtxt").is_file():
         raise MissingCapability(
-            f"Triton templates not found under {TEMPLATE_ROOT}",
+            f"Triton templates not found under {root}",
             fix="install trtpipe from its source tree (pip install -e .) so triton_repo/ is present",
         )
-    return TEMPLATE_ROOT
+    return root
 
 
 def placeholders(text: str) -> list[str]:
@@ -58,17 +68,23 @@ def render(text: str, values: dict[str, str], *, source: str) -> str:
     return rendered
 
 
-def templates_digest(root: Path | None = None) -> str:
-    """sha256 over every template and model.py under triton_repo/ (or `root`): path and bytes, sorted.
+def templates_digest(root: Path | None = None, *, layout: str = "inflight_batcher_llm") -> str:
+    """sha256 over every template and model.py of `layout` under triton_repo/ (or `root`): path and bytes, sorted.
 
     What a published repository is made of besides the engine, spec and tokenizer: the store's
-    repository key includes it, so a changed template or model.py republishes.
+    repository key includes it, so a changed template or model.py republishes. Each layout covers only its
+    own files (the inflight_batcher_llm digest skips llmapi/), so a change to one never republishes the other.
     """
     import hashlib
 
-    root = root if root is not None else template_root()
+    if root is None:
+        root = template_root(layout)
+    elif layout == "llmapi":
+        root = root / LLMAPI_DIR
+    skip = (LLMAPI_DIR,) if layout != "llmapi" else ()
     digest = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                       and p.relative_to(root).parts[0] not in skip):
         digest.update(path.relative_to(root).as_posix().encode() + b"\0")
         digest.update(path.read_bytes())
         digest.update(b"\0")

@@ -1,5 +1,8 @@
 """Validate a published Triton model repository before any server sees it.
 
+Two layouts: inflight_batcher_llm (the checks below) and llmapi (trtpipe.serving.llmapi_validate, chosen by the
+manifest's `layout`).
+
 Every config.pbtxt is parsed with Triton's own schema (tritonclient's model_config_pb2 and
 protobuf text_format). Each issue names the model, the field and the fix.
 """
@@ -37,6 +40,7 @@ class _Checker:
         self.issues: list[ValidationIssue] = []
         self.configs: dict[str, mc.ModelConfig] = {}
         self.manifest: dict[str, Any] | None = None
+        self._tokenizers_seen: dict[tuple[int, int, int, int], str | None] = {}  # tokenizer.json -> its problem
 
     def add(self, model: str, field: str, message: str, fix: str, severity: str = "error") -> None:
         self.issues.append(ValidationIssue(model=model, field=field, message=message, fix=fix, severity=severity))
@@ -279,9 +283,39 @@ class _Checker:
                 self.add(name, "parameters.tokenizer_dir", f"{tok!r} points outside the model folder",
                          'keep the tokenizer inside the model folder ("tokenizer")')
                 continue
-            if not (self.repo / name / tok / "tokenizer.json").is_file():
+            folder = self.repo / name / tok
+            if not (folder / "tokenizer.json").is_file():
                 self.add(name, f"{tok}/tokenizer.json", "tokenizer file missing",
                          "publish again (the tokenizer files are copied from the spec's tokenizer directory)")
+                continue
+            self.check_tokenizer_loads(name, tok, folder)
+
+    def check_tokenizer_loads(self, name: str, tok: str, folder: Path) -> None:
+        """The tokenizer stays inside the repository and loads as the serving models load it
+        (trtpipe.model_folder.check_tokenizer), once per distinct tokenizer.json (the models share hard links)."""
+        import os
+
+        from trtpipe.errors import InvalidInput
+        from trtpipe.model_folder import check_tokenizer, resolves_inside
+
+        repo_root = (Path(os.path.realpath(self.repo)),)
+        for path in sorted(folder.iterdir()):
+            if resolves_inside(path, repo_root) is None:
+                self.add(name, f"{tok}/{path.name}", f"resolves to {os.path.realpath(path)}, outside the repository",
+                         "publish again (a published repository holds copies of the tokenizer files, never links)")
+                return
+        info = (folder / "tokenizer.json").stat()
+        seen = self._tokenizers_seen
+        identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+        if identity not in seen:
+            try:
+                check_tokenizer(folder)
+                seen[identity] = None
+            except InvalidInput as err:
+                seen[identity] = err.one_line().replace(str(self.repo / name) + "/", "")
+        if seen[identity] is not None:
+            self.add(name, f"{tok}/tokenizer.json", f"the tokenizer does not load: {seen[identity]}",
+                     "publish again from a model folder whose tokenizer loads")
 
     def check_contract(self) -> None:
         """Every tensor of the upstream inflight_batcher_llm contract of the manifest's toolchain is declared here."""
@@ -347,6 +381,13 @@ class _Checker:
                      "rebuild the engine with the pinned toolchain, or publish it with its own toolchain")
 
 
+def _is_llmapi(repo: Path, manifest: dict[str, Any] | None) -> bool:
+    """The llm-api backend's layout (trtpipe.serving.llmapi): said by the manifest, else by the files."""
+    if manifest is not None and "layout" in manifest:
+        return manifest.get("layout") == "llmapi"
+    return (repo / "tensorrt_llm" / "1" / "model.yaml").is_file() and not (repo / "ensemble").exists()
+
+
 def validate_repository(repo: Path) -> list[ValidationIssue]:
     """All problems found in the model repository at `repo` (empty list: it is valid)."""
     repo = Path(repo)
@@ -355,6 +396,11 @@ def validate_repository(repo: Path) -> list[ValidationIssue]:
         checker.add("repository", "path", f"{repo} is not a directory", "pass the folder publish wrote")
         return checker.issues
     checker.load_manifest()
+    if _is_llmapi(repo, checker.manifest):
+        from trtpipe.serving.llmapi_validate import check_llmapi
+
+        check_llmapi(checker)
+        return checker.issues
     checker.load_configs()
     checker.check_ensemble()
     checker.check_transaction_policy()

@@ -20,6 +20,8 @@ from trtpipe.resolve import ResolvedSpec
 from trtpipe.stages.base import InputRef, NoKey, Preview, StageContext, StoredStage
 from trtpipe.stages.checkpoint import CheckpointStage
 from trtpipe.stages.engine import EngineStage
+from trtpipe.stages.hf_checkpoint import HfCheckpointStage
+from trtpipe.stages.llmapi_publish import LlmApiPublishStage
 from trtpipe.stages.publish import PublishStage
 
 
@@ -29,6 +31,12 @@ class BackendStages:
 
     plan: Callable[[ResolvedSpec], Any]
     stages: tuple[StoredStage, ...]
+
+
+def _llm_api_plan(resolved: ResolvedSpec) -> Any:
+    """The LLM() arguments resolve derived (trtpipe.llm_api.derive.LlmApiPlan): the llm-api build plan."""
+    assert resolved.llm_api is not None, "resolve derives the LLM() arguments for backend llm-api"
+    return resolved.llm_api
 
 
 BACKEND_STAGES: dict[str, BackendStages] = {
@@ -41,6 +49,12 @@ BACKEND_STAGES: dict[str, BackendStages] = {
     "reference": BackendStages(
         plan=make_build_plan,
         stages=(CheckpointStage(in_executor=False), EngineStage(renders_command=False), PublishStage()),
+    ),
+    # TensorRT-LLM's PyTorch backend: ModelOpt's unified HF export + llm_args.json (in the executor on a GPU
+    # target, in-process on cpu-reference), then the llmapi repository; no engine is built.
+    "llm-api": BackendStages(
+        plan=_llm_api_plan,
+        stages=(HfCheckpointStage(), LlmApiPublishStage()),
     ),
 }
 

@@ -92,3 +92,6 @@ class StoredStage(Protocol):
     def preview(self, ctx: StageContext, key: str | None, inputs: dict[str, InputRef]) -> Preview | None:
         """Dry run: where and what would run (None: nothing worth showing)."""
         ...
+
+    # Optional: `expected_bytes(ctx) -> int | None`, about how many bytes the stage writes, which a disk-full
+    # error quotes as what was needed (the runner reads it with getattr; a stage may leave it out).

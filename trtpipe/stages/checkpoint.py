@@ -142,6 +142,12 @@ class CheckpointStage:
             transformers_version=toolchain.transformers_version or installed_version("transformers") or "not-installed",
         )
 
+    def expected_bytes(self, ctx: StageContext) -> int | None:
+        """About what the checkpoint holds: the memory plan's weight bytes at the checkpoint's precision."""
+        from trtpipe.plan import memory_plan
+
+        return memory_plan(ctx.resolved).weight_bytes_total
+
     def build(self, ctx: StageContext, out_dir: Path, inputs: dict[str, InputRef], key: StageKey) -> dict[str, Any]:
         # The converters load only when the stage builds (and they load torch, transformers and ModelOpt only
         # when they run): a warm build imports none of them.

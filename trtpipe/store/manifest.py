@@ -14,7 +14,11 @@ Declared sizes (`size_cap`): what a file of an entry kind can hold, so a pull re
 declaration before downloading a byte. A rank file (a checkpoint's `rankN.safetensors`, an engine's
 `rankN.engine` or `rankN.safetensors`, a repository's `tensorrt_llm/1/rankN.*`) holds one GPU's
 share of the weights, which that GPU loads: at most `MAX_RANK_FILE_BYTES` (256 GiB; the largest GPU in
-build_configs/gpus.yaml has 180 GiB, a test holds the catalog to this cap). Every other file is a
+build_configs/gpus.yaml has 180 GiB, a test holds the catalog to this cap). An LLM-API artifact
+(`hf-checkpoint`: Hugging Face `model.safetensors` or `model-NNNNN-of-NNNNN.safetensors`, not sharded by
+GPU; an llmapi repository holds them under `tensorrt_llm/1/checkpoint/`) has the same cap per weight
+file (HF's save_pretrained shards at 5 GB by default, but an unsharded file may hold the whole model;
+these are its weight files). Every other file is a
 config, a model.py, a template or a tokenizer file: at most `MAX_OTHER_FILE_BYTES` (256 MiB; the
 largest tokenizer.json of the supported families is tens of MB). An entry has at most
 `MAX_FILES` files.
@@ -31,7 +35,7 @@ from trtpipe.store.keys import canonical_json
 MANIFEST = "manifest.json"
 # Bump when the manifest's shape changes: entries of another version are misses (rebuilt), never errors.
 MANIFEST_VERSION = 2
-KINDS = ("checkpoint", "engine", "repository")
+KINDS = ("checkpoint", "engine", "repository", "hf-checkpoint")
 MODES = ("0644", "0755")
 
 MAX_PATH_DEPTH = 16
@@ -45,7 +49,9 @@ _HEX64_RE = re.compile(r"[0-9a-f]{64}")
 _RANK_FILE_RE = {
     "checkpoint": re.compile(r"rank[0-9]{1,5}\.safetensors"),
     "engine": re.compile(r"rank[0-9]{1,5}\.(?:engine|safetensors)"),
-    "repository": re.compile(r"tensorrt_llm/1/rank[0-9]{1,5}\.(?:engine|safetensors)"),
+    "repository": re.compile(r"tensorrt_llm/1/(?:rank[0-9]{1,5}\.(?:engine|safetensors)"
+                             r"|checkpoint/model(?:-[0-9]{5}-of-[0-9]{5})?\.safetensors)"),
+    "hf-checkpoint": re.compile(r"model(?:-[0-9]{5}-of-[0-9]{5})?\.safetensors"),
 }
 
 

@@ -58,7 +58,7 @@ FILE_MEDIA_TYPE = "application/vnd.trtpipe.file.v1"
 TITLE_ANNOTATION = "org.opencontainers.image.title"
 ANNOTATION_PREFIX = "org.trtpipe."
 ARTIFACT_DIGEST_ANNOTATION = "org.trtpipe.artifact.digest"
-KINDS = ("checkpoint", "engine", "repository")
+KINDS = ("checkpoint", "engine", "repository", "hf-checkpoint")
 _KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 # The registry's own cap on a manifest (distribution refuses larger ones); a config is a store manifest.json.

@@ -64,6 +64,8 @@ class ConversionJob(BaseModel):
     )
     device: Literal["cuda", "cpu"] = "cuda"
     world_size: int = Field(default=1, ge=1, description="GPUs the conversion gets: the engine's tp * pp.")
+    artifact: Literal["trtllm", "hf"] = Field(
+        default="trtllm", description="What it writes: a TRT-LLM checkpoint, or the llm-api backend's HF export.")
 
     @property
     def spec_path(self) -> Path:
@@ -75,8 +77,9 @@ class ConversionJob(BaseModel):
 
     def entry_arguments(self) -> list[str]:
         """The arguments of `python -m trtpipe.engine.convert_entry` for this job."""
-        return ["--spec", str(self.spec_path), "--out", str(self.out_dir), "--summary", str(self.summary_path),
+        argv = ["--spec", str(self.spec_path), "--out", str(self.out_dir), "--summary", str(self.summary_path),
                 "--device", self.device]
+        return argv + ["--artifact", self.artifact] if self.artifact != "trtllm" else argv
 
 
 class Executor(Protocol):

@@ -1,0 +1,156 @@
+"""What changes when a spec moves from backend trtllm-build to backend llm-api (`trtpipe migrate SPEC`).
+
+The same spec is resolved twice, as written (or with backend trtllm-build where it names none) and with backend
+llm-api, by the one rules pass (trtpipe.resolve); nothing is built. The report lists:
+- `maps`: every spec setting that carries over, what trtllm-build made of it and the LLM() argument it becomes
+  (trtpipe.llm_api.derive's mapping, each with its reason);
+- `no_equivalent`: settings the LLM-API backend has none for, with why; `blocking` when the spec sets one away
+  from its default (resolve refuses it with backend llm-api: remove it first). The trtllm-build plugin settings
+  the build profile chose are listed here too: the PyTorch backend compiles no engine and picks kernels at run time;
+- `not_used`: settings kept but without effect on llm-api;
+- `refused`: the one-line reason when the llm-api spec is refused for something else (a quantization the PyTorch
+  backend does not run on that GPU, say), with the field to change.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from trtpipe.errors import TrtpipeError
+from trtpipe.llm_api.derive import NO_EQUIVALENT, NOT_USED, default_of, set_without_equivalent
+from trtpipe.resolve import resolve
+from trtpipe.spec_loader import LoadedSpec, load_spec
+from trtpipe.trtllm_build.config import derive_engine_config
+
+
+class MappedSetting(BaseModel):
+    spec_field: str | None
+    value: Any
+    trtllm_build: str | None = Field(description="What the trtllm-build path made of it (a flag or setting).")
+    llm_api: str = Field(description="The LLM() argument it becomes, `name = value`.")
+    reason: str
+
+
+class UnmappedSetting(BaseModel):
+    spec_field: str
+    value: Any
+    reason: str
+    blocking: bool = Field(description="Set away from its default: resolve refuses it with backend llm-api.")
+
+
+class MigrationReport(BaseModel):
+    spec: str
+    name: str
+    target: str
+    toolchain: str
+    from_backend: str
+    to_backend: Literal["llm-api"] = "llm-api"
+    verdict: Literal["ready", "needs changes", "refused"]
+    maps: list[MappedSetting] = Field(default_factory=list)
+    no_equivalent: list[UnmappedSetting] = Field(default_factory=list)
+    not_used: list[UnmappedSetting] = Field(default_factory=list)
+    refused: str | None = None
+    llm_args: dict[str, Any] | None = None
+    serving: str | None = None
+    notes: list[str] = Field(default_factory=list)
+
+
+# The trtllm-build setting each LLM() argument's spec field was rendered as (for the side-by-side column).
+_TRTLLM_BUILD_FIELD = {
+    "engine.max_batch_size": "--max_batch_size",
+    "engine.max_input_len": "--max_input_len",
+    "engine.max_seq_len": "--max_seq_len",
+    "engine.max_beam_width": "--max_beam_width",
+    "engine.max_num_tokens": "--max_num_tokens",
+    "engine.profile": "--max_num_tokens (the profile's)",
+    "engine.tokens_per_block": "--tokens_per_block",
+    "target.tp": "checkpoint tp (rank files)",
+    "target.pp": "checkpoint pp (rank files)",
+    "model.dtype": "checkpoint dtype",
+    "quantization.kv_cache": "checkpoint kv_cache_quant_algo",
+    "triton.kv_cache_free_gpu_mem_fraction": "tensorrt_llm config.pbtxt kv_cache_free_gpu_mem_fraction",
+    "triton.enable_kv_cache_reuse": "tensorrt_llm config.pbtxt enable_kv_cache_reuse",
+    "triton.enable_chunked_context": "tensorrt_llm config.pbtxt enable_chunked_context",
+    "triton.batch_scheduler_policy": "tensorrt_llm config.pbtxt batch_scheduler_policy",
+    "model.trust_remote_code": "conversion's trust_remote_code",
+}
+
+
+def _value_of(loaded: LoadedSpec, dotted: str) -> Any:
+    section, name = dotted.split(".")
+    value = getattr(getattr(loaded.spec, section), name)
+    return getattr(value, "value", value)
+
+
+def migration_plan(spec_path: Path) -> MigrationReport:
+    """The migration report of `spec_path` (see the module doc). Raises only for a spec invalid as written."""
+    loaded = load_spec(Path(spec_path))
+    spec = loaded.spec
+    current = resolve(loaded, need_weights=False)  # the spec as written must be valid
+    from_backend = current.backend_kind
+    report = MigrationReport(spec=str(spec_path), name=spec.artifact_name, target=spec.target.gpu,
+                             toolchain=current.toolchain.name, from_backend=from_backend, verdict="ready")
+    if from_backend == "llm-api":
+        report.notes.append("the spec already builds with backend llm-api")
+    engine_config = None
+    if from_backend in ("trtllm-build", "reference"):
+        engine_config = derive_engine_config(spec, current.toolchain, current.gpu, current.model_config)
+
+    for path, value, why in set_without_equivalent(spec):
+        report.no_equivalent.append(UnmappedSetting(spec_field=".".join(map(str, path)), value=value, reason=why,
+                                                    blocking=True))
+    blocking = {u.spec_field for u in report.no_equivalent}
+    for path, why in NO_EQUIVALENT.items():
+        dotted = ".".join(map(str, path))
+        if dotted not in blocking:
+            report.no_equivalent.append(UnmappedSetting(spec_field=dotted, value=_value_of(loaded, dotted),
+                                                        reason=why + " (at its default: nothing to do)", blocking=False))
+    if engine_config is not None and engine_config.plugin_config:
+        chosen = ", ".join(f"{k}={v}" for k, v in sorted(engine_config.plugin_config.items())
+                           if k != "tokens_per_block")  # that one maps (kv_cache_config.tokens_per_block)
+        report.no_equivalent.append(UnmappedSetting(
+            spec_field="engine.profile", value=spec.engine.profile.value, blocking=False,
+            reason=f"the trtllm-build plugin settings the {spec.engine.profile.value} profile chose ({chosen}): the "
+                   "PyTorch backend compiles no engine and picks its kernels at run time; the profile still sets "
+                   "max_num_tokens"))
+    for path, why in NOT_USED.items():
+        dotted = ".".join(map(str, path))
+        report.not_used.append(UnmappedSetting(spec_field=dotted, value=_value_of(loaded, dotted), reason=why,
+                                               blocking=False))
+
+    # Resolve the llm-api variant with the blocking settings put back to their defaults, so the mapping is shown
+    # even for a spec that must change first; a refusal for any other reason is the report's `refused`.
+    variant = spec.model_copy(update={"backend": "llm-api"})
+    for path, _, _ in set_without_equivalent(spec):
+        section = getattr(variant, str(path[0])).model_copy(update={str(path[1]): default_of(spec, path)})
+        variant = variant.model_copy(update={str(path[0]): section})
+    try:
+        target = resolve(dataclasses.replace(loaded, spec=variant), need_weights=False)
+    except TrtpipeError as err:
+        report.refused = err.one_line()
+        report.verdict = "refused"
+        return report
+    plan = target.llm_api
+    assert plan is not None
+    report.llm_args = plan.args
+    for source in plan.sources:
+        report.maps.append(MappedSetting(
+            spec_field=source.spec_field, value=source.value,
+            trtllm_build=_TRTLLM_BUILD_FIELD.get(source.spec_field or "") if from_backend != "llm-api" else None,
+            llm_api=f"{source.arg} = {source.value!r}", reason=source.reason))
+    report.notes += plan.notes
+    containers = [c.image for c in target.toolchain.triton_containers if "llm-api" in c.backends]
+    if target.is_cpu_reference:
+        report.serving = "cpu-reference: the llmapi repository's tensorrt_llm model runs trtpipe's reference runtime"
+    elif containers:
+        report.serving = f"Triton's llmapi Python model in {target.toolchain.triton_container} (containers with " \
+                         f"llm-api: {', '.join(containers)})"
+    report.notes.append("the artifact changes from a TRT-LLM checkpoint + engine to ModelOpt's unified HF export + "
+                        "llm_args.json (one stage fewer: no trtllm-build); keys, digests and the repository change")
+    if any(u.blocking for u in report.no_equivalent):
+        report.verdict = "needs changes"
+    return report
