@@ -242,7 +242,7 @@ def export_hf_artifact(
             # is exact in fp16's range; the quantizers' amax buffers round to it, 2^-11 relative at most in fp16,
             # far below an FP8 or INT4 step), and the untouched tensors are restored bit for bit.
             model = model.to(_torch_dtype(export_dtype))
-            _restore_parameters(model, originals)
+            _restore_parameters(originals)
         advance = progress.task("exporting (unified HF)", 1)
         if recipe is None:
             _save_unquantized(model, out_dir)
