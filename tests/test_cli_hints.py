@@ -26,6 +26,7 @@ from trtpipe.errors import (
     NotFound,
     TimedOut,
     TrtpipeError,
+    Untrusted,
 )
 
 PACKAGE = Path(__file__).resolve().parents[1] / "trtpipe"
@@ -156,6 +157,8 @@ def test_library_fix_texts_name_no_command_or_flag() -> None:
         (Conflict("x", resource="channel m/t/prod"), "trtpipe history --channel"),
         (IntegrityError("x", path="/s/repository/k", in_store=True), "trtpipe cache verify --repair"),
         (MissingCapability("x"), "trtpipe check --spec"),
+        (MissingCapability("keyless sigstore signing failed (x)"), "--sign KEY"),
+        (Untrusted("x", subject="repository/k", missing=["a signature by release"]), "trtpipe cache push REF"),
         (TimedOut("x", operation="engine build", seconds=60), "executor timeout in the spec"),
         (DiskFull("x", path="/store/tmp/x", free=0), "trtpipe cache gc --max-size"),
     ],

@@ -119,6 +119,16 @@ class GateRefused(TrtpipeError):
         super().__init__(message, fix=fix)
 
 
+class Untrusted(TrtpipeError):
+    """An artifact's signatures do not satisfy the trust policy (unsigned, signed by an untrusted key, or
+    signed over other bytes); `missing` lists what the policy wanted and did not find."""
+
+    def __init__(self, message: str, *, subject: str, missing: list[str], fix: str | None = None) -> None:
+        self.subject = subject
+        self.missing = list(missing)
+        super().__init__(message, fix=fix)
+
+
 class IntegrityError(TrtpipeError):
     """Stored data is not what its name or record says (a corrupt entry, object, trail or result log)."""
 

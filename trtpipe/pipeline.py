@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import shutil
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,12 +28,13 @@ from typing import Any
 from trtpipe import build_record, warm
 from trtpipe.build_report import BuildReport, Outcome, StagePrinter, StageReport
 from trtpipe.disk import disk_full, disk_full_error
-from trtpipe.errors import DiskFull, TrtpipeError, UsageError
+from trtpipe.errors import DiskFull, TrtpipeError, Untrusted, UsageError
 from trtpipe.plan import memory_plan
 from trtpipe.resolve import ResolvedSpec, resolve
 from trtpipe.spec_loader import load_spec
 from trtpipe.stages import BACKEND_STAGES, STORED_STAGE_NAMES, BackendStages, InputRef, NoKey, StageContext, StoredStage
 from trtpipe.store.keys import StageKey
+from trtpipe.store import signatures
 from trtpipe.store.local import Entry, Store
 
 PLAIN_STEPS = ("resolve", "plan")
@@ -65,15 +67,43 @@ def _now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
+# Judges an entry that came from a registry: (usable, note). Unusable: the stage is rebuilt here instead.
+# The release area's trust policy provides one (the runner imports nothing of it); without one, a pulled
+# entry is used and the build says that no policy checked it.
+PulledCheck = Callable[[Entry], tuple[bool, str]]
+
+
+def _unchecked_pulled_note(store: Store, entry: Entry) -> str | None:
+    """What to say about using a pulled entry when no trust policy judges it (None: it was built here)."""
+    record = signatures.read_record(store.root, entry.digest)
+    if record is None or not record.get("pulled_from"):
+        return None
+    if not record["bundles"]:
+        return f"using an unsigned pulled entry (from {record['pulled_from']}); no trust policy checks it"
+    claimed = ", ".join(sorted({str(b.get('claimed_key_id', ''))[:16] for b in record["bundles"]}))
+    return f"using a pulled entry signed by key {claimed} (from {record['pulled_from']}), unchecked: no trust policy"
+
+
+def _empty(folder: Path) -> None:
+    """Remove what a refused pull left in a build's staging folder (the folder stays)."""
+    for child in folder.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
 class _Runner:
     def __init__(
         self, spec_path: Path, store: Store, *, dry_run: bool, force: tuple[str, ...], verify: bool, progress: bool,
         remote: Any = None, on_stage: Callable[[StageReport], None] | None = None,
+        pulled_check: PulledCheck | None = None,
     ) -> None:
         self.spec_path = spec_path
         self.on_stage = on_stage  # told each step's report as it is added (a matrix worker's live progress)
         self.store = store
         self.remote = remote  # a remote cache (find / pull_into / push), or None
+        self.pulled_check = pulled_check  # judges entries that came from a registry (a trust policy), or None
         self.dry_run = dry_run
         self.force = force
         self.verify = verify
@@ -253,6 +283,12 @@ class _Runner:
         outcome: Outcome = "hit"
         push_note: str | None = None
         facts: dict[str, Any] | None = None
+        trust_note: str | None = None
+        if entry is not None:
+            usable, trust_note = self._judge_pulled(entry)
+            if not usable:
+                self.printer.note(f"  {stage.name:<11} {trust_note}; rebuilding it here", style="yellow")
+                entry, forced = None, True
         if entry is None:
             def on_wait() -> None:
                 nonlocal waited
@@ -264,8 +300,16 @@ class _Runner:
                     entry = handle.existing
                 else:
                     if self.remote is not None and not forced:
-                        entry = self.remote.pull_into(handle)
+                        try:
+                            entry = self.remote.pull_into(handle)
+                        except Untrusted as refused:  # the pull's trust gate: build it here instead
+                            self.printer.note(f"  {stage.name:<11} {refused.one_line()}; building it here",
+                                              style="yellow")
+                            _empty(Path(handle.dir))
+                            entry = None
                         outcome = "pulled"
+                    if entry is not None and self.pulled_check is None:
+                        trust_note = _unchecked_pulled_note(self.store, entry)  # with a policy, the gate judged it
                     if entry is None:
                         entry, facts = self._build_into(stage, key, handle, leases)
                         outcome = "built"
@@ -280,12 +324,23 @@ class _Runner:
         if kind == "repository":
             self.report.repository_path = str(entry.path)
         notes = self._integrity_notes()
+        if trust_note and outcome != "built":
+            self.printer.note(f"  {stage.name:<11} {trust_note}", style="yellow")
+            notes = f"{notes}; {trust_note}" if notes else trust_note
         detail = push_note or ("reused a concurrent build" if waited and outcome == "hit" else None)
         if notes:
             detail = f"{detail}; {notes}" if detail else notes
         self._add(StageReport(name=stage.name, outcome=outcome, key=key.key, digest=entry.digest, path=str(entry.path),
                               seconds=time.monotonic() - started, waited=waited, detail=detail, facts=facts))
         return entry
+
+    def _judge_pulled(self, entry: Entry) -> tuple[bool, str | None]:
+        """(usable, what to say) for an entry about to be reused: one pulled from a registry is judged by the
+        trust policy when there is one; else it is used, and the build says that nothing checked it."""
+        if self.pulled_check is not None:
+            usable, note = self.pulled_check(entry)
+            return usable, note or None
+        return True, _unchecked_pulled_note(self.store, entry)
 
     def _build_into(
         self, stage: StoredStage, key: StageKey, handle: Any, leases: contextlib.ExitStack
@@ -438,6 +493,7 @@ def run_build(
     progress: bool = True,
     remote: Any = None,
     on_stage: Callable[[StageReport], None] | None = None,
+    pulled_check: PulledCheck | None = None,
 ) -> BuildReport:
     """Build (or reuse) every stage of a spec. Raises TrtpipeError when a stage fails (BuildInterrupted on
     Ctrl-C); the report's status is "dry-run" for a dry run.
@@ -452,7 +508,7 @@ def run_build(
     opened, remote = open_stores(store, remote)
     started_ns = time.time_ns()  # before anything is read: the memo's inputs must be older (trtpipe.warm)
     runner = _Runner(spec_path, opened, dry_run=dry_run, force=forced, verify=verify, progress=progress,
-                     remote=remote, on_stage=on_stage)
+                     remote=remote, on_stage=on_stage, pulled_check=pulled_check)
     try:
         report = runner.run()
     finally:

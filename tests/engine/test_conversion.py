@@ -326,7 +326,10 @@ def test_a_silent_container_is_killed_at_the_timeout(tmp_path):
 
 
 def _progress_counts(log: Path) -> list[tuple[int, int]]:
-    return [(int(a), int(b)) for a, b in re.findall(r"\[trtpipe\] calibrating \(pass 1\): (\d+)/(\d+)", log.read_text())]
+    """The calibration's progress lines the executor relayed: windows of pass 1 (ModelOpt's whole-model path)
+    or decoder layers (the layer-wise path CPU calibration takes), as (done, total)."""
+    pattern = r"\[trtpipe\] calibrating (?:\(pass 1\)|and exporting layers): (\d+)/(\d+)"
+    return [(int(a), int(b)) for a, b in re.findall(pattern, log.read_text())]
 
 
 @pytest.mark.timeout(600)
@@ -342,7 +345,7 @@ def test_local_executor_converts_the_same_checkpoint_as_in_process(layout, tmp_p
     text = log.read_text()
     assert f"with trtpipe {trtpipe.__version__} from {Path(trtpipe.__file__).resolve().parent}," in text
     counts = _progress_counts(log)
-    assert counts[0] == (0, 8) and counts[-1] == (8, 8)
+    assert counts and counts[0][0] == 0 and counts[-1][0] == counts[-1][1] > 0
 
 
 @pytest.mark.timeout(600)
@@ -363,7 +366,8 @@ def test_docker_executor_converts_in_a_sandbox_of_only_its_mounts(layout, tmp_pa
     text = log.read_text()
     assert "with trtpipe 0.1.0 from /opt/trtpipe-src/trtpipe," in text.replace(trtpipe.__version__, "0.1.0")
     assert text.startswith("$ docker run --rm --gpus 1 ")
-    assert _progress_counts(log)[-1] == (8, 8)
+    counts = _progress_counts(log)
+    assert counts and counts[-1][0] == counts[-1][1] > 0
     assert client.container is not None and client.container.removed and not job_dir_for(out).exists()
 
 

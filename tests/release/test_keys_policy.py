@@ -153,3 +153,26 @@ def test_policy_errors_name_file_and_field(tmp_path, body, field):
         load_policy(path)
     text = str(info.value)
     assert "\n" not in text and str(path) in text and field in text
+
+
+def test_a_remote_without_the_pull_hook_is_refused_only_under_a_policy(tmp_path):
+    from trtpipe.errors import Untrusted
+    from trtpipe.release.trust import PullGate, install_gate
+
+    class Plain:  # a remote cache of the protocol that offers no pull hook
+        def __str__(self) -> str:
+            return "folder:///x"
+
+    class Hooked:
+        gate = None
+
+    _pair(tmp_path, "release")
+    policy = load_policy(_policy(tmp_path, "keys: {release: release.pub}\n"))
+    install_gate(Plain(), PullGate(None, store_root=tmp_path, home=tmp_path))  # no policy: nothing to enforce
+    with pytest.raises(Untrusted) as info:
+        install_gate(Plain(), PullGate(policy, store_root=tmp_path, home=tmp_path))
+    assert "folder:///x cannot verify signatures" in str(info.value)
+    hooked = Hooked()
+    gate = PullGate(policy, store_root=tmp_path, home=tmp_path)
+    install_gate(hooked, gate)
+    assert hooked.gate is gate

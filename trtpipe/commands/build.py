@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 import typer
 
 from trtpipe.commands.output import JsonOption, StoreOption, open_workspace
+from trtpipe.commands.trust_options import PolicyOption, load_policy_option
 from trtpipe.errors import Interrupted
 
 
@@ -53,13 +54,26 @@ def register(app: typer.Typer) -> None:
         verify: Annotated[bool, typer.Option("--verify", help="Check every reused file's sha256, not only sizes.")] = False,
         json_out: JsonOption = False,
         store: StoreOption = None,
+        policy: PolicyOption = None,
     ) -> None:
         """Run resolve -> plan -> checkpoint -> engine -> publish, reusing every stage already built."""
         workspace = open_workspace(store)
+        trust = load_policy_option(policy, workspace.settings)
         started = time.time()
         try:
             report = None
-            if not (dry_run or force or verify) and workspace.remote_url is None:
+            pulled_check = None
+            remote = workspace.remote
+            if trust is not None or remote is not None:
+                from trtpipe.release.trust import PullGate, install_gate, pulled_checker
+
+                if remote is not None:
+                    install_gate(remote, PullGate(trust, store_root=workspace.root, home=workspace.root,
+                                                  note=lambda text: typer.echo(text, err=True)))
+                if trust is not None:
+                    pulled_check = pulled_checker(trust, store_root=workspace.root, home=workspace.root)
+            # The warm path reuses a resolution and its entries as they were; a trust policy judges them again.
+            if not (dry_run or force or verify) and workspace.remote_url is None and trust is None:
                 # Every input as at the spec's last build: reuse its resolution (trtpipe.warm), else resolve.
                 from trtpipe.warm import warm_build
 
@@ -68,7 +82,8 @@ def register(app: typer.Typer) -> None:
                 from trtpipe.pipeline import run_build
 
                 report = run_build(spec, dry_run=dry_run, force=tuple(force or ()), verify=verify,
-                                   store=workspace.store, remote=workspace.remote, progress=not json_out)
+                                   store=workspace.store, remote=remote, progress=not json_out,
+                                   pulled_check=pulled_check)
         except KeyboardInterrupt as interrupt:
             # The runner may hand over its report (what it stored or reused so far); else the store's log says
             # which stages this process built.

@@ -23,6 +23,7 @@ from trtpipe.errors import (
     RemoteError,
     TimedOut,
     TrtpipeError,
+    Untrusted,
 )
 
 
@@ -84,6 +85,10 @@ HINTS: tuple[Hint, ...] = (
     Hint(Conflict, "see what moved it with `trtpipe history --channel CHANNEL` and promote again", _is_channel),
     Hint(IntegrityError, "check the store and restore damaged artifacts with `trtpipe cache verify --repair`",
          lambda err: bool(getattr(err, "in_store", False))),
+    Hint(Untrusted, "sign artifacts when pushing them: `trtpipe cache push REF --to oci://HOST/REPOSITORY --sign KEY`; "
+                    "see who signed one with `trtpipe cache show REF --provenance --policy FILE`"),
+    Hint(MissingCapability, "sign with a release key file instead: `trtpipe cache push REF --to oci://HOST/REPOSITORY "
+                            "--sign KEY`", lambda err: "keyless sigstore" in getattr(err, "message", "")),
     Hint(MissingCapability, "see what this host can do with `trtpipe check --spec SPEC`"),
     Hint(TimedOut, "raise the executor timeout in the spec (engine.timeout, engine.conversion_timeout), or build on "
                    "a faster GPU host; `trtpipe doctor LOG` reads the build log", _timed_out_building,

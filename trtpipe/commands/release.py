@@ -16,6 +16,7 @@ import typer
 
 from trtpipe.commands.output import JsonOption, StoreOption, open_workspace, print_table
 from trtpipe.commands.output import print_json as _print_json
+from trtpipe.commands.trust_options import PolicyOption, SignOption, load_policy_option, signing_key_option
 from trtpipe.errors import TrtpipeError, UsageError
 
 
@@ -32,9 +33,11 @@ def promote_command(
     target: Optional[str] = typer.Option(None, "--target", help="Target GPU (default: from the artifact's manifest)."),
     expect_from: Optional[str] = typer.Option(None, "--expect-from", help="Refuse unless the channel is now at this digest ('none' = empty)."),
     store: StoreOption = None,
+    policy: PolicyOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Point a channel at an artifact whose recorded results pass the channel's gates."""
+    """Point a channel at an artifact whose recorded results pass the channel's gates (and whose signature
+    satisfies the trust policy, where it requires one for the channel)."""
     from trtpipe.release.promote import UNSET, promote
 
     if force and not (reason and reason.strip()):
@@ -43,6 +46,7 @@ def promote_command(
     outcome = promote(
         workspace.root, ref, to, force=force, reason=reason, spec_path=spec, model=model, target=target,
         expect_from=UNSET if expect_from is None else expect_from, settings=workspace.settings,
+        policy=load_policy_option(policy, workspace.settings),
     )
     if as_json:
         _print_json(outcome.as_dict())
@@ -197,44 +201,76 @@ def cache_push_command(
     ref: str = typer.Argument(..., help="Stored artifact: kind/key, key prefix or sha256 digest."),
     to: Optional[str] = typer.Option(None, "--to", help="Remote cache oci://HOST/REPOSITORY (default: the remote --store or $TRTPIPE_STORE names)."),
     tag: list[str] = typer.Option([], "--tag", help="Extra version tag(s); a pushed tag never moves to another digest."),
+    sign: SignOption = None,
     store: StoreOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Push a stored artifact to a remote cache (files individually, verified on pull)."""
+    """Push a stored artifact to a remote cache (files individually, verified on pull); with a release key,
+    sign it and attach its provenance (OCI referrers of the pushed manifest)."""
     from trtpipe.store.remote import open_remote
 
     workspace = open_workspace(store)
     remote = open_remote(to, workspace.settings) if to else workspace.remote
     if remote is None:
         raise UsageError("no remote to push to", fix="pass --to oci://HOST/REPOSITORY or set TRTPIPE_STORE=oci://HOST/REPOSITORY")
+    key = signing_key_option(sign, workspace.settings)  # a bad key fails before anything is pushed
     entry = workspace.store.find(ref)
+    bundle = None
+    if key is not None:
+        from trtpipe.release.trust import sign_entry
+
+        bundle = sign_entry(entry, key, workspace.root / "tmp")  # keyless fails here, before the push
     with _byte_progress(f"push {entry.kind}/{entry.key[:12]}", entry.size, quiet=as_json) as advance:
         result = remote.push(entry, tags=tuple(tag), progress=advance)
+    signed = None
+    if key is not None:
+        from trtpipe.release.provenance import statement
+        from trtpipe.release.trust import sign_pushed
+
+        signed = sign_pushed(remote, result, entry, key, store_root=workspace.root,
+                             provenance=statement(entry, workspace.root), bundle=bundle)
     if as_json:
         _print_json({"ref": str(result.ref), "oci_digest": getattr(result, "oci_digest", None),
                      "artifact_digest": result.artifact_digest, "tags": list(result.tags), "files": result.files,
-                     "bytes": result.bytes})
+                     "bytes": result.bytes,
+                     "signature": None if signed is None else {
+                         "key_id": signed.key_id, "ref": signed.signature_ref, "provenance_ref": signed.provenance_ref,
+                         "referrers": "tag-schema" if signed.fallback else "api"}})
     else:
         typer.echo(f"pushed {entry.kind}/{entry.key} ({result.files} files, {result.bytes} bytes) -> {result.ref}")
         typer.echo(f"  artifact digest {result.artifact_digest}; tags: {', '.join(result.tags)}")
+        if signed is not None:
+            how = "referrers tag schema (the registry has no referrers API)" if signed.fallback else "referrers API"
+            typer.echo(f"  signed by key {signed.key_id or 'sigstore (keyless)'} -> {signed.signature_ref}")
+            if signed.provenance_ref:
+                typer.echo(f"  provenance -> {signed.provenance_ref}")
+            typer.echo(f"  attached via the {how}")
+        else:
+            typer.echo("  unsigned (no --sign and no TRTPIPE_SIGNING_KEY)")
 
 
 def cache_pull_command(
     ref: str = typer.Argument(..., help="oci://HOST/REPOSITORY:TAG or @sha256:DIGEST."),
+    policy: PolicyOption = None,
     store: StoreOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Pull an artifact into the store; every blob and the manifest are verified before use."""
+    """Pull an artifact into the store; every blob and the manifest are verified before use, and its
+    signatures against the trust policy (when one is set) before it enters the store."""
+    from trtpipe.release.trust import PullGate, install_gate
     from trtpipe.store.remote import open_remote_for_ref
 
     workspace = open_workspace(store)
+    trust = load_policy_option(policy, workspace.settings)
     remote = open_remote_for_ref(ref, workspace.settings)
+    install_gate(remote, PullGate(trust, store_root=workspace.root, home=workspace.root,
+                                  note=lambda text: typer.echo(text, err=True)))
     found = remote.resolve(ref)
     with _byte_progress(f"pull {found.kind}/{found.key[:12]}", found.size, quiet=as_json) as advance:
         entry = remote.pull(found, workspace.store, progress=advance)
     if as_json:
         _print_json({"kind": entry.kind, "key": entry.key, "path": str(entry.path), "artifact_digest": entry.digest,
-                     "oci_ref": str(found.ref)})
+                     "oci_ref": str(found.ref), "policy": trust.source if trust is not None else None})
     else:
         typer.echo(f"pulled {found.ref} -> {entry.kind}/{entry.key} (artifact digest {entry.digest})")
 

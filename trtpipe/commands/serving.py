@@ -12,6 +12,7 @@ from typing import Optional
 import typer
 
 from trtpipe.commands.output import JsonOption, StoreOption, open_workspace, print_table
+from trtpipe.commands.trust_options import PolicyOption, load_policy_option
 from trtpipe.errors import NotFound, UsageError
 
 
@@ -60,19 +61,28 @@ def serve_command(
     probe_timeout: float = typer.Option(30, "--probe-timeout", help="Seconds a probe's requests may take, together."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON line per event on stdout: the server's "
                                  "addresses once ready (the first line), then unhealthy / restarting / ready."),
+    trust_policy: PolicyOption = None,
+    store: StoreOption = None,
 ) -> None:
     """Serve a repository: tritonserver on loopback (cpu-reference) or the Triton container (GPU).
 
     The server reads a serving directory outside the store (links for engine files, copies for the
     rest, the repository digest written into its configs), never the stored entry. serve watches it:
     the server's and every model's backend process, and a real probe request; when it cannot serve,
-    serve says why in one line and exits 1, or restarts it (--restart on-failure)."""
+    serve says why in one line and exits 1, or restarts it (--restart on-failure). With a trust policy
+    the repository must carry a signature by a key the policy trusts (its code runs in the server)."""
     from trtpipe.serving.publish import read_manifest
     from trtpipe.serving.server import container_image, docker_command, start_container
     from trtpipe.serving.serving_dir import prepare
     from trtpipe.serving.watch import WatchPolicy, serve_watched
 
     repo = _existing_dir(repo)
+    workspace = open_workspace(store)
+    trust = load_policy_option(trust_policy, workspace.settings)
+    if trust is not None:
+        from trtpipe.release.trust import require_trusted_folder
+
+        require_trusted_folder(repo, trust, home=workspace.root, action="serve")
     manifest = read_manifest(repo)
     if not manifest.get("reference"):
         ports = {"grpc_port": grpc_port or 8001, "http_port": http_port or 8000, "metrics_port": metrics_port or 8002}

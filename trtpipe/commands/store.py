@@ -13,6 +13,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from trtpipe.commands.output import JsonOption, StoreOption, open_workspace, print_table
+from trtpipe.commands.trust_options import PolicyOption, load_policy_option
 from trtpipe.errors import Conflict
 
 cache_app = typer.Typer(name="cache", help="Inspect, verify, share and clean the artifact store.", no_args_is_help=True)
@@ -76,12 +77,27 @@ def cache_ls(store: StoreOption = None, json_out: JsonOption = False) -> None:
 
 @cache_app.command("show")
 def cache_show(
-    key: EntryArgument,
+    key: Annotated[str, typer.Argument(help="kind/key, a key prefix, an artifact digest, or (with --provenance) "
+                                            "a registry reference oci://HOST/REPO:TAG|@DIGEST.")],
+    provenance: Annotated[bool, typer.Option("--provenance", help="Print the artifact's provenance (in-toto statement, "
+                                                                  "SLSA provenance v1) and whose signature it carries.")] = False,
+    policy: PolicyOption = None,
     store: StoreOption = None,
     json_out: JsonOption = False,
 ) -> None:
-    """Show one artifact's manifest."""
+    """Show one artifact's manifest (or, with --provenance, its provenance)."""
     workspace = open_workspace(store)
+    if provenance:
+        from trtpipe.release.trust import show_provenance
+
+        shown = show_provenance(key, workspace.store if "://" not in key else None, workspace.root,
+                                load_policy_option(policy, workspace.settings), workspace.settings)
+        if json_out:
+            typer.echo(json.dumps(shown, indent=2))
+        else:
+            typer.echo(f"provenance of {shown['subject']}: {shown['signature']}", err=True)
+            typer.echo(json.dumps(shown["statement"], indent=2))
+        return
     entry = workspace.store.find(key)
     data = {"path": str(entry.path), "digest": entry.digest, "manifest": entry.manifest,
             "pinned": entry.digest in workspace.pins()}

@@ -40,6 +40,8 @@ from trtpipe.release.audit import AuditRecord, append_audit, read_audit
 from trtpipe.release.channels import ChannelPointer, ChannelScope, ChannelStore, check_name, now_iso
 from trtpipe.release.trail import ReleaseKey, apply, disagreements, publish_channel, reconcile, release_key
 from trtpipe.release.gates import GateResult, evaluate_gates
+from trtpipe.release.policy import TrustPolicy
+from trtpipe.release.trust import require_trusted_digest
 from trtpipe.results import ResultRecord, ResultsLog, current_user, normalize_digest
 from trtpipe.settings import Settings
 from trtpipe.spec import ChannelGates
@@ -188,11 +190,13 @@ def results_for(home: Path, digest: str, key: ReleaseKey | None = None) -> list[
     return sorted(ResultsLog(home, key).for_digest(digest), key=lambda r: r.recorded_at)
 
 
-def _hand_allowed(settings: Settings | None, channel: str) -> tuple[bool, str]:
-    """Whether the trust policy lets hand-recorded results count for `channel`, and which policy said."""
+def _hand_allowed(policy: TrustPolicy | None, settings: Settings | None, channel: str) -> tuple[bool, str]:
+    """Whether the trust policy (the one given, else the TRTPIPE_POLICY setting's) lets hand-recorded
+    results count for `channel`, and which policy said."""
     from trtpipe.release.policy import allows_hand_recorded, policy_from
 
-    policy = policy_from(None, settings.policy) if settings is not None else None
+    if policy is None and settings is not None:
+        policy = policy_from(None, settings.policy)
     return allows_hand_recorded(policy, channel), (policy.source if policy is not None else "no trust policy")
 
 
@@ -221,12 +225,16 @@ def promote(
     target: str | None = None,
     expect_from: str | None = UNSET,
     settings: Settings | None = None,
+    policy: TrustPolicy | None = None,
 ) -> PromotionOutcome:
-    """Point `channel` (of the artifact's model and target) at REF's digest if its gates pass."""
+    """Point `channel` (of the artifact's model and target) at REF's digest if its gates pass (and, when
+    the trust policy requires it for `channel`, its signature: not even a forced promotion skips that)."""
     check_name("channel", channel)
     if force and not (reason and reason.strip()):
         raise UsageError("a forced promotion needs a reason", fix='say why, e.g. "hotfix for incident 123, smoke run by hand"')
     art = resolve_artifact(home, ref, model=model, target=target, settings=settings)
+    if policy is not None:
+        require_trusted_digest(home, art.digest, policy, channel, model=art.model, target=art.target)
     gates, gates_source = load_gates(spec_path, art.manifest, channel)
     channels = ChannelStore(home)
     scope = ChannelScope(model=art.model, target=art.target)
@@ -237,7 +245,7 @@ def promote(
     before = channels.get(scope, channel)
     seen_from = before.digest if before else None
     expected = seen_from if expect_from == UNSET else (None if expect_from in (None, "", "none") else normalize_digest(expect_from))
-    hand_allowed, policy_source = _hand_allowed(settings, channel)
+    hand_allowed, policy_source = _hand_allowed(policy, settings, channel)
     try:
         candidate, current = results_for(home, art.digest, key), (results_for(home, seen_from, key) if seen_from else None)
     except IntegrityError as err:

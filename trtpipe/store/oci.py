@@ -45,6 +45,7 @@ from trtpipe.errors import (
     UsageError,
 )
 from trtpipe.settings import Settings, from_env, refuse_credentials
+from trtpipe.store import signatures
 from trtpipe.store.manifest import (
     MANIFEST_VERSION,
     MAX_FILES,
@@ -421,11 +422,11 @@ class OciClient:
                 )
         return body
 
-    def put_manifest(self, repository: str, reference: str, body: bytes) -> str:
-        """PUT raw manifest bytes under a tag or digest; return the manifest digest."""
+    def put_manifest(self, repository: str, reference: str, body: bytes, media_type: str = OCI_MANIFEST_MEDIA_TYPE) -> str:
+        """PUT raw manifest (or index) bytes under a tag or digest; return the manifest digest."""
         response = self._request(
             "PUT", f"/v2/{repository}/manifests/{reference}", what=f"put manifest {repository}:{reference}", repository=repository,
-            headers={"Content-Type": OCI_MANIFEST_MEDIA_TYPE}, data=body,
+            headers={"Content-Type": media_type}, data=body,
         )
         if response.status_code not in (200, 201, 202):
             raise self._fail(f"put manifest {repository}:{reference}", _oci_error_text(response))
@@ -883,7 +884,13 @@ def artifact_from_entry(entry: Any) -> LocalArtifact:
 # --------------------------------------------------------------------------- local store integration
 
 
-def install_pulled(client: OciClient, remote: RemoteArtifact, store: Any, *, progress: Callable[[str, int], None] | None = None) -> Any:
+# A pull's last check before the store: (client, remote, staged files folder, manifest.json bytes) -> None or
+# raise. The release area's trust gate (signatures against the policy) is one; the store knows none.
+PullGate = Callable[[OciClient, RemoteArtifact, Path, bytes], None]
+
+
+def install_pulled(client: OciClient, remote: RemoteArtifact, store: Any, *, progress: Callable[[str, int], None] | None = None,
+                   gate: PullGate | None = None) -> Any:
     """Download `remote` into the local store as `<kind>/<key>`, verified, published by one rename.
 
     The entry keeps its original manifest.json bytes, so its digest (the artifact digest that
@@ -895,12 +902,20 @@ def install_pulled(client: OciClient, remote: RemoteArtifact, store: Any, *, pro
         raise IntegrityError(f"{remote.ref}: unknown artifact kind {kind!r}; refused", path=str(remote.ref))
     with store.building(kind, key) as handle:
         if handle.existing is not None:
+            if gate is not None and handle.existing.digest == remote.artifact_digest:
+                _gate_existing(client, remote, handle.existing, gate)
             return handle.existing
-        return install_into(client, remote, store, handle, progress=progress)
+        return install_into(client, remote, store, handle, progress=progress, gate=gate)
+
+
+def _gate_existing(client: OciClient, remote: RemoteArtifact, entry: Any, gate: PullGate) -> None:
+    """An artifact already stored under its key: the gate still sees it (its signatures are recorded, or the
+    pull is refused) over the stored files."""
+    gate(client, remote, Path(entry.path), (Path(entry.path) / "manifest.json").read_bytes())
 
 
 def install_into(client: OciClient, remote: RemoteArtifact, store: Any, handle: Any, *,
-                 progress: Callable[[str, int], None] | None = None) -> Any:
+                 progress: Callable[[str, int], None] | None = None, gate: PullGate | None = None) -> Any:
     """Like `install_pulled`, into a `store.building(kind, key)` handle the caller already holds
     (its key's build lock; `handle.dir` empty). Publishes by one rename and sets `handle.entry`.
 
@@ -916,10 +931,15 @@ def install_into(client: OciClient, remote: RemoteArtifact, store: Any, handle: 
             f"{remote.ref}: its trtpipe manifest hashes to {sha256_bytes(raw)}, not the annotated artifact digest {remote.artifact_digest}; refused",
             path=str(remote.ref), fix="push the artifact again from a good copy",
         )
+    if gate is not None:
+        gate(client, remote, Path(handle.dir), raw)  # before the store: a refused artifact is never installed
     try:
-        return store.install_verified(handle, raw, verified)
+        entry = store.install_verified(handle, raw, verified)
     except IntegrityError as err:
         raise IntegrityError(f"{remote.ref}: {err.message}", path=str(remote.ref), fix=err.fix) from None
+    # Where it came from, beside the entry: a build says when it reuses an entry it did not build.
+    signatures.update_record(Path(store.root), entry.digest, kind=kind, key=key, pulled_from=str(remote.ref))
+    return entry
 
 
 @dataclass(frozen=True)
@@ -944,6 +964,7 @@ class OciRemote:
             raise UsageError(f"{url} names a tag or digest, not a repository", fix=f"give the repository only, e.g. {self.base.base}")
         self.url = self.base.base
         self.client = OciClient(self.base.host, credentials, settings=settings)
+        self.gate: PullGate | None = None  # every pull's last check before the store (signatures: trtpipe.release.trust)
 
     def __str__(self) -> str:
         return self.url
@@ -971,7 +992,7 @@ class OciRemote:
         remote = self.find(handle.kind, handle.key)
         if remote is None:
             return None
-        return install_into(self.client, remote, handle.store, handle, progress=progress)
+        return install_into(self.client, remote, handle.store, handle, progress=progress, gate=self.gate)
 
     def push(self, entry: Any, *, tags: tuple[str, ...] = (), progress: Callable[[str, int], None] | None = None) -> PushResult:
         return push_artifact(self.client, self.base, artifact_from_entry(entry), tags=tags, progress=progress)
@@ -982,7 +1003,7 @@ class OciRemote:
 
     def pull(self, ref: str | RemoteArtifact, store: Any, *, progress: Callable[[str, int], None] | None = None) -> Any:
         remote = self.resolve(ref) if isinstance(ref, str) else ref
-        return install_pulled(self.client, remote, store, progress=progress)
+        return install_pulled(self.client, remote, store, progress=progress, gate=self.gate)
 
     def describe(self, ref: str) -> Described:
         remote = self.resolve(ref)

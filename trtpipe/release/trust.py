@@ -1,0 +1,445 @@
+"""Trust: sign what is pushed, verify what is pulled, and judge stored artifacts against the policy.
+
+- `sign_pushed`: after a push, sign the artifact (model-signing over its files and manifest.json), write
+  its provenance (in-toto statement, SLSA provenance v1, `trtpipe.release.provenance`) as a DSSE
+  envelope, attach both to the pushed manifest as OCI referrers (`trtpipe.store.referrers`: referrers API,
+  else the tag schema), and keep them beside the local entry (`trtpipe.store.signatures`).
+- `PullGate`: called by the registry pull between download and install (the staged files, not yet in the
+  store): fetches the artifact's signatures, verifies them against the policy's keys over the staged
+  bytes, and refuses (audited) what the policy does not accept. With no policy it lets the pull through
+  and says whether the artifact was signed at all.
+- `judge_entry`: a stored artifact against a policy rule (serve, promote into a channel, a build's pulled
+  entry): the kept bundles are verified again over the entry's files every time, so a file changed
+  after the pull is caught.
+Every refusal is appended to the audit trail (`record_refusal`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trtpipe.errors import IntegrityError, Untrusted
+from trtpipe.release.keys import PrivateKey
+from trtpipe.release.policy import TrustPolicy, Verdict
+from trtpipe.release.signing import (
+    DSSE_MEDIA_TYPE,
+    KEY_ID_ANNOTATION,
+    PROVENANCE_ARTIFACT_TYPE,
+    SIGNATURE_ARTIFACT_TYPE,
+    BundleCheck,
+    check_bundle,
+    sign_envelope,
+    signed_files,
+    sign_folder,
+    sign_keyless,
+    signed_view,
+)
+from trtpipe.store import referrers, signatures
+
+Note = Callable[[str], None]
+KEYLESS = "sigstore"
+
+
+def _describe_mismatch(folder: Path, bundle: bytes) -> str:
+    """Which files differ from what the bundle's statement lists (its signature verified: the list is the
+    signer's), in plain words."""
+    import hashlib
+
+    signed = signed_files(bundle)
+    actual = {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*")) if p.is_file()}
+    changed = sorted(rel for rel in set(signed) & set(actual)
+                     if hashlib.sha256(actual[rel].read_bytes()).hexdigest() != signed[rel])
+    added = sorted(set(actual) - set(signed))
+    removed = sorted(set(signed) - set(actual))
+    parts = [f"{', '.join(items[:4])} {what}" for items, what in
+             ((changed, "changed"), (added, "not signed"), (removed, "missing")) if items]
+    return "; ".join(parts) or "the files differ from what was signed"
+
+
+# --------------------------------------------------------------------------- audit
+
+
+def record_refusal(home: Path, *, action: str, subject: str, digest: str | None, reason: str,
+                   channel: str = "-", model: str = "-", target: str = "-", ref: str | None = None) -> None:
+    """Append a refusal to the audit trail (`action`: pull, serve, promote, build). One place, so the
+    trail's writer can change without touching the callers."""
+    from trtpipe.release.audit import append_audit
+    from trtpipe.release.channels import now_iso
+    from trtpipe.results import current_user
+
+    append_audit(home, at=now_iso(), who=current_user(), action="refused", channel=channel, model=model,
+                 target=target, from_digest=None, to_digest=digest, ref=ref,
+                 reason=f"{action} refused: {reason}", detail=f"untrusted artifact {subject}")
+
+
+# --------------------------------------------------------------------------- signing at push
+
+
+@dataclass(frozen=True)
+class Signed:
+    key_id: str | None
+    signature_ref: str
+    provenance_ref: str | None
+    fallback: bool  # the registry lacks the referrers API: the tag schema holds the index
+
+
+def _listed(entry: Any) -> list[str]:
+    return [item["path"] for item in entry.files]
+
+
+def sign_entry(entry: Any, key: PrivateKey | str, scratch: Path) -> bytes:
+    """The model-signing bundle over `entry`'s files and manifest.json (`key`: a release key, or 'sigstore')."""
+    raw = (Path(entry.path) / "manifest.json").read_bytes()
+    with signed_view(Path(entry.path), _listed(entry), raw, scratch) as view:
+        return sign_keyless(view) if key == KEYLESS else sign_folder(view, key)  # type: ignore[arg-type]
+
+
+def sign_pushed(remote: Any, pushed: Any, entry: Any, key: PrivateKey | str, *, store_root: Path,
+                provenance: dict[str, Any] | None, bundle: bytes | None = None) -> Signed:
+    """Sign the pushed `entry` (or take the `bundle` signed before the push), attach signature and provenance
+    to the pushed manifest, keep both locally."""
+    client, repository = remote.client, remote.base.repository
+    subject = client.get_manifest(repository, pushed.oci_digest)
+    if subject is None:
+        raise IntegrityError(f"{pushed.ref} vanished from the registry right after the push; not signed",
+                             path=str(pushed.ref), fix="push it again")
+    if bundle is None:
+        bundle = sign_entry(entry, key, store_root / "tmp")
+    key_id = key.key_id if isinstance(key, PrivateKey) else None
+    annotations = {KEY_ID_ANNOTATION: key_id or "sigstore-keyless",
+                   "org.trtpipe.artifact.digest": entry.digest}
+    sig_digest = referrers.attach(client, repository, subject, artifact_type=SIGNATURE_ARTIFACT_TYPE, payload=bundle,
+                                  payload_media_type=SIGNATURE_ARTIFACT_TYPE, annotations=annotations)
+    envelope = None
+    prov_digest = None
+    if provenance is not None and isinstance(key, PrivateKey):
+        envelope = sign_envelope(provenance, key)
+        prov_digest = referrers.attach(client, repository, subject, artifact_type=PROVENANCE_ARTIFACT_TYPE,
+                                       payload=envelope, payload_media_type=DSSE_MEDIA_TYPE, annotations=annotations)
+    signatures.update_record(store_root, entry.digest, kind=entry.kind, key=entry.key,
+                             bundles=[{"bundle": bundle.decode(), "claimed_key_id": key_id or "sigstore-keyless"}],
+                             provenance=envelope.decode() if envelope is not None else None)
+    api = referrers.api_available(client, repository, pushed.oci_digest)
+    base = remote.base
+    return Signed(key_id, f"{base.base}@{sig_digest}", f"{base.base}@{prov_digest}" if prov_digest else None, not api)
+
+
+# --------------------------------------------------------------------------- fetching from a registry
+
+
+@dataclass(frozen=True)
+class RemoteSignatures:
+    bundles: list[dict[str, str]]      # {"bundle": JSON text, "claimed_key_id": ...}
+    provenance: list[bytes]            # DSSE envelopes
+
+
+def fetch_signatures(client: Any, repository: str, oci_digest: str) -> RemoteSignatures:
+    bundles, provenance = [], []
+    for item in referrers.list_referrers(client, repository, oci_digest):
+        if item.artifact_type not in (SIGNATURE_ARTIFACT_TYPE, PROVENANCE_ARTIFACT_TYPE):
+            continue
+        manifest, payload = referrers.fetch_payload(client, repository, item)
+        if referrers.subject_of(manifest) != oci_digest:
+            continue  # listed under this artifact but about another: ignore it (it proves nothing here)
+        claimed = str((manifest.get("annotations") or {}).get(KEY_ID_ANNOTATION, ""))
+        if item.artifact_type == SIGNATURE_ARTIFACT_TYPE:
+            try:
+                bundles.append({"bundle": payload.decode("utf-8"), "claimed_key_id": claimed})
+            except UnicodeDecodeError:
+                continue
+        else:
+            provenance.append(payload)
+    return RemoteSignatures(bundles, provenance)
+
+
+# --------------------------------------------------------------------------- judging
+
+
+@dataclass(frozen=True)
+class Judgement:
+    verdict: Verdict | None          # None: no policy
+    signed: bool                     # any signature found at all
+    verified: tuple[BundleCheck, ...]
+    tampered: str | None             # a trusted key's signature over other bytes
+    claimed: tuple[str, ...]         # key ids the signatures claim (unverified)
+
+    @property
+    def allowed(self) -> bool:
+        return self.tampered is None and (self.verdict is None or self.verdict.allowed)
+
+    def reason(self) -> str:
+        if self.tampered is not None:
+            return f"signature does not match its files ({self.tampered})"
+        if self.verdict is not None:
+            return self.verdict.reason
+        return "signed (no trust policy to check it against)" if self.signed else "unsigned"
+
+
+def judge_folder(folder: Path, bundles: list[dict[str, str]], policy: TrustPolicy | None, channel: str | None) -> Judgement:
+    """Check every bundle over `folder` (exactly the artifact's files and manifest.json) against the keys
+    the policy trusts for `channel`; a signature by a trusted key over other bytes is tampering."""
+    claimed = tuple(b.get("claimed_key_id", "") for b in bundles)
+    if policy is None:
+        return Judgement(None, bool(bundles), (), None, claimed)
+    keys = policy.trusted_keys(channel)
+    checks, tampered = [], None
+    for item in bundles:
+        check = check_bundle(folder, item["bundle"].encode("utf-8"), keys)
+        if check.mismatch is not None:
+            tampered = f"signed by {check.key_name}, but {_describe_mismatch(folder, item['bundle'].encode('utf-8'))}"
+        elif check.key_id is not None:
+            checks.append(check)
+    key_ids = [c.key_id for c in checks if c.key_id]
+    verdict = policy.judge(key_ids, channel)
+    if not checks and bundles and not tampered:
+        # Signed, but by none of the trusted keys: name the ids the signatures claim.
+        others = tuple(c for c in claimed if c) or ("unknown",)
+        verdict = Verdict(verdict.allowed, verdict.required, (), others,
+                          verdict.reason if verdict.allowed else
+                          f"signed only by key {', '.join(o[:16] for o in others)}, which policy {policy.source} does not "
+                          f"trust for {('channel ' + repr(channel)) if channel else 'this use'}")
+    return Judgement(verdict, bool(bundles), tuple(checks), tampered, claimed)
+
+
+def judge_entry(entry: Any, policy: TrustPolicy | None, channel: str | None, store_root: Path) -> Judgement:
+    """A stored artifact against the policy: its kept signatures, verified again over its files."""
+    record = signatures.read_record(store_root, entry.digest) or {"bundles": []}
+    bundles = [b for b in record["bundles"] if isinstance(b, dict) and isinstance(b.get("bundle"), str)]
+    if policy is None or not bundles:
+        return judge_folder(Path(entry.path), bundles, policy, channel)
+    raw = (Path(entry.path) / "manifest.json").read_bytes()
+    # The entry's folder holds exactly its files and manifest.json; a view keeps anything else out of the check.
+    with signed_view(Path(entry.path), _listed(entry), raw, store_root / "tmp") as view:
+        return judge_folder(view, bundles, policy, channel)
+
+
+def pulled_from(entry: Any, store_root: Path) -> str | None:
+    record = signatures.read_record(store_root, entry.digest)
+    return str(record["pulled_from"]) if record and record.get("pulled_from") else None
+
+
+def require_trusted(entry: Any, policy: TrustPolicy, channel: str | None, *, store_root: Path, home: Path,
+                    action: str, model: str = "-", target: str = "-") -> Judgement:
+    """Raise Untrusted (audited) unless `entry` satisfies the policy's rule for `channel`."""
+    judgement = judge_entry(entry, policy, channel, store_root)
+    if judgement.allowed:
+        return judgement
+    subject = f"{entry.kind}/{entry.key[:16]} ({entry.digest})"
+    reason = judgement.reason()
+    record_refusal(home, action=action, subject=subject, digest=entry.digest, reason=reason,
+                   channel=channel or "-", model=model, target=target)
+    missing = [f"a signature by {name}" for name in policy.trusted_keys(channel)] or ["a signature by a listed key"]
+    raise Untrusted(f"{action} refused: {subject} is {'tampered: ' if judgement.tampered else ''}{reason}",
+                    subject=subject, missing=missing,
+                    fix="use an artifact signed by a key the trust policy lists (sign it when pushing it), "
+                        "or add its signer's public key to the policy if it is trusted")
+
+
+# --------------------------------------------------------------------------- pull
+
+
+class PullGate:
+    """Called by the registry pull with the verified-but-not-installed files: refuse what the policy does
+    not accept (audited); keep the signatures it found beside the entry."""
+
+    def __init__(self, policy: TrustPolicy | None, *, store_root: Path, home: Path, note: Note | None = None) -> None:
+        self.policy = policy
+        self.store_root = Path(store_root)
+        self.home = Path(home)
+        self.note = note
+
+    def __call__(self, client: Any, remote: Any, staged: Path, raw: bytes) -> None:
+        found = fetch_signatures(client, remote.ref.repository, remote.oci_digest)
+        files = [layer["annotations"]["org.opencontainers.image.title"] for layer in remote.manifest["layers"]]
+        with signed_view(staged, files, raw, self.store_root / "tmp") as view:
+            judgement = judge_folder(view, found.bundles, self.policy, None)
+        subject = f"{remote.kind}/{remote.key[:16]} ({remote.artifact_digest})"
+        if not judgement.allowed:
+            reason = judgement.reason()
+            record_refusal(self.home, action="pull", subject=subject, digest=remote.artifact_digest, reason=reason,
+                           ref=str(remote.ref), model=str(remote.annotations.get("org.trtpipe.model", "-")),
+                           target=str(remote.annotations.get("org.trtpipe.target.gpu", "-")))
+            missing = ([f"a signature by {n}" for n in self.policy.trusted_keys()] if self.policy is not None else [])
+            raise Untrusted(f"pull refused: {remote.ref} ({remote.kind}/{remote.key[:16]}) is "
+                            f"{'tampered: ' if judgement.tampered else ''}{reason}; nothing was installed",
+                            subject=subject, missing=missing,
+                            fix="pull only artifacts signed by a key the trust policy lists; if this signer is trusted, "
+                                "add its public key to the policy")
+        if self.note is not None:
+            if self.policy is None:
+                self.note(f"note: {subject} is {judgement.reason()}; set a trust policy to require signatures")
+            else:
+                self.note(f"verified: {subject} {judgement.reason()}")
+        signatures.update_record(self.store_root, remote.artifact_digest, kind=remote.kind, key=remote.key,
+                                 pulled_from=str(remote.ref), bundles=found.bundles,
+                                 provenance=found.provenance[0].decode("utf-8", "replace") if found.provenance else None)
+
+
+def install_gate(remote: Any, gate: PullGate) -> None:
+    """Make `remote`'s pulls go through `gate`. A remote without the hook (`gate`, as the OCI remote has) cannot
+    have its pulls verified: refused when a policy is set, else its pulls are simply not recorded as checked."""
+    if hasattr(remote, "gate"):
+        remote.gate = gate
+    elif gate.policy is not None:
+        raise Untrusted(f"{remote} cannot verify signatures on pull, and trust policy {gate.policy.source} is set",
+                        subject=str(remote), missing=["signature verification on pull"],
+                        fix="use an oci:// remote, or run without a trust policy")
+
+
+# --------------------------------------------------------------------------- a folder as an artifact
+
+
+@dataclass(frozen=True)
+class FolderArtifact:
+    """A stored artifact's folder read on its own (serve takes a folder, not a store reference)."""
+
+    kind: str
+    key: str
+    digest: str
+    path: Path
+    files: list[dict[str, Any]]
+    inputs: dict[str, Any]
+
+
+def artifact_at(path: Path) -> FolderArtifact | None:
+    """The artifact whose folder `path` is (its manifest.json names kind, key and files), or None."""
+    import hashlib
+    import json
+
+    from trtpipe.store.manifest import sound_files
+
+    try:
+        raw = (Path(path) / "manifest.json").read_bytes()
+        manifest = json.loads(raw)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("kind"), str) or not isinstance(manifest.get("key"), str):
+        return None
+    inputs = manifest.get("inputs") if isinstance(manifest.get("inputs"), dict) else {}
+    return FolderArtifact(kind=manifest["kind"], key=manifest["key"], digest="sha256:" + hashlib.sha256(raw).hexdigest(),
+                          path=Path(path), files=sound_files(manifest), inputs=inputs)
+
+
+def store_root_of(artifact: FolderArtifact, default: Path) -> Path:
+    """The store an artifact's folder sits in (`<root>/<kind>/<key>`), else `default`."""
+    resolved = artifact.path.resolve()
+    if resolved.name == artifact.key and resolved.parent.name == artifact.kind:
+        return resolved.parent.parent
+    return Path(default)
+
+
+# --------------------------------------------------------------------------- build
+
+
+def pulled_checker(policy: TrustPolicy, *, store_root: Path, home: Path) -> Callable[[Any], tuple[bool, str]]:
+    """The runner's judge of entries that came from a registry: usable only when their signatures satisfy
+    the policy's default rule (a refusal is audited, and the stage is rebuilt)."""
+
+    def check(entry: Any) -> tuple[bool, str]:
+        origin = pulled_from(entry, store_root)
+        if origin is None:
+            return True, ""  # built here
+        judgement = judge_entry(entry, policy, None, store_root)
+        if judgement.allowed:
+            return True, f"pulled entry from {origin}: {judgement.reason()}"
+        subject = f"{entry.kind}/{entry.key[:16]} ({entry.digest})"
+        record_refusal(home, action="build", subject=subject, digest=entry.digest, reason=judgement.reason(), ref=origin)
+        return False, f"pulled {entry.kind} {entry.key[:16]} (from {origin}) not used: {judgement.reason()}"
+
+    return check
+
+
+def require_trusted_folder(folder: Path, policy: TrustPolicy, *, home: Path, action: str,
+                           channel: str | None = None) -> Judgement:
+    """`require_trusted` for an artifact given as a folder (serve): a folder that is no stored artifact
+    carries no signature, so a policy that requires one refuses it."""
+    artifact = artifact_at(folder)
+    if artifact is None:
+        if not policy.requires_signature(channel):
+            return Judgement(policy.judge([], channel), False, (), None, ())
+        reason = f"{folder} is not a stored artifact (no manifest.json), so it carries no signature"
+        record_refusal(home, action=action, subject=str(folder), digest=None, reason=reason, channel=channel or "-")
+        raise Untrusted(f"{action} refused: {reason}, and policy {policy.source} requires one", subject=str(folder),
+                        missing=[f"a signature by {n}" for n in policy.trusted_keys(channel)],
+                        fix="serve a repository from the store that a trusted key signed")
+    model = str(artifact.inputs.get("name") or "-")
+    target_doc = artifact.inputs.get("target")
+    target = str(target_doc.get("gpu")) if isinstance(target_doc, dict) and target_doc.get("gpu") else "-"
+    return require_trusted(artifact, policy, channel, store_root=store_root_of(artifact, home), home=home,
+                           action=action, model=model, target=target)
+
+
+def require_trusted_digest(home: Path, digest: str, policy: TrustPolicy, channel: str, *, model: str = "-",
+                           target: str = "-") -> Judgement | None:
+    """Promotion into `channel`: when its rule requires a signature, the artifact must be in the local store
+    (a signature is checked over the files) and signed by a key the rule trusts."""
+    from trtpipe.errors import NotFound
+    from trtpipe.store.local import Store
+
+    if not policy.requires_signature(channel):
+        return None
+    store = Store.open(home)
+    try:
+        entry = store.find(digest)
+    except NotFound:
+        entry = None
+    if entry is None or entry.digest != digest:
+        reason = (f"{digest} is not in the local store, so its signature cannot be checked over its files "
+                  f"(channel {channel!r} of policy {policy.source} requires one)")
+        record_refusal(home, action="promote", subject=digest, digest=digest, reason=reason, channel=channel,
+                       model=model, target=target)
+        raise Untrusted(f"promote refused: {reason}", subject=digest,
+                        missing=[f"a signature by {n}" for n in policy.trusted_keys(channel)],
+                        fix="pull the artifact into the store first (its signature is verified over its files)")
+    return require_trusted(entry, policy, channel, store_root=home, home=home, action="promote", model=model,
+                           target=target)
+
+
+# --------------------------------------------------------------------------- provenance
+
+
+def show_provenance(ref: str, store: Any, home: Path, policy: TrustPolicy | None, settings: Any) -> dict[str, Any]:
+    """{subject, signature (who signed it, checked against the policy's keys), signed_by, statement} of a
+    stored artifact (`store` given) or a registry reference (`store` None)."""
+    from trtpipe.release.provenance import statement as make_statement
+    from trtpipe.release.signing import open_envelope
+
+    keys = dict(policy.keys) if policy is not None else {}
+    if store is None:
+        from trtpipe.store.remote import open_remote_for_ref
+
+        remote = open_remote_for_ref(ref, settings)
+        found = remote.resolve(ref)
+        fetched = fetch_signatures(remote.client, found.ref.repository, found.oci_digest)
+        subject = f"{found.ref} ({found.kind}/{found.key[:16]}, {found.artifact_digest})"
+        if not fetched.provenance:
+            raise Untrusted(f"{found.ref} carries no provenance attestation", subject=str(found.ref),
+                            missing=["a provenance attestation"], fix="push it signed with a release key (that attaches one)")
+        envelopes = fetched.provenance
+        digest = found.artifact_digest
+    else:
+        entry = store.find(ref)
+        subject = f"{entry.kind}/{entry.key} ({entry.digest})"
+        record = signatures.read_record(store.root, entry.digest) or {}
+        digest = entry.digest
+        if not record.get("provenance"):
+            return {"subject": subject, "signature": "unsigned: computed now from the store (not pushed with a key)",
+                    "signed_by": None, "verified": False, "statement": make_statement(entry, store.root)}
+        envelopes = [str(record["provenance"]).encode("utf-8")]
+    opened = [open_envelope(body, keys, subject) for body in envelopes]
+    best = next((o for o in opened if o.verified_by), opened[0])
+    subjects = best.statement.get("subject") or [{}]
+    if subjects[0].get("digest", {}).get("sha256") != digest.removeprefix("sha256:"):
+        raise IntegrityError(f"{subject}: its provenance is about another artifact "
+                             f"({subjects[0].get('name')}); refused", fix="push it again with its own provenance")
+    if best.verified_by:
+        said = f"signed by trusted key {best.verified_by} ({keys[best.verified_by].key_id})"
+    elif keys:
+        said = f"NOT verified: signed by key {', '.join(k[:16] for k in best.claimed_key_ids)}, which policy {policy.source} does not list"
+    else:
+        said = f"signature unchecked (no trust policy); it claims key {', '.join(k[:16] for k in best.claimed_key_ids)}"
+    return {"subject": subject, "signature": said, "signed_by": best.verified_by, "verified": best.verified_by is not None,
+            "claimed_key_ids": list(best.claimed_key_ids), "statement": best.statement}
