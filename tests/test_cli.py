@@ -276,6 +276,11 @@ def test_store_option_moves_the_whole_workspace(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setenv("TRTPIPE_HOME", str(home))
     monkeypatch.setenv("TRTPIPE_USER", "tester")
     monkeypatch.delenv("TRTPIPE_STORE", raising=False)
+    # A hand-recorded result counts only where the trust policy allows it (issue 18).
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("default:\n  require_signature: false\nchannels:\n  dev:\n    require_signature: false\n"
+                      "    allow_hand_recorded: true\n")
+    monkeypatch.setenv("TRTPIPE_POLICY", str(policy))
     store = Store.open(other)
     with store.building("repository", "r" * 16) as b:
         (b.dir / "trtpipe.json").write_text("{}")

@@ -1,8 +1,16 @@
-"""Recorded test results (smoke, parity, bench) per artifact digest.
+"""Recorded test results (smoke, parity, bench) per artifact digest: evidence, not assertions.
 
 Promotion gates read these: a gate passes only on a result recorded for exactly the digest
-being promoted. The log is append-only JSONL, one file per digest under `<home>/results/`;
-appends happen under a file lock so concurrent smoke and bench runs never interleave lines.
+being promoted. The log is one file per digest under `<home>/results/`, append-only through
+trtpipe and hash-chained with its head anchored beside it (`trtpipe.chained`; the head is signed
+with the release key when one is set): a file rewritten, truncated, or with lines appended by hand
+is refused when read, naming the file, and none of its results count.
+
+Each result says where it came from: `origin` "run" (trtpipe smoke/bench measured it; `evidence`
+holds the run's own record: command, server URL, the identity the server reported, versions, host,
+time) or "hand" (`trtpipe results record`: nothing ran under trtpipe's eyes). A hand-recorded result
+counts only for channels whose trust policy allows it, and a promotion on one is recorded as forced.
+Appends happen under a file lock so concurrent smoke and bench runs never interleave lines.
 """
 
 from __future__ import annotations
@@ -14,12 +22,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from trtpipe.chained import ChainedLog, HeadKey
 from trtpipe.errors import IntegrityError, UsageError
 
 ResultKind = Literal["smoke", "parity", "bench"]
+ResultOrigin = Literal["run", "hand"]
 RESULT_KINDS: tuple[str, ...] = ("smoke", "parity", "bench")
 
 _DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -54,6 +63,11 @@ class ResultRecord(BaseModel):
     gpu_class: str | None = None
     recorded_at: str = Field(default_factory=_now)
     recorded_by: str | None = None
+    origin: ResultOrigin = "run"
+    evidence: dict[str, Any] | None = None  # the run's own record (origin "run")
+    seq: int | None = None  # the chain (None until written)
+    prev_hash: str | None = None
+    hash: str | None = None
 
     @field_validator("artifact_digest")
     @classmethod
@@ -64,14 +78,19 @@ class ResultRecord(BaseModel):
 
 
 class ResultsLog:
-    """Append-only per-digest result log under `<home>/results/<hex>.jsonl`."""
+    """Append-only, hash-chained per-digest result log under `<home>/results/<hex>.jsonl` (its head:
+    `<hex>.head.json`). `key`: the release key, which signs each head written and checks each read."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, home: Path, key: HeadKey | None = None) -> None:
         self.home = Path(home)
         self.dir = self.home / "results"
+        self.key = key
 
     def _path(self, digest: str) -> Path:
         return self.dir / (digest.split(":", 1)[1] + ".jsonl")
+
+    def _log(self, digest: str) -> ChainedLog:
+        return ChainedLog(self._path(digest), what="result log")
 
     def record(
         self,
@@ -80,6 +99,9 @@ class ResultsLog:
         passed: bool,
         data: dict[str, Any],
         gpu_class: str | None = None,
+        *,
+        origin: str = "run",
+        evidence: dict[str, Any] | None = None,
     ) -> ResultRecord:
         digest = normalize_digest(artifact_digest)
         try:
@@ -90,42 +112,66 @@ class ResultsLog:
                 data=data,
                 gpu_class=gpu_class,
                 recorded_by=current_user(),
+                origin=origin,  # type: ignore[arg-type]
+                evidence=evidence,
             )
-            line = rec.model_dump_json() + "\n"
+            body = json.loads(rec.model_dump_json(exclude={"seq", "prev_hash", "hash"}))
         except (ValidationError, ValueError, TypeError) as exc:
             raise UsageError(
                 f"result for {digest} is invalid: {_first_error(exc)}",
                 fix=f"kind must be one of {', '.join(RESULT_KINDS)} and data JSON-serializable",
             ) from None
         self.dir.mkdir(parents=True, exist_ok=True)
-        path = self._path(digest)
-        # One write() of one line on an O_APPEND fd, under a lock: readers see whole lines only.
-        with FileLock(str(path) + ".lock", timeout=60):
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, line.encode("utf-8"))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        return rec
+        # One fsynced write() of one line on an O_APPEND fd, under a lock, then the head: readers see
+        # whole lines only. A damaged log (or one whose head does not match) is refused, not extended.
+        written = self._log(digest).append(body, key=self.key)
+        return ResultRecord.model_validate(written)
 
     def for_digest(self, digest: str) -> list[ResultRecord]:
+        """The results recorded for `digest`; an IntegrityError naming the file when the log was
+        edited, shortened, deleted under its head, or extended outside trtpipe."""
         digest = normalize_digest(digest)
-        path = self._path(digest)
-        if not path.exists():
+        log = self._log(digest)
+        if not log.path.exists() and not log.head_path.exists():
             return []
+        problems = log.verify(self.key)
+        if problems:
+            raise IntegrityError(
+                f"{problems[0]}; none of the results in {log.path.name} count", path=str(log.path),
+                fix="result logs are written only by trtpipe: restore the file and its head from a backup, "
+                    "or record the results again by running the checks",
+            )
         out: list[ResultRecord] = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if not line.strip():
-                continue
+        for number, fields in enumerate(log.scan().records, start=1):
             try:
-                out.append(ResultRecord.model_validate_json(line))
+                out.append(ResultRecord.model_validate(fields))
             except ValidationError as exc:
                 raise IntegrityError(
-                    f"{path}:{number}: corrupt result record: {_first_error(exc)}", path=str(path),
-                    fix="results logs are append-only; restore the file or remove the bad line",
+                    f"{log.path}:{number}: corrupt result record: {_first_error(exc)}", path=str(log.path),
+                    fix="results logs are append-only; restore the file from a backup",
                 ) from None
         return [r for r in out if r.artifact_digest == digest]
+
+
+def run_evidence(command: str, server_url: str | None, served: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a run records about itself beside its result: the command, the server it talked to, what
+    that server reported serving, the versions of the tools, where and when."""
+    import platform
+    import sys
+
+    from trtpipe.versions import installed_version
+
+    return {
+        "command": command,
+        "server_url": server_url,
+        "served": served,
+        "trtpipe": installed_version("trtpipe"),
+        "tritonclient": installed_version("tritonclient"),
+        "python": sys.version.split()[0],
+        "host": platform.node(),
+        "pid": os.getpid(),
+        "at": _now(),
+    }
 
 
 def _first_error(exc: Exception) -> str:

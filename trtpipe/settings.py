@@ -37,6 +37,47 @@ VARIABLES: dict[str, str] = {
 }
 
 
+# Variables that carry secrets: never handed to a child process (tritonserver and its Python stubs run
+# repository code; converters and trtllm-build need no registry), never printed.
+SECRET_VARIABLES: tuple[str, ...] = (
+    "TRTPIPE_REGISTRY_USERNAME", "TRTPIPE_REGISTRY_PASSWORD", "TRTPIPE_SIGNING_KEY",
+    "ORAS_USER", "ORAS_PASS", "DOCKER_AUTH_CONFIG",
+)
+_USERINFO_RE = re.compile(r"^([a-z][a-z0-9+.-]*://)([^/@]*)@")
+
+
+def child_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment (or `environ`) without the secret variables: what a child gets."""
+    env = dict(os.environ if environ is None else environ)
+    for name in SECRET_VARIABLES:
+        env.pop(name, None)
+    return env
+
+
+def has_credentials(url: str | None) -> bool:
+    """True for `scheme://user[:password]@host/...` (credentials in a reference)."""
+    return bool(url) and _USERINFO_RE.match(str(url)) is not None
+
+
+def redact_credentials(url: str) -> str:
+    """`oci://alice:secret@host/repo` -> `oci://***@host/repo` (for messages that must name a reference)."""
+    return _USERINFO_RE.sub(lambda m: m.group(1) + "***@", url, count=1)
+
+
+def refuse_credentials(url: str | None) -> None:
+    """A reference never carries credentials: they would be echoed, recorded in the audit trail and the
+    channel files, and sent to whoever the reference names. Refused without repeating them."""
+    from trtpipe.errors import InvalidInput
+
+    if url and has_credentials(url):
+        raise InvalidInput(
+            f"{redact_credentials(url)}: a registry reference must not carry credentials (user:password@); "
+            "nothing was sent or recorded",
+            fix="remove them from the reference and pass them as TRTPIPE_REGISTRY_USERNAME and "
+                "TRTPIPE_REGISTRY_PASSWORD (a CI secret), or through a Docker config.json (docker login)",
+        )
+
+
 @dataclass(frozen=True)
 class Settings:
     """What the environment sets (None: not set). Built once per command; a plain dataclass, so the CLI's
@@ -127,6 +168,7 @@ def places(store: str | Path | None, settings: Settings) -> Places:
     --store DIR, else $TRTPIPE_STORE as a directory, else $TRTPIPE_HOME, else the user cache dir;
     a `scheme://` value names a remote cache instead, and the root is then the default."""
     chosen = str(store) if store is not None and str(store) != "" else settings.store
+    refuse_credentials(chosen)
     if chosen and url_scheme(chosen) is not None:
         return Places(settings.default_home(), chosen)
     if chosen:

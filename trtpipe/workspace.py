@@ -65,9 +65,10 @@ class Workspace:
 
     @property
     def results(self) -> ResultsLog:
+        from trtpipe.release.trail import release_key
         from trtpipe.results import ResultsLog
 
-        return ResultsLog(self.root)
+        return ResultsLog(self.root, release_key(self.settings))
 
     @property
     def channels(self) -> ChannelStore:

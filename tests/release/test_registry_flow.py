@@ -137,3 +137,51 @@ def test_promote_registry_artifact_moves_channel_tag_and_rolls_back(registry_env
     code, out, err = cli("promote", url + ":" + tag, "--to", "stable", "--json")
     assert code == 0, err
     assert json.loads(out)["to_digest"] == refs[0]["artifact_digest"]
+
+
+def test_the_registry_keeps_the_trail_head_so_a_local_rewrite_shows(registry_env, store_entry, cli, tmp_path) -> None:
+    """Promoting a registry artifact keeps the trail's head beside the channel tag: a trail shortened,
+    or rewritten with its local head to match, no longer agrees with the registry's copy."""
+    import os
+
+    from trtpipe.chained import record_hash
+    from trtpipe.release.audit import audit_path
+    from trtpipe.release.trail import verify_trail
+
+    home = Path(os.environ["TRTPIPE_HOME"])
+    url = registry_env.url("flow/trailhead")
+    refs = []
+    for key, seed in (("0c0c0c0c0c0c0c0c", "m"), ("0d0d0d0d0d0d0d0d", "n")):
+        entry = store_entry(home, key, seed=seed)
+        code, out, _ = cli("cache", "push", entry.key, "--to", url, "--json")
+        assert code == 0
+        refs.append(json.loads(out)["ref"])
+        ResultsLog(home).record(entry.digest, "smoke", True, {})
+    for ref in refs:
+        assert cli("promote", ref, "--to", "prod")[0] == 0
+    mirrored = json.loads(oci.OciRemote(url).get_trail_head("trail.tiny-llama.cpu-reference.prod"))
+    local_head = audit_path(home).with_name("audit.head.json")
+    assert mirrored == json.loads(local_head.read_text())
+    code, out, _ = cli("channels", "--verify")
+    assert code == 0, out
+    # Rewrite the whole trail consistently (chain and local head): only the registry's copy shows it.
+    saved = audit_path(home).read_text(), local_head.read_text()
+    records = [json.loads(line) for line in saved[0].splitlines()]
+    records[0]["who"] = "someone-else"
+    for i, record in enumerate(records):
+        if i:
+            record["prev_hash"] = records[i - 1]["hash"]
+        record["hash"] = record_hash(record)
+    audit_path(home).write_text("".join(json.dumps(r) + "\n" for r in records))
+    head = json.loads(saved[1])
+    head["hash"] = records[-1]["hash"]
+    local_head.write_text(json.dumps(head))
+    assert verify_trail(home) == []  # no key, no registry: undetectable
+    code, out, _ = cli("channels", "--verify")
+    assert code == 1 and "rewritten" in out and "registry" in out
+    # Shortened with its local head to match: the registry's copy anchors more records.
+    audit_path(home).write_text("".join(line + "\n" for line in saved[0].splitlines()[:1]))
+    head.update(records=1, hash=json.loads(saved[0].splitlines()[0])["hash"])
+    local_head.write_text(json.dumps(head))
+    code, out, _ = cli("channels", "--verify", "--json")
+    assert code == 1 and any("shortened" in p and "registry" in p for p in json.loads(out)["audit_problems"])

@@ -73,8 +73,14 @@ def test_build_serve_smoke_bench_then_verify_is_clean_and_the_store_unchanged(ex
     assert main(["cache", "verify"]) == 0
     assert _store_files(home) == before  # byte-identical, no file added or removed
     assert not [p for p in home.rglob("__pycache__")]
-    kinds = {r.kind for r in ResultsLog(home).for_digest(target.digest)}
-    assert {"smoke", "bench"} <= kinds
+    records = ResultsLog(home).for_digest(target.digest)
+    assert {"smoke", "bench"} <= {r.kind for r in records}
+    # Evidence, not assertions: each result carries its run's own record, the served identity included.
+    for record in records:
+        assert record.origin == "run" and record.evidence is not None, record.kind
+        assert record.evidence["command"] in ("trtpipe smoke", "trtpipe bench")
+        assert record.evidence["server_url"] == info["grpc_url"]
+        assert record.evidence["served"]["repository_digest"] == target.digest
 
 
 def test_recording_for_another_repository_than_the_served_one_is_refused(triton_server, example_repo: Path,

@@ -179,7 +179,8 @@ def bench(
         from trtpipe.serving.identity import check_recording, read_served_identity, record_target
 
         recording = record_target(record, workspace.store)
-        check_recording(read_served_identity(url, timeout=drain_s or 30), recording, url, record)
+        served_identity = read_served_identity(url, timeout=drain_s or 30)
+        check_recording(served_identity, recording, url, record)
     counter, served, not_asked = token_counter(token_counting, tokenizer, record, url)
     out_len = LengthDist.parse(output_len, option="--output-len")
     # One workload of warm-ups + requests, split: each warm-up has its own prompt, drawn the same way.
@@ -276,7 +277,10 @@ def bench(
     if recording is not None:
         # Promotion gates compare bench results of one GPU class: default to the repository's target.
         filed_under = gpu_class or recording.target
-        workspace.results.record(recording.digest, "bench", result.passed, result.summary(), filed_under)
+        from trtpipe.results import run_evidence
+
+        workspace.results.record(recording.digest, "bench", result.passed, result.summary(), filed_under,
+                                 evidence=run_evidence("trtpipe bench", url, served_identity.model_dump(mode="json")))
         lines.append(
             f"bench result recorded for {recording.digest} on {filed_under or 'no GPU class'} "
             f"({'passed' if result.passed else 'failed'})"

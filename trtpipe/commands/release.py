@@ -17,7 +17,7 @@ import typer
 from trtpipe.commands.output import JsonOption, StoreOption, open_workspace, print_table
 from trtpipe.commands.output import print_json as _print_json
 from trtpipe.commands.trust_options import PolicyOption, SignOption, load_policy_option, signing_key_option
-from trtpipe.errors import UsageError
+from trtpipe.errors import TrtpipeError, UsageError
 
 
 # --------------------------------------------------------------------------- promote / rollback / channels
@@ -78,24 +78,37 @@ def rollback_command(
 
 
 def channels_command(
-    verify: bool = typer.Option(False, "--verify", help="Check the audit trail's hash chain; non-zero exit if broken."),
+    verify: bool = typer.Option(False, "--verify", help="Check the audit trail's hash chain, its anchored head (signed, "
+                                "with a key) and every pointer against the trail; non-zero exit on any problem."),
+    public_key: Optional[Path] = typer.Option(None, "--public-key", help="Release public key (PEM) the trail's head must "
+                                              "be signed by (default: the TRTPIPE_SIGNING_KEY setting's)."),
+    registry: bool = typer.Option(True, "--registry/--no-registry", help="With --verify: also check the trail against the "
+                                  "copies of its head the registry keeps beside each channel tag."),
     store: StoreOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Show every channel: model, target, digest, who set it, and what it rolls back to."""
-    from trtpipe.release.audit import verify_audit
     from trtpipe.release.promote import channel_states
+    from trtpipe.release.trail import release_key, verify_trail
 
-    home = open_workspace(store).root
-    states = channel_states(home)
-    problems = verify_audit(home) if verify else None
+    workspace = open_workspace(store)
+    home = workspace.root
+    problems = verify_trail(home, release_key(workspace.settings, public_key), workspace.settings,
+                            registry=registry) if verify else None
+    try:
+        states = channel_states(home)
+    except TrtpipeError:
+        if not problems:
+            raise
+        states = []
     if as_json:
         _print_json({"channels": states, "audit_problems": problems})
     else:
         print_table(
             f"channels in {home}",
             ["channel", "model", "target", "digest", "previous", "set by", "set at (UTC)", "last action"],
-            [[s["channel"], s["model"], s["target"], s["digest"], s["previous"] or "-", s["set_by"],
+            [[s["channel"], s["model"], s["target"], s["digest"] + ("" if s["agrees"] else f" (trail: {s['trail_digest'] or 'none'})"),
+              s["previous"] or "-", s["set_by"],
               s["set_at"][:19].replace("T", " "),
               (s["last_action"] or "-") + (f": {s['last_reason']}" if s["last_reason"] else "")] for s in states],
         )
@@ -121,7 +134,8 @@ def results_record_command(
     store: StoreOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Record a result for an artifact digest (CI uses this when a step ran outside trtpipe)."""
+    """Record a result by hand (a step that ran outside trtpipe): marked hand-recorded; it counts only for
+    channels whose trust policy allows hand-recorded results, and a promotion on it is recorded as forced."""
     payload: dict[str, Any] = {}
     if data:
         text = _read_data_file(data[1:]) if data.startswith("@") else data
@@ -131,11 +145,12 @@ def results_record_command(
             raise UsageError(f"--data {data[:40]!r} is not JSON", fix="give a JSON object or @FILE") from None
         if not isinstance(payload, dict):
             raise UsageError("--data must be a JSON object", fix='e.g. --data \'{"ttft_p99_ms": 120}\'')
-    record = open_workspace(store).results.record(digest, kind, passed, payload, gpu_class=gpu_class)
+    record = open_workspace(store).results.record(digest, kind, passed, payload, gpu_class=gpu_class, origin="hand")
     if as_json:
         _print_json(record.model_dump())
     else:
-        typer.echo(f"recorded {record.kind} {'passed' if record.passed else 'failed'} for {record.artifact_digest}")
+        typer.echo(f"recorded {record.kind} {'passed' if record.passed else 'failed'} for {record.artifact_digest} "
+                   "(hand-recorded: counts only where the trust policy allows it)")
 
 
 @results_app.command("show")
@@ -151,8 +166,9 @@ def results_show_command(
     if as_json:
         _print_json(dump_records(records))
         return
-    print_table(f"results for {digest}", ["recorded at", "kind", "outcome", "GPU class", "recorded by"],
-                [[r.recorded_at, r.kind, "passed" if r.passed else "FAILED", r.gpu_class or "-", r.recorded_by or "-"]
+    print_table(f"results for {digest}", ["recorded at", "kind", "outcome", "GPU class", "recorded by", "origin"],
+                [[r.recorded_at, r.kind, "passed" if r.passed else "FAILED", r.gpu_class or "-", r.recorded_by or "-",
+                  "hand-recorded" if r.origin == "hand" else f"run ({(r.evidence or {}).get('server_url') or '-'})"]
                  for r in records])
 
 

@@ -1,25 +1,32 @@
-"""The audit trail: one append-only JSONL file, `<home>/audit/audit.jsonl`, hash-chained.
+"""The audit trail: one append-only JSONL file, `<home>/audit/audit.jsonl`, hash-chained, its head anchored.
 
 Each record carries the hash of the previous one and its own hash over its canonical JSON, so an
-edited, removed or reordered line breaks the chain and `verify_audit` (`trtpipe channels --verify`)
-reports where. trtpipe only ever appends (O_APPEND, under a lock); it has no command that edits.
+edited, removed or reordered line breaks the chain; the head beside it (`audit/audit.head.json`,
+signed with the release key when one is set) shows a shortened, emptied, deleted or re-hashed trail
+(`trtpipe.chained` says exactly what is detected with and without a key). `verify_audit`
+(`trtpipe channels --verify`) reports every problem. trtpipe only ever appends (one fsynced write,
+under a lock); a torn last line is mended by the next append and the mending recorded (`repair`).
+
+The trail is the truth about channels: promotion appends its record before it moves anything
+(`trtpipe.release.trail` replays the trail and compares the pointers with it).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 from pathlib import Path
 from typing import Any, Literal
 
-from filelock import FileLock
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from trtpipe.chained import GENESIS, ChainedLog, HeadKey, Repair
 from trtpipe.errors import IntegrityError
 
-AuditAction = Literal["promote", "force-promote", "rollback", "refused", "conflict"]
-GENESIS = "sha256:" + "0" * 64
+# repair: the trail mended itself (a torn line, a lagging head) or a channel pointer was brought back to
+# the trail's last word; aborted: the promotion `undoes` names did not complete (nothing moved).
+AuditAction = Literal["promote", "force-promote", "rollback", "refused", "conflict", "repair", "aborted"]
+TRAIL_WIDE = "*"  # the channel/model/target of a record about the trail itself
+
+__all__ = ["GENESIS", "AuditRecord", "append_audit", "audit_path", "read_audit", "verify_audit", "trail_log"]
 
 
 class AuditRecord(BaseModel):
@@ -39,6 +46,7 @@ class AuditRecord(BaseModel):
     gates_source: str | None = None
     reason: str | None = None
     detail: str | None = None
+    undoes: int | None = None  # aborted: the seq of the promotion that did not complete
     prev_hash: str
     hash: str
 
@@ -47,76 +55,50 @@ def audit_path(home: Path) -> Path:
     return Path(home) / "audit" / "audit.jsonl"
 
 
-def _record_hash(fields: dict[str, Any]) -> str:
-    body = {k: v for k, v in fields.items() if k != "hash"}
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+def trail_log(home: Path) -> ChainedLog:
+    return ChainedLog(audit_path(home), what="audit trail")
 
 
-def _read_lines(path: Path) -> list[str]:
-    if not path.is_file():
-        return []
-    return [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+def append_audit(home: Path, *, key: HeadKey | None = None, **fields: Any) -> AuditRecord:
+    """Append one record chained to the last one (fsynced) and re-anchor the head (signed with `key`).
+    Fields: at, who, action, channel, model, target, from_digest, to_digest, ... A torn last line or a
+    lagging head is mended first, each mending recorded as a `repair` record before this one."""
+    body = AuditRecord.model_validate({**fields, "seq": 0, "prev_hash": GENESIS, "hash": GENESIS}).model_dump(mode="json")
+    for name in ("seq", "prev_hash", "hash"):
+        body.pop(name)
 
+    def repairs(found: list[Repair]) -> list[dict[str, Any]]:
+        return [{**{k: v for k, v in body.items() if k in ("at", "who")}, "action": "repair", "channel": TRAIL_WIDE,
+                 "model": TRAIL_WIDE, "target": TRAIL_WIDE, "from_digest": None, "to_digest": None, "ref": None,
+                 "gates": [], "gates_source": None, "reason": None, "detail": f"trail {r.kind}: {r.detail}", "undoes": None}
+                for r in found]
 
-def append_audit(home: Path, **fields: Any) -> AuditRecord:
-    """Append one record chained to the last one. Fields: at, who, action, channel, model, target, ..."""
-    path = audit_path(home)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock", timeout=60):
-        lines = _read_lines(path)
-        if lines:
-            last = json.loads(lines[-1])
-            seq, prev = int(last["seq"]) + 1, str(last["hash"])
-        else:
-            seq, prev = 1, GENESIS
-        body = {"seq": seq, "prev_hash": prev, **fields}
-        body = json.loads(AuditRecord.model_validate({**body, "hash": GENESIS}).model_dump_json())
-        body["hash"] = _record_hash(body)
-        record = AuditRecord.model_validate(body)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, (json.dumps(body, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    return record
+    written = trail_log(home).append(body, key=key, on_repair=repairs)
+    return AuditRecord.model_validate(written)
 
 
 def read_audit(home: Path, channel: str | None = None) -> list[AuditRecord]:
-    """Every audit record (oldest first), optionally only those of one channel name."""
-    path = audit_path(home)
+    """Every whole audit record (oldest first), optionally only those of one channel name. (The chain
+    and head are checked by `verify_audit`; a torn last line is not a record yet.)"""
+    log = trail_log(home)
+    scan = log.scan()
+    unreadable = next((p for p in scan.problems if "not a JSON record" in p or "an empty line" in p), None)
+    if unreadable:
+        raise IntegrityError(f"{unreadable} (the trail was edited by hand)", path=str(log.path))
     out: list[AuditRecord] = []
-    for number, line in enumerate(_read_lines(path), start=1):
+    for number, fields in enumerate(scan.records, start=1):
         try:
-            record = AuditRecord.model_validate_json(line)
+            record = AuditRecord.model_validate(fields)
         except (ValidationError, ValueError):
-            raise IntegrityError(f"{path}:{number}: audit record is not valid (the trail was edited by hand)",
-                                 path=str(path)) from None
+            raise IntegrityError(f"{log.path}:{number}: audit record is not valid (the trail was edited by hand)",
+                                 path=str(log.path)) from None
         if channel is None or record.channel == channel:
             out.append(record)
     return out
 
 
-def verify_audit(home: Path) -> list[str]:
-    """Problems in the hash chain (empty when intact): edited, dropped, inserted or reordered records."""
-    path = audit_path(home)
-    problems: list[str] = []
-    prev = GENESIS
-    expected_seq = 1
-    for number, line in enumerate(_read_lines(path), start=1):
-        try:
-            fields = json.loads(line)
-        except ValueError:
-            problems.append(f"{path}:{number}: not JSON")
-            prev = "?"
-            continue
-        if fields.get("prev_hash") != prev:
-            problems.append(f"{path}:{number}: chain broken (prev_hash does not match the record before it: a record was removed, inserted or reordered)")
-        if _record_hash(fields) != fields.get("hash"):
-            problems.append(f"{path}:{number}: record hash mismatch (the record was edited)")
-        if fields.get("seq") != expected_seq:
-            problems.append(f"{path}:{number}: sequence {fields.get('seq')} where {expected_seq} was expected")
-        prev = str(fields.get("hash"))
-        expected_seq = int(fields.get("seq", expected_seq)) + 1 if isinstance(fields.get("seq"), int) else expected_seq + 1
-    return problems
+def verify_audit(home: Path, key: HeadKey | None = None) -> list[str]:
+    """Problems in the hash chain and its head (empty when intact): edited, dropped, inserted or
+    reordered records; a shortened, emptied, deleted or re-hashed trail (with `key`, the head's
+    signature is checked too)."""
+    return trail_log(home).verify(key)

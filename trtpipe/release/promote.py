@@ -11,6 +11,16 @@ that records no gates gets the default `ChannelGates()` (smoke required). The so
 Results: a gate reads only results recorded for exactly the artifact's digest (smoke, parity and
 bench record under the repository digest the server reports serving, `trtpipe.serving.identity`).
 
+The trail is the truth (`trtpipe.release.trail`): a move appends its audit record (fsynced, the
+head re-anchored) BEFORE it moves the registry tag and then the pointer, so a crash leaves the pointer
+behind the trail, never ahead; the next promote or rollback of that channel completes the
+interrupted move (recorded `repair`), and refuses (recorded `refused`) when the pointer disagrees
+with the trail otherwise. A registry tag that cannot be moved leaves an `aborted` record.
+
+Evidence: a result log that fails its chain or head check is refused (recorded `refused`); a
+hand-recorded result counts only where the trust policy allows it (`allow_hand_recorded`), and a
+promotion whose gates pass only thanks to one is recorded as `force-promote`.
+
 Concurrency: the channel's digest is read before the gates are checked (the regression gate compares
 against it) and is the expected "from" of a compare-and-swap done under the release lock. If another
 promotion moved the channel in between, this one fails with a `conflict` audit record and changes
@@ -27,7 +37,8 @@ from pydantic import ValidationError
 
 from trtpipe.errors import Conflict, GateRefused, IntegrityError, NotFound, UsageError
 from trtpipe.release.audit import AuditRecord, append_audit, read_audit
-from trtpipe.release.channels import ChannelPointer, ChannelScope, ChannelStore, PointerTarget, check_name, now_iso
+from trtpipe.release.channels import ChannelPointer, ChannelScope, ChannelStore, check_name, now_iso
+from trtpipe.release.trail import ReleaseKey, apply, disagreements, publish_channel, reconcile, release_key
 from trtpipe.release.gates import GateResult, evaluate_gates
 from trtpipe.release.policy import TrustPolicy
 from trtpipe.release.trust import require_trusted_digest
@@ -169,13 +180,24 @@ def load_gates(spec_path: Path | None, manifest: dict[str, Any], channel: str) -
 # --------------------------------------------------------------------------- results
 
 
-def results_for(home: Path, digest: str) -> list[ResultRecord]:
+def results_for(home: Path, digest: str, key: ReleaseKey | None = None) -> list[ResultRecord]:
     """Results recorded for exactly this artifact digest, ordered by recording time.
 
     For a served repository that is the digest the server reported (`trtpipe smoke/bench --record`);
-    nothing recorded under another digest (its engine's, say) counts.
+    nothing recorded under another digest (its engine's, say) counts. A log that fails its chain or
+    head check raises an IntegrityError naming it (none of its results count).
     """
-    return sorted(ResultsLog(home).for_digest(digest), key=lambda r: r.recorded_at)
+    return sorted(ResultsLog(home, key).for_digest(digest), key=lambda r: r.recorded_at)
+
+
+def _hand_allowed(policy: TrustPolicy | None, settings: Settings | None, channel: str) -> tuple[bool, str]:
+    """Whether the trust policy (the one given, else the TRTPIPE_POLICY setting's) lets hand-recorded
+    results count for `channel`, and which policy said."""
+    from trtpipe.release.policy import allows_hand_recorded, policy_from
+
+    if policy is None and settings is not None:
+        policy = policy_from(None, settings.policy)
+    return allows_hand_recorded(policy, channel), (policy.source if policy is not None else "no trust policy")
 
 
 # --------------------------------------------------------------------------- promote
@@ -216,23 +238,44 @@ def promote(
     gates, gates_source = load_gates(spec_path, art.manifest, channel)
     channels = ChannelStore(home)
     scope = ChannelScope(model=art.model, target=art.target)
+    key = release_key(settings)
+    who = current_user()
+    with channels.lock():  # the trail is the truth: complete an interrupted move, refuse a disagreeing pointer
+        reconcile(home, scope, channel, who=who, key=key, settings=settings)
     before = channels.get(scope, channel)
     seen_from = before.digest if before else None
     expected = seen_from if expect_from == UNSET else (None if expect_from in (None, "", "none") else normalize_digest(expect_from))
-    gate_results = evaluate_gates(
-        gates, results_for(home, art.digest), target=art.target,
-        current_results=results_for(home, seen_from) if seen_from else None,
-        current_digest=seen_from,
-    )
+    hand_allowed, policy_source = _hand_allowed(policy, settings, channel)
+    try:
+        candidate, current = results_for(home, art.digest, key), (results_for(home, seen_from, key) if seen_from else None)
+    except IntegrityError as err:
+        with channels.lock():
+            append_audit(home, key=key, at=now_iso(), who=who, action="refused", channel=channel, model=art.model,
+                         target=art.target, from_digest=seen_from, to_digest=art.digest, ref=art.ref,
+                         detail="results are not evidence: " + err.message)
+        raise
+    run_only = [r for r in candidate if r.origin != "hand"]
+    current_run_only = [r for r in current if r.origin != "hand"] if current is not None else None
+    gate_results = evaluate_gates(gates, run_only, target=art.target, current_results=current_run_only, current_digest=seen_from)
+    hand_used: list[str] = []
+    if any(r.origin == "hand" for r in candidate):
+        if hand_allowed:
+            with_hand = evaluate_gates(gates, candidate, target=art.target, current_results=current, current_digest=seen_from)
+            passed_on_runs = {g.gate for g in gate_results if g.passed}
+            hand_used = [h.gate for h in with_hand if h.passed and h.gate not in passed_on_runs]
+            gate_results = with_hand
+        else:
+            gate_results = [g if g.passed else g.model_copy(update={"detail": g.detail + " (hand-recorded results do not count "
+                                                                                        f"for {channel}: {policy_source})"})
+                            for g in gate_results]
     failed = [g for g in gate_results if not g.passed]
-    who = current_user()
     common = dict(channel=channel, model=art.model, target=art.target, ref=art.ref,
                   gates=[g.model_dump() for g in gate_results], gates_source=gates_source)
     with channels.lock():
         now = channels.get(scope, channel)
         now_digest = now.digest if now else None
         if now_digest != expected:
-            append_audit(home, at=now_iso(), who=who, action="conflict", from_digest=now_digest, to_digest=art.digest,
+            append_audit(home, key=key, at=now_iso(), who=who, action="conflict", from_digest=now_digest, to_digest=art.digest,
                          reason=reason, detail=f"expected {channel} at {expected or 'empty'}, found {now_digest or 'empty'}", **common)
             raise Conflict(
                 f"channel {channel} of {scope} moved to {now_digest or 'empty'} while this promotion expected {expected or 'empty'}; nothing changed",
@@ -240,7 +283,7 @@ def promote(
                 fix="look at the channel's audit trail and promote again if still wanted",
             )
         if failed and not force:
-            append_audit(home, at=now_iso(), who=who, action="refused", from_digest=now_digest, to_digest=art.digest,
+            append_audit(home, key=key, at=now_iso(), who=who, action="refused", from_digest=now_digest, to_digest=art.digest,
                          reason=None, detail="gates not met: " + ", ".join(f"{g.gate} {g.status}" for g in failed), **common)
             raise GateRefused(
                 f"refused to promote {art.digest} to {channel} of {scope}: gates not met: {_gate_summary(failed)}",
@@ -249,19 +292,36 @@ def promote(
             )
         if now_digest == art.digest:
             return PromotionOutcome(channel, art.model, art.target, now_digest, art.digest, "unchanged", gate_results, gates_source, None)
-        tag = None
-        if art.remote is not None and art.ref is not None:
-            tag = channel_tag(art.model, art.target, channel)
-            art.remote.point_tag(art.ref, tag)
-        history = list(now.history) if now else []
-        if now is not None:
-            history.append(PointerTarget(digest=now.digest, ref=now.ref, set_at=now.set_at, set_by=now.set_by))
-        channels.write(ChannelPointer(channel=channel, model=art.model, target=art.target, digest=art.digest,
-                                      ref=art.ref, set_at=now_iso(), set_by=who, history=history))
-        action = "force-promote" if force else "promote"
-        record = append_audit(home, at=now_iso(), who=who, action=action, from_digest=now_digest, to_digest=art.digest,
-                              reason=reason, detail=f"channel tag {tag}" if tag else None, **common)
+        tag = channel_tag(art.model, art.target, channel) if art.remote is not None and art.ref is not None else None
+        forced = force or bool(hand_used)
+        action = "force-promote" if forced else "promote"
+        if hand_used and not force:
+            reason = f"gates {', '.join(hand_used)} passed only on hand-recorded results ({policy_source} allows them for {channel})"
+        details = [d for d in (f"channel tag {tag}" if tag else None,
+                               f"hand-recorded results satisfied {', '.join(hand_used)}" if hand_used else None) if d]
+        # The trail first (fsynced): a crash from here on leaves the pointer behind the trail, which the
+        # next promote or rollback of this channel completes; never a moved pointer without its record.
+        record = append_audit(home, key=key, at=now_iso(), who=who, action=action, from_digest=now_digest, to_digest=art.digest,
+                              reason=reason, detail="; ".join(details) or None, **common)
+        if tag is not None:
+            _move_tag_or_abort(home, key, record, lambda: publish_channel(home, art.remote, art.ref, art.model,  # type: ignore[arg-type]
+                                                                          art.target, channel))
+        channels.write(apply(now, record))
     return PromotionOutcome(channel, art.model, art.target, now_digest, art.digest, action, gate_results, gates_source, record, tag)
+
+
+def _move_tag_or_abort(home: Path, key: ReleaseKey | None, record: AuditRecord, move: Any) -> None:
+    """Move the registry's channel tag after the record; if that fails, record that the move was aborted
+    (the pointer stays) and re-raise."""
+    try:
+        move()
+    except Exception as err:
+        append_audit(home, key=key, at=now_iso(), who=record.who, action="aborted", channel=record.channel,
+                     model=record.model, target=record.target, from_digest=record.to_digest, to_digest=record.from_digest,
+                     ref=record.ref, undoes=record.seq,
+                     detail=f"record {record.seq} did not complete: the registry tag could not be moved "
+                            f"({err if not hasattr(err, 'one_line') else err.one_line()}); the pointer did not move")
+        raise
 
 
 # --------------------------------------------------------------------------- rollback
@@ -285,27 +345,31 @@ def rollback(home: Path, channel: str, *, model: str | None = None, target: str 
     """Move `channel` back to the digest it held before its latest promotion (recorded)."""
     channels = ChannelStore(home)
     chosen = pick_channel(channels, channel, model, target)
+    key = release_key(settings)
+    who = current_user()
     with channels.lock():
+        reconcile(home, chosen.scope, channel, who=who, key=key, settings=settings)
         now = channels.get(chosen.scope, channel)
         if now is None or not now.history:
             raise NotFound(f"channel {channel} of {chosen.scope} has no earlier digest to roll back to",
                            what="earlier digest", ref=channel, fix="promote the wanted artifact instead")
         previous = now.history[-1]
-        tag = None
-        if previous.ref and is_remote_url(previous.ref):
-            tag = channel_tag(now.model, now.target, channel)
-            open_remote_for_ref(previous.ref, settings).point_tag(previous.ref, tag)
-        who = current_user()
-        channels.write(ChannelPointer(channel=channel, model=now.model, target=now.target, digest=previous.digest, ref=previous.ref,
-                                      set_at=now_iso(), set_by=who, history=now.history[:-1]))
-        return append_audit(home, at=now_iso(), who=who, action="rollback", channel=channel, model=now.model, target=now.target,
-                            from_digest=now.digest, to_digest=previous.digest, ref=previous.ref, reason=reason,
-                            detail=f"channel tag {tag}" if tag else None)
+        tag = channel_tag(now.model, now.target, channel) if previous.ref and is_remote_url(previous.ref) else None
+        record = append_audit(home, key=key, at=now_iso(), who=who, action="rollback", channel=channel, model=now.model,
+                              target=now.target, from_digest=now.digest, to_digest=previous.digest, ref=previous.ref,
+                              reason=reason, detail=f"channel tag {tag}" if tag else None)
+        if tag is not None:
+            _move_tag_or_abort(home, key, record, lambda: publish_channel(  # type: ignore[arg-type]
+                home, open_remote_for_ref(previous.ref, settings), previous.ref, now.model, now.target, channel))
+        channels.write(apply(now, record))
+        return record
 
 
 def channel_states(home: Path) -> list[dict[str, Any]]:
-    """Each channel with its digest, where it lives, who set it and the depth of its rollback history."""
+    """Each channel with its digest, where it lives, who set it, the depth of its rollback history,
+    and what the trail says it should hold (`trail_digest`; `agrees` False when they differ)."""
     audit = read_audit(home)
+    disagreeing = {d.cid: d for d in disagreements(home, audit)}
     out = []
     for pointer in ChannelStore(home).all():
         last = next((r for r in reversed(audit) if r.channel == pointer.channel and r.model == pointer.model and r.target == pointer.target
@@ -315,5 +379,8 @@ def channel_states(home: Path) -> list[dict[str, Any]]:
             "ref": pointer.ref, "set_at": pointer.set_at, "set_by": pointer.set_by,
             "previous": pointer.previous.digest if pointer.previous else None, "history_depth": len(pointer.history),
             "last_action": last.action if last else None, "last_reason": last.reason if last else None,
+            "agrees": (pointer.model, pointer.target, pointer.channel) not in disagreeing,
+            "trail_digest": (lambda d: d.trail.digest if d and d.trail else (None if d else pointer.digest))(
+                disagreeing.get((pointer.model, pointer.target, pointer.channel))),
         })
     return out

@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import Any
 
 from trtpipe.errors import CheckFailed, InvalidInput, MissingCapability, TimedOut, UsageError
+from trtpipe.settings import child_environment
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +76,9 @@ def python_stub(home: Path) -> Path:
 
 
 def stub_environment() -> dict[str, str]:
-    """The stub runs the first python3 on PATH and links libpython from LD_LIBRARY_PATH."""
-    env = dict(os.environ)
+    """The stub runs the first python3 on PATH and links libpython from LD_LIBRARY_PATH. Secrets
+    (registry credentials, the release key) are left out: the server and its stubs run repository code."""
+    env = child_environment()
     venv_bin = str(Path(sys.executable).parent)
     env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
     libdir = sysconfig.get_config_var("LIBDIR") or ""

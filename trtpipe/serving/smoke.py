@@ -268,7 +268,10 @@ def run_smoke(
 def record_smoke(result: SmokeResult, target: Any, log: ResultsLog) -> str:
     """File the result (and its parity) in `log` under `target` (a `trtpipe.serving.identity.RecordTarget`
     the caller checked against what the server reports). Returns the digest recorded for."""
-    log.record(target.digest, "smoke", result.passed, result.model_dump(mode="json"))
+    from trtpipe.results import run_evidence
+
+    evidence = run_evidence("trtpipe smoke", result.url, result.served)
+    log.record(target.digest, "smoke", result.passed, result.model_dump(mode="json"), evidence=evidence)
     if result.parity is not None:
-        log.record(target.digest, "parity", not result.parity["mismatches"], result.parity)
+        log.record(target.digest, "parity", not result.parity["mismatches"], result.parity, evidence=evidence)
     return target.digest

@@ -44,7 +44,7 @@ from trtpipe.errors import (
     TimedOut,
     UsageError,
 )
-from trtpipe.settings import Settings, from_env
+from trtpipe.settings import Settings, from_env, refuse_credentials
 from trtpipe.store import signatures
 from trtpipe.store.manifest import (
     MANIFEST_VERSION,
@@ -112,8 +112,14 @@ class OciRef:
         return self.base
 
 
+TRAIL_HEAD_MEDIA_TYPE = "application/vnd.trtpipe.trail-head.v1+json"
+MAX_TRAIL_HEAD_BYTES = 64 * 1024
+
+
 def parse_oci_ref(text: str) -> OciRef:
-    """Parse `oci://host/repo[:tag|@digest]`; raise a UsageError naming what is wrong."""
+    """Parse `oci://host/repo[:tag|@digest]`; raise a UsageError naming what is wrong (credentials in
+    the reference are refused without being repeated)."""
+    refuse_credentials(text)
     if not text.startswith("oci://"):
         raise UsageError(f"{text!r} is not an OCI reference", fix="write it as oci://HOST[:PORT]/REPOSITORY[:TAG|@sha256:DIGEST]")
     rest = text[len("oci://") :]
@@ -1019,3 +1025,32 @@ class OciRemote:
             raise NotFound(f"{pinned} is gone from the registry; cannot point the tag {tag} at it",
                            what="remote artifact", ref=pinned, fix="push the artifact there again")
         move_tag(self.client, self.base.repository, tag, body)
+
+    def put_trail_head(self, tag: str, head: bytes) -> None:
+        """Mirror the audit trail's (signed) head under the movable `tag`, beside the channel tag it
+        was written with: an OCI artifact whose config blob is the head document."""
+        if len(head) > MAX_TRAIL_HEAD_BYTES:
+            raise UsageError(f"the trail head is {len(head)} bytes, more than {MAX_TRAIL_HEAD_BYTES}",
+                             fix="the head file beside the audit trail was not written by trtpipe; restore it")
+        digest = self.client.push_bytes(self.base.repository, head)
+        manifest = {
+            "schemaVersion": 2, "mediaType": OCI_MANIFEST_MEDIA_TYPE, "artifactType": TRAIL_HEAD_MEDIA_TYPE,
+            "config": {"mediaType": TRAIL_HEAD_MEDIA_TYPE, "digest": digest, "size": len(head)},
+            "layers": [{"mediaType": TRAIL_HEAD_MEDIA_TYPE, "digest": digest, "size": len(head)}],
+        }
+        move_tag(self.client, self.base.repository, tag, json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode())
+
+    def get_trail_head(self, tag: str) -> bytes | None:
+        """The trail head mirrored under `tag`, or None when the registry holds none."""
+        body = self.client.get_manifest(self.base.repository, tag)
+        if body is None:
+            return None
+        try:
+            config = json.loads(body)["config"]
+            if config["mediaType"] != TRAIL_HEAD_MEDIA_TYPE:
+                raise ValueError
+            digest, size = str(config["digest"]), int(config["size"])
+        except (ValueError, KeyError, TypeError):
+            raise IntegrityError(f"{self.base}:{tag} is not a trail head", path=f"{self.base}:{tag}",
+                                 fix="nothing was used; the tag was pushed by something other than trtpipe") from None
+        return self.client.fetch_blob_bytes(self.base.repository, digest, size, limit=MAX_TRAIL_HEAD_BYTES)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from trtpipe.errors import UsageError
-from trtpipe.settings import url_scheme
+from trtpipe.settings import refuse_credentials, url_scheme
 
 if TYPE_CHECKING:
     from trtpipe.settings import Settings
@@ -90,6 +90,12 @@ class RemoteCache(Protocol):
     def point_tag(self, pinned: str, tag: str) -> None:
         """Point a movable tag (a channel) at the artifact `pinned` names."""
 
+    def put_trail_head(self, tag: str, head: bytes) -> None:
+        """Keep a copy of the audit trail's (signed) head under the movable `tag`."""
+
+    def get_trail_head(self, tag: str) -> bytes | None:
+        """The trail head kept under `tag`, or None."""
+
 
 @dataclass(frozen=True)
 class RemoteKind:
@@ -123,6 +129,7 @@ def is_remote_url(text: str | None) -> bool:
 
 
 def _kind(url: str) -> RemoteKind:
+    refuse_credentials(url)
     kind = SCHEMES.get(url_scheme(url) or "")
     if kind is None:
         raise UsageError(

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from trtpipe.engine.convert_entry import ERROR_PREFIX
 from trtpipe.engine.doctor import diagnose
 from trtpipe.errors import TimedOut, TrtpipeError
+from trtpipe.settings import child_environment
 
 
 class ExecutorResult(BaseModel):
@@ -171,7 +172,10 @@ def run_logged_process(
     on_line: Callable[[str], None] | None = None,
     kill_grace_s: float = 10.0,
 ) -> ProcessOutcome:
-    """Run argv in its own process group, log every line, enforce the timeout, clean up on Ctrl-C."""
+    """Run argv in its own process group, log every line, enforce the timeout, clean up on Ctrl-C.
+    The child never gets the secret variables (registry credentials, the release key): trtllm-build
+    and the converters need none."""
+    env = child_environment(env)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     timed_out = False

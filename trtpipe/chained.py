@@ -1,0 +1,342 @@
+"""An append-only, hash-chained JSONL log whose head is anchored beside it (the audit trail and result logs).
+
+Each line is one JSON record carrying `seq` (1, 2, ...), the previous record's `hash` (`prev_hash`;
+the first links to `GENESIS`) and its own `hash` over its canonical JSON. So an edited, removed,
+inserted or reordered line breaks the chain. A chain alone cannot show that its END went missing: a
+file cut after record 7 (or emptied, or deleted) is a valid chain of 7 (or 0) records, and a file
+rewritten and re-hashed from record 3 on is a valid chain too. The head (`<name>.head.json` beside
+the log: the record count and the last hash, written after every append) anchors the end:
+
+- without a key, a shortened, emptied or deleted log and a re-hashed one are detected unless the head
+  was rewritten to match (anyone who can write the log can write the head);
+- with a key (the release key, `trtpipe.release.keys`), the head carries a signature over the log's
+  name, its record count and last hash; rewriting the head needs the key, so a shortened, emptied,
+  deleted or re-hashed log is detected whenever the head is checked against the key's public half.
+  Deleting the log AND its head leaves nothing to check here (an empty workspace looks the same):
+  the channel pointers (`trtpipe.release.trail`) and the registry's copy of the head are what show it.
+
+Appends happen under a lock (`<name>.lock`), as one write() on an O_APPEND descriptor, fsynced; the
+head is then replaced atomically. A crash between the two leaves the head one record behind (reported
+by `verify`; the next append re-anchors it and says so). A torn last line (a crash or a full disk in
+the middle of a write) is either completed (it is a whole record that lacks only its newline) or cut
+off (truncated back to the last whole record); the caller is told, so the repair can be recorded.
+Nothing in this module decides what a record means.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from filelock import FileLock, Timeout
+
+from trtpipe.atomic import write_text_atomically
+from trtpipe.errors import IntegrityError, TimedOut
+
+GENESIS = "sha256:" + "0" * 64
+LOCK_TIMEOUT_S = 60.0
+
+
+class HeadKey(Protocol):
+    """What signs and checks a head: the release key (an adapter over `trtpipe.release.keys`)."""
+
+    key_id: str
+    can_sign: bool  # False: only a public key (verify, never sign)
+
+    def sign(self, data: bytes) -> bytes: ...
+
+    def verify(self, data: bytes, signature: bytes) -> bool: ...
+
+
+def canonical(fields: dict[str, Any]) -> bytes:
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def record_hash(fields: dict[str, Any]) -> str:
+    body = {k: v for k, v in fields.items() if k != "hash"}
+    return "sha256:" + hashlib.sha256(canonical(body)).hexdigest()
+
+
+@dataclass(frozen=True)
+class Repair:
+    """What an append had to mend before it could append: said to the caller, which records it."""
+
+    kind: str  # completed | dropped | anchored
+    detail: str
+
+
+@dataclass
+class Scan:
+    """A log as read: its whole records, a torn tail (bytes after the last newline), chain problems."""
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    tail: bytes = b""
+    problems: list[str] = field(default_factory=list)
+    size: int = 0  # bytes up to and including the last newline
+
+
+class ChainedLog:
+    """One chained log file and its head."""
+
+    def __init__(self, path: Path, *, what: str) -> None:
+        self.path = Path(path)
+        self.what = what  # "audit trail", "result log": for messages
+        self.head_path = self.path.with_name(self.path.name.removesuffix(".jsonl") + ".head.json")
+
+    # ------------------------------------------------------------------ reading
+
+    def scan(self) -> Scan:
+        """Read and check the chain (not the head). A missing file is an empty log."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return Scan()
+        except OSError as err:
+            raise IntegrityError(f"{self.path}: the {self.what} cannot be read ({err.strerror or err})",
+                                 path=str(self.path), fix="make it readable by this user") from None
+        cut = data.rfind(b"\n") + 1
+        out = Scan(tail=data[cut:], size=cut)
+        prev, expected_seq = GENESIS, 1
+        for number, raw in enumerate(data[:cut].split(b"\n")[:-1], start=1):
+            where = f"{self.path}:{number}"
+            if not raw.strip():
+                out.problems.append(f"{where}: an empty line (the file was edited)")
+                continue
+            try:
+                fields = json.loads(raw)
+                if not isinstance(fields, dict):
+                    raise ValueError
+            except ValueError:
+                out.problems.append(f"{where}: not a JSON record (the file was edited)")
+                prev = "?"
+                expected_seq += 1
+                continue
+            if fields.get("prev_hash") != prev:
+                out.problems.append(f"{where}: chain broken (prev_hash does not match the record before it: "
+                                    "a record was removed, inserted or reordered)")
+            if record_hash(fields) != fields.get("hash"):
+                out.problems.append(f"{where}: record hash mismatch (the record was edited)")
+            if fields.get("seq") != expected_seq:
+                out.problems.append(f"{where}: sequence {fields.get('seq')} where {expected_seq} was expected")
+            prev = str(fields.get("hash"))
+            expected_seq = fields["seq"] + 1 if isinstance(fields.get("seq"), int) else expected_seq + 1
+            out.records.append(fields)
+        return out
+
+    def read_head(self) -> dict[str, Any] | None:
+        try:
+            text = self.head_path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as err:
+            raise IntegrityError(f"{self.head_path}: the {self.what}'s head cannot be read ({err})",
+                                 path=str(self.head_path), fix="restore it from a backup") from None
+        try:
+            head = json.loads(text)
+            if not (isinstance(head, dict) and isinstance(head.get("records"), int) and isinstance(head.get("hash"), str)):
+                raise ValueError
+        except ValueError:
+            return {"records": -1, "hash": "", "corrupt": True}
+        return head
+
+    def _signed_part(self, records: int, last_hash: str) -> bytes:
+        return canonical({"log": self.path.name, "records": records, "hash": last_hash})
+
+    def verify(self, key: HeadKey | None = None) -> list[str]:
+        """Every problem with the log and its head (empty: intact). With `key`, the head must carry a
+        valid signature by it."""
+        scan = self.scan()
+        problems = list(scan.problems)
+        if scan.tail:
+            problems.append(f"{self.path}: the last line is incomplete ({len(scan.tail)} bytes without a newline: "
+                            "an interrupted append; the next append repairs it)")
+        problems.extend(self._head_problems(scan, key))
+        return problems
+
+    def _head_problems(self, scan: Scan, key: HeadKey | None) -> list[str]:
+        n = len(scan.records)
+        head = self.read_head()
+        if head is None:
+            if n:
+                return [f"{self.head_path}: missing while the {self.what} holds {n} records "
+                        "(the head was deleted, or the log was written outside trtpipe)"]
+            return [f"{self.head_path}: no signed head (a release key is set, so a head signed by it is expected; "
+                    "an emptied or deleted log looks like this)"] if key is not None and self.path.exists() else []
+        if head.get("corrupt"):
+            return [f"{self.head_path}: not a valid head (edited)"]
+        problems: list[str] = []
+        anchored, anchored_hash = head["records"], head["hash"]
+        if head.get("log") not in (None, self.path.name):
+            problems.append(f"{self.head_path}: is the head of {head.get('log')}, not of {self.path.name}")
+        if anchored > n:
+            gone = "emptied or deleted" if n == 0 else "shortened"
+            problems.append(f"{self.path}: {gone}: the head anchors {anchored} records, the log holds {n} "
+                            f"(records {n + 1}..{anchored} were removed)")
+        elif anchored > 0 and scan.records[anchored - 1].get("hash") != anchored_hash:
+            problems.append(f"{self.path}:{anchored}: rewritten: record {anchored}'s hash differs from the anchored "
+                            "head (records were edited and the chain re-hashed)")
+        elif n > anchored:
+            problems.append(f"{self.path}: records {anchored + 1}..{n} are not anchored by the head (an append "
+                            "interrupted before its head was written, or lines appended outside trtpipe)")
+        if key is not None:
+            signature = head.get("signature")
+            if not signature:
+                problems.append(f"{self.head_path}: the head is not signed (a release key is set: a head without "
+                                "its signature may have been rewritten)")
+            elif head.get("key_id") != key.key_id:
+                problems.append(f"{self.head_path}: the head is signed by key {str(head.get('key_id'))[:16]}, "
+                                f"not by the release key {key.key_id[:16]}")
+            else:
+                try:
+                    raw = base64.b64decode(str(signature), validate=True)
+                except ValueError:
+                    raw = b""
+                if not key.verify(self._signed_part(anchored, anchored_hash), raw):
+                    problems.append(f"{self.head_path}: the head's signature does not verify (the head was edited)")
+        return problems
+
+    def check_copy(self, head: dict[str, Any], where: str, key: HeadKey | None = None) -> list[str]:
+        """Problems between the log and a copy of an earlier head kept elsewhere (`where`: the registry):
+        the log must still hold the records it anchored, unchanged (with `key`, its signature must verify)."""
+        scan = self.scan()
+        records, last = head.get("records"), head.get("hash")
+        if not isinstance(records, int) or not isinstance(last, str) or head.get("log") != self.path.name:
+            return [f"{where}: not a head of {self.path.name}"]
+        problems: list[str] = []
+        n = len(scan.records)
+        if records > n:
+            problems.append(f"{self.path}: {'emptied or deleted' if n == 0 else 'shortened'}: the head {where} holds "
+                            f"anchors {records} records, the log holds {n}")
+        elif records > 0 and scan.records[records - 1].get("hash") != last:
+            problems.append(f"{self.path}:{records}: rewritten: record {records}'s hash differs from the head {where} holds")
+        if key is not None:
+            try:
+                raw = base64.b64decode(str(head.get("signature") or ""), validate=True)
+            except ValueError:
+                raw = b""
+            if head.get("key_id") != key.key_id or not key.verify(self._signed_part(records, last), raw):
+                problems.append(f"{where}: the head is not signed by the release key {key.key_id[:16]}")
+        return problems
+
+    def head_bytes(self) -> bytes | None:
+        try:
+            return self.head_path.read_bytes()
+        except FileNotFoundError:
+            return None
+
+    # ------------------------------------------------------------------ appending
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(self.path) + ".lock", timeout=LOCK_TIMEOUT_S)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise TimedOut(f"another writer has held {self.path}.lock for {LOCK_TIMEOUT_S:g} s",
+                           operation=f"waiting to append to the {self.what}", seconds=LOCK_TIMEOUT_S,
+                           fix="wait for it to finish and try again") from None
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def append(self, fields: dict[str, Any], *, key: HeadKey | None = None,
+               on_repair: Callable[[list[Repair]], list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+        """Append one record (fields without seq/prev_hash/hash) and re-anchor the head.
+
+        Refused (IntegrityError, nothing written) when the chain is broken, or the head shows the log
+        was shortened or rewritten, or (with `key`) the head's signature does not verify. A torn tail,
+        and records the head lags behind, are mended first and reported to `on_repair`, whose records
+        are appended before `fields`; without `on_repair`, they are refused too.
+        `validate` of the caller happens before: `fields` must be JSON-serializable."""
+        with self.lock():
+            scan = self.scan()
+            if scan.problems:
+                raise IntegrityError(f"{scan.problems[0]}; nothing was appended", path=str(self.path),
+                                     fix=f"restore the {self.what} from a backup")
+            repairs = self._mend_tail(scan, on_repair is not None)
+            signer = key if key is not None and key.can_sign else None
+            if self.head_path.exists():
+                head_problems = self._head_problems(scan, signer)
+            else:
+                head_problems = [f"{self.head_path}: missing while the {self.what} holds {len(scan.records)} records"] \
+                    if scan.records else []
+            # What an interrupted append (or a key set for the first time) leaves: mended and recorded.
+            lagging = [p for p in head_problems if "are not anchored" in p or "missing while" in p or "is not signed" in p]
+            fatal = [p for p in head_problems if p not in lagging]
+            if fatal:
+                raise IntegrityError(f"{fatal[0]}; nothing was appended", path=str(self.path),
+                                     fix=f"restore the {self.what} and its head from a backup")
+            if lagging:
+                if on_repair is None:
+                    raise IntegrityError(f"{lagging[0]}; nothing was appended", path=str(self.path),
+                                         fix=f"restore the {self.what} and its head from a backup")
+                repairs.append(Repair("anchored", lagging[0]))
+            extra = on_repair(repairs) if repairs and on_repair is not None else []
+            written = [self._write(scan, body) for body in [*extra, fields]]
+            self._write_head(scan, key)
+        return written[-1]
+
+    def _mend_tail(self, scan: Scan, allowed: bool) -> list[Repair]:
+        if not scan.tail:
+            return []
+        prev = scan.records[-1]["hash"] if scan.records else GENESIS
+        try:
+            whole = json.loads(scan.tail)
+            complete = (isinstance(whole, dict) and whole.get("prev_hash") == prev and record_hash(whole) == whole.get("hash")
+                        and whole.get("seq") == len(scan.records) + 1)
+        except ValueError:
+            complete = False
+        if not allowed:
+            raise IntegrityError(f"{self.path}: the last line is incomplete ({len(scan.tail)} bytes without a newline: "
+                                 "an interrupted write); nothing was appended", path=str(self.path),
+                                 fix="remove the incomplete last line (everything after the last newline)")
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            if complete:
+                os.write(fd, b"\n")
+                scan.records.append(whole)
+                scan.size += len(scan.tail) + 1
+                repair = Repair("completed", f"record {whole['seq']} was whole but lacked its newline (an interrupted "
+                                             "append); the newline was added")
+            else:
+                os.ftruncate(fd, scan.size)
+                repair = Repair("dropped", f"an incomplete last line ({len(scan.tail)} bytes, sha256 "
+                                           f"{hashlib.sha256(scan.tail).hexdigest()[:16]}) was cut off (an interrupted append)")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        scan.tail = b""
+        return [repair]
+
+    def _write(self, scan: Scan, fields: dict[str, Any]) -> dict[str, Any]:
+        prev = scan.records[-1]["hash"] if scan.records else GENESIS
+        body = {**fields, "seq": len(scan.records) + 1, "prev_hash": prev}
+        body["hash"] = record_hash(body)
+        line = json.dumps(body, sort_keys=True, ensure_ascii=False).encode("utf-8") + b"\n"
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        scan.records.append(body)
+        scan.size += len(line)
+        return body
+
+    def _write_head(self, scan: Scan, key: HeadKey | None) -> None:
+        last = scan.records[-1]["hash"] if scan.records else GENESIS
+        head: dict[str, Any] = {"log": self.path.name, "records": len(scan.records), "hash": last,
+                                "key_id": None, "signature": None}
+        if key is not None and key.can_sign:
+            head["key_id"] = key.key_id
+            head["signature"] = base64.b64encode(key.sign(self._signed_part(len(scan.records), last))).decode("ascii")
+        write_text_atomically(self.head_path, json.dumps(head, indent=2, sort_keys=True) + "\n", mode=0o644)
