@@ -67,8 +67,8 @@ class FileDigest(BaseModel):
     sha256: str
 
 
-class ConvertSummary(BaseModel):
-    """What a conversion wrote and what it cost (the `--json` output of `trtpipe convert`)."""
+class ConversionFacts(BaseModel):
+    """What a conversion or an HF export wrote and what it cost (the build record keeps it; the artifact never does)."""
 
     out_dir: str
     architecture: str
@@ -85,6 +85,11 @@ class ConvertSummary(BaseModel):
     modelopt_version: str
     transformers_version: str
     calibration: CalibrationInfo | None
+
+
+class ConvertSummary(ConversionFacts):
+    """What a conversion to a TRT-LLM checkpoint wrote and what it cost (the `--json` output of `trtpipe convert`)."""
+
     path: str = "modelopt"  # streaming, layerwise or modelopt (see `choose_path`)
     path_reason: str = ""  # why this path was taken
     bytes_read: int | None = None  # HF weight bytes this conversion read (None: not counted, ModelOpt's loader)
@@ -539,9 +544,24 @@ def _convert_streaming(source: HfSource, hf_config: dict[str, Any], out_dir: Pat
 def _convert_modelopt(resolved: Any, source: HfSource, out_dir: Path, export_dtype: str, device: str,
                       progress: _Progress) -> dict[str, Any]:
     """ModelOpt's full-model path: load, calibrate in bfloat16, restore the untouched tensors, export."""
+    spec: BuildSpec = resolved.spec
+    model, calibration = load_and_calibrate(spec, source, export_dtype, device, progress)
+    advance = progress.task("exporting", 1)
+    _export(model, out_dir, export_dtype, spec.target.tp, spec.target.pp)
+    advance(1)
+    del model
+    return {"calibration": calibration}
+
+
+def load_and_calibrate(spec: BuildSpec, source: HfSource, export_dtype: str, device: str, progress: _Progress, *,
+                       back_to_export_dtype: bool = False) -> tuple[Any, CalibrationInfo | None]:
+    """The whole HF model, loaded in the export dtype and, when the spec quantizes, calibrated in bfloat16 with
+    the spec's ModelOpt recipe; the tensors no quantizer changes are restored bit for bit afterwards.
+
+    `back_to_export_dtype`: the quantized model goes back to the export dtype before the restore (an exporter
+    that runs the layers again needs one dtype throughout)."""
     import torch
 
-    spec: BuildSpec = resolved.spec
     requested = spec.quantization
     recipe = quant_config(requested.algo, requested.kv_cache, requested.group_size)
     calibration: CalibrationInfo | None = None
@@ -560,12 +580,10 @@ def _convert_modelopt(resolved: Any, source: HfSource, out_dir: Path, export_dty
         originals = _untouched_parameters(model)
         model = model.to(torch.bfloat16)
         _calibrate_and_quantize(model, recipe, windows, progress)
+        if back_to_export_dtype:
+            model = model.to(_torch_dtype(export_dtype))
         _restore_parameters(originals)
-    advance = progress.task("exporting", 1)
-    _export(model, out_dir, export_dtype, spec.target.tp, spec.target.pp)
-    advance(1)
-    del model
-    return {"calibration": calibration}
+    return model, calibration
 
 
 def _export(model: Any, out_dir: Path, dtype: str, tp: int, pp: int) -> None:

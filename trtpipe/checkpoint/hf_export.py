@@ -28,28 +28,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
 
 from trtpipe import quant
-from trtpipe.checkpoint.calibration import CalibrationInfo, calibration_source, prepare_calibration, read_texts
+from trtpipe.checkpoint.calibration import calibration_source, read_texts
 from trtpipe.checkpoint.convert import (
     DEVICES,
-    FileDigest,
-    _calibrate_and_quantize,
+    ConversionFacts,
     _check_cuda,
-    _check_on_gpus,
     _file_digests,
     _peak_rss_bytes,
     _Progress,
     _quiet_stdout,
-    _restore_parameters,
     _threads_for,
     _torch_dtype,
-    _untouched_parameters,
     check_versions,
+    load_and_calibrate,
     quant_config,
 )
-from trtpipe.checkpoint.hf_source import inspect_source, load_model
+from trtpipe.checkpoint.hf_source import inspect_source
 from trtpipe.errors import IntegrityError, InvalidInput, TrtpipeError
 from trtpipe.llm_api.args import check_llm_args, load_args_table
 
@@ -59,24 +55,9 @@ HF_QUANT_CONFIG = "hf_quant_config.json"
 ARTIFACT_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
 
 
-class HfExportSummary(BaseModel):
-    """What an export wrote and what it cost (the build record keeps it; the artifact never does)."""
+class HfExportSummary(ConversionFacts):
+    """What an HF export wrote and what it cost."""
 
-    out_dir: str
-    architecture: str
-    dtype: str
-    quant_algo: str | None
-    kv_cache_quant_algo: str | None
-    group_size: int | None
-    tp: int
-    pp: int
-    files: list[FileDigest]
-    total_bytes: int
-    seconds: float
-    peak_rss_bytes: int
-    modelopt_version: str
-    transformers_version: str
-    calibration: CalibrationInfo | None
     llm_args_table: str
 
 
@@ -198,8 +179,6 @@ def export_hf_artifact(
     """Write the resolved llm-api spec's artifact into the existing, empty `out_dir` (see the module doc).
 
     `device` "cuda" calibrates on the visible GPUs (an executor on the GPU builder), with the same recipe."""
-    import torch
-
     if device not in DEVICES:
         raise ValueError(f"device {device!r} is not one of {DEVICES}")
     started = time.monotonic()
@@ -215,34 +194,17 @@ def export_hf_artifact(
     source = inspect_source(Path(resolved.model_dir), resolved.tokenizer_dir, allow_pickle=spec.model.allow_pickle)
     export_dtype = resolved.weight_dtype
     recipe = quant_config(requested.algo, requested.kv_cache, requested.group_size)
-    calibration: CalibrationInfo | None = None
     if recipe is not None:
         read_texts(calibration_source(spec), requested.calibration.text_field)
     if device == "cuda":
         _check_cuda()
     with _quiet_stdout(), _threads_for(source.config), _Progress(show_progress, lines=progress_lines) as progress:
-        torch.manual_seed(requested.calibration.seed)
-        advance = progress.task("loading model", 1)
-        model = load_model(source, _torch_dtype(export_dtype), trust_remote_code=spec.model.trust_remote_code,
-                           device_map="auto" if device == "cuda" else None)
-        advance(1)
-        if device == "cuda":
-            _check_on_gpus(model)
-        if recipe is not None:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(source.tokenizer_dir,
-                                                      trust_remote_code=spec.model.trust_remote_code)
-            windows, calibration = prepare_calibration(spec, tokenizer)
-            originals = _untouched_parameters(model)
-            model = model.to(torch.bfloat16)
-            _calibrate_and_quantize(model, recipe, windows, progress)
-            # The unified export runs the layers once more (it looks for GEMMs that share an input), so the whole
-            # model must be in one dtype: it goes back to the export dtype (the quantized GEMM weights: bf16 -> fp16
-            # is exact in fp16's range; the quantizers' amax buffers round to it, 2^-11 relative at most in fp16,
-            # far below an FP8 or INT4 step), and the untouched tensors are restored bit for bit.
-            model = model.to(_torch_dtype(export_dtype))
-            _restore_parameters(originals)
+        # The unified export runs the layers once more (it looks for GEMMs that share an input), so the whole
+        # model must be in one dtype: it goes back to the export dtype after calibration (the quantized GEMM
+        # weights: bf16 -> fp16 is exact in fp16's range; the quantizers' amax buffers round to it, 2^-11 relative
+        # at most in fp16, far below an FP8 or INT4 step), and the untouched tensors are restored bit for bit.
+        model, calibration = load_and_calibrate(spec, source, export_dtype, device, progress,
+                                                back_to_export_dtype=True)
         advance = progress.task("exporting (unified HF)", 1)
         if recipe is None:
             _save_unquantized(model, out_dir)

@@ -20,7 +20,7 @@ from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trtpipe.atomic import write_text_atomically
-from trtpipe.errors import IntegrityError, TimedOut, UsageError
+from trtpipe.errors import IntegrityError, TimedOut
 from trtpipe.names import check_name  # the one plain-name rule: the spec is checked against it too
 
 LOCK_TIMEOUT_S = 60.0
