@@ -359,3 +359,98 @@ def test_a_refusal_about_no_channel_shows_in_every_models_report(isolated_home: 
     assert summary["audit_records"] == 2 and summary["audit_refusals"] == 1
     assert [(v["label"], v["digest"]) for v in summary["versions"]] == [("v1", v1)]
     assert "pull refused: unsigned" in (tmp_path / "r" / "index.html").read_text()
+
+
+# --------------------------------------------------------------------------- signature and provenance
+
+
+def test_a_signed_pulled_artifact_shows_signed_with_provenance_and_an_untrusted_signer_shows_untrusted(
+        registry_env, isolated_home: Path, store_entry, tmp_path: Path, cli, monkeypatch) -> None:
+    """Signed and pushed with a release key (real registry), pulled into another workspace and promoted there:
+    the page reads the kept bundle and provenance. Under a policy listing the release key: signed by it,
+    provenance verified; under one listing another key: untrusted; under none: signed, not verified. A local
+    build promoted beside it stays unsigned with no provenance; a file changed after the pull is invalid."""
+    from trtpipe.release import keys as K
+
+    keys = {}
+    for name in ("release", "stranger"):
+        keys[name] = K.generate_key()
+        K.write_key_pair(keys[name], tmp_path / f"{name}.key", tmp_path / f"{name}.pub")
+        (tmp_path / f"{name}-policy.yaml").write_text(f"keys:\n  {name}: {tmp_path / f'{name}.pub'}\n")
+    gates = {"dev": {"smoke": False}}
+    signed = store_entry(isolated_home, "e" * 64, seed="signed", gates=gates)
+    url = registry_env.url("report/signed")
+    code, out, err = cli("cache", "push", signed.digest, "--to", url, "--tag", "v1", "--sign", str(tmp_path / "release.key"), "--json")
+    assert code == 0, err
+
+    workspace = tmp_path / "workspace"
+    monkeypatch.setenv("TRTPIPE_HOME", str(workspace))
+    code, out, err = cli("cache", "pull", url + ":v1", "--json")
+    assert code == 0, err
+    assert json.loads(out)["artifact_digest"] == signed.digest
+    local = store_entry(workspace, "f" * 64, seed="local", model="other-llama", gates=gates)
+    for digest in (signed.digest, local.digest):
+        code, _, err = cli("promote", digest, "--to", "dev")
+        assert code == 0, err
+
+    def report(policy: str | None) -> tuple[dict[str, dict[str, Any]], str]:
+        if policy is None:
+            monkeypatch.delenv("TRTPIPE_POLICY", raising=False)
+        else:
+            monkeypatch.setenv("TRTPIPE_POLICY", str(tmp_path / f"{policy}-policy.yaml"))
+        target = tmp_path / f"report-{policy}"
+        code, out, err = cli("report", "--out", str(target), "--json")
+        assert code == 0, err
+        rows = {c["digest"]: c for c in json.loads(out)["channels"]}
+        assert set(rows) == {signed.digest, local.digest}
+        return rows, (target / "index.html").read_text(encoding="utf-8")
+
+    def trust_cells(html: str, model: str) -> str:
+        """The channel row of `model`, as text."""
+        start = html.index(f"<td>{model} / cpu-reference</td>")
+        return html[start:html.index("</tr>", start)]
+
+    rows, html = report("release")
+    assert (rows[signed.digest]["signature"], rows[signed.digest]["signer"], rows[signed.digest]["provenance"]) == (
+        "signed", "release", "present")
+    row = trust_cells(html, "tiny-llama")
+    assert '<span class="badge signed">signed</span> release' in row
+    assert '<span class="badge present">present</span>' in row and "signed by trusted key release" in row
+    assert (rows[local.digest]["signature"], rows[local.digest]["signer"], rows[local.digest]["provenance"]) == (
+        "unsigned", None, "none")
+    row = trust_cells(html, "other-llama")
+    assert '<span class="badge unsigned">unsigned</span>' in row and "no provenance" in row
+
+    rows, html = report("stranger")
+    assert (rows[signed.digest]["signature"], rows[signed.digest]["provenance"]) == ("untrusted", "present")
+    assert rows[signed.digest]["signer"] == keys["release"].key_id[:16]
+    row = trust_cells(html, "tiny-llama")
+    assert '<span class="badge untrusted">untrusted</span>' in row and "does not trust" in row
+    assert "NOT verified" in row
+    assert rows[local.digest]["signature"] == "unsigned"
+
+    rows, html = report(None)
+    assert (rows[signed.digest]["signature"], rows[signed.digest]["signer"], rows[signed.digest]["provenance"]) == (
+        "signed", keys["release"].key_id[:16], "present")
+    assert "not verified: no trust policy" in trust_cells(html, "tiny-llama")
+
+    # A file of the pulled entry changed in place (same size): the release key's signature no longer matches.
+    from trtpipe.store.local import Store
+
+    weights = Store.open(workspace).find(signed.digest).path / "rank0.safetensors"
+    body = bytearray(weights.read_bytes())
+    body[0] ^= 1
+    weights.chmod(0o644)
+    weights.write_bytes(bytes(body))
+    rows, html = report("release")
+    assert rows[signed.digest]["signature"] == "invalid"
+    assert "rank0.safetensors changed" in trust_cells(html, "tiny-llama")
+
+
+def test_an_artifact_not_in_the_store_is_unknown(tmp_path: Path) -> None:
+    """Its signature cannot be checked over files this workspace does not hold: unknown, not unsigned."""
+    from trtpipe.release.report_trust import artifact_trust
+
+    trust = artifact_trust(tmp_path, "sha256:" + "0" * 64, None, "dev", None)
+    assert (trust.signature, trust.signer, trust.provenance) == ("unknown", None, "unknown")
+    assert "not in this store" in trust.signature_detail
