@@ -167,40 +167,54 @@ def _serve_registry(base: Path, auth: list[str], username: str, password: str) -
         pytest.skip("docker-registry is not installed (apt-get install -y docker-registry; scripts/install.sh --test does it)")
     root = base / "storage"
     root.mkdir()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    config = base / "config.yml"
-    config.write_text("\n".join([
-        "version: 0.1", "log:", "  level: warn", "storage:", "  filesystem:", f"    rootdirectory: {root}",
-        "  delete:", "    enabled: true",
-        "http:", f"  addr: 127.0.0.1:{port}", "  secret: trtpipe-test-secret", "  draintimeout: 5s",
-        "auth:", *auth, "",
-    ]))  # fmt: skip
     log_path = base / "registry.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("REGISTRY_")}
-    with open(log_path, "wb") as log:
+    # The port is picked free, then bound by the registry: another process can take it in between (many servers
+    # start at once in a loaded suite). A registry that exits on "address already in use" is started again on a
+    # new port, three times at most.
+    for _attempt in range(3):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        config = base / "config.yml"
+        config.write_text("\n".join([
+            "version: 0.1", "log:", "  level: warn", "storage:", "  filesystem:", f"    rootdirectory: {root}",
+            "  delete:", "    enabled: true",
+            "http:", f"  addr: 127.0.0.1:{port}", "  secret: trtpipe-test-secret", "  draintimeout: 5s",
+            "auth:", *auth, "",
+        ]))  # fmt: skip
+        log = open(log_path, "wb")
         proc = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT, env=env)
         host = f"127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    if requests.get(f"http://{host}/v2/", timeout=1).status_code == 401:
-                        break
-                except requests.RequestException:
-                    pass
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"docker-registry did not start: {log_path.read_text()[-2000:]}")
-                time.sleep(0.05)
-            yield RegistryHandle(host=host, root=root, username=username, password=password)
-        finally:
-            proc.terminate()
+        deadline = time.monotonic() + 20
+        while True:
             try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                if requests.get(f"http://{host}/v2/", timeout=1).status_code == 401:
+                    break
+            except requests.RequestException:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        if proc.poll() is None and time.monotonic() <= deadline:
+            break
+        proc.kill()
+        proc.wait()
+        log.close()
+        if "address already in use" not in log_path.read_text(errors="replace"):
+            raise RuntimeError(f"docker-registry did not start: {log_path.read_text()[-2000:]}")
+    else:
+        raise RuntimeError(f"docker-registry did not start: {log_path.read_text()[-2000:]}")
+    try:
+        yield RegistryHandle(host=host, root=root, username=username, password=password)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
 
 
 @pytest.fixture(scope="session")
