@@ -35,6 +35,7 @@ from trtpipe.serving.publish import (
     REQUIRED_TOKENIZER_FILE,
     STORE_MANIFEST,
     TOKENIZER_FILES,
+    manifest_header,
     place_file,
 )
 
@@ -133,23 +134,13 @@ def _quantization(artifact_dir: Path) -> dict[str, Any]:
 def build_manifest(resolved: Any, artifact_dir: Path, artifact_digest: str, files: list[str],
                    llm_args: dict[str, Any], repository_key: str | None) -> dict[str, Any]:
     spec = resolved.spec
-    toolchain = resolved.toolchain
     tp = int(llm_args.get("tensor_parallel_size", 1) or 1)
     pp = int(llm_args.get("pipeline_parallel_size", 1) or 1)
     return {
         "format": MANIFEST_FORMAT,
         "layout": LAYOUT,
         "backend": "llm-api",
-        "name": spec.artifact_name,
-        "release": spec.release.model_dump(mode="json"),
-        "repository_key": repository_key,
-        "target": spec.target.gpu,
-        "reference": spec.target.is_cpu_reference,
-        "toolchain": toolchain.name,
-        "trtllm_version": toolchain.trtllm_version,
-        "serving_container": toolchain.triton_container,
-        "serving_container_digest": toolchain.triton_container_digest,
-        "container_repo_mount": CONTAINER_REPO_MOUNT,
+        **manifest_header(resolved, repository_key),
         "artifact": {
             "digest": artifact_digest,
             "dir": ARTIFACT_DIR,

@@ -251,20 +251,11 @@ def _write_models(
     return placement, engine_files, tokenizer_files
 
 
-def build_manifest(
-    resolved: Any,
-    engine: EngineFacts,
-    engine_digest: str,
-    engine_key: str,
-    engine_files: list[str],
-    tokenizer_files: list[str],
-    values: dict[str, str],
-    repository_key: str | None = None,
-) -> dict[str, Any]:
+def manifest_header(resolved: Any, repository_key: str | None) -> dict[str, Any]:
+    """What every repository's trtpipe.json says of the spec and the toolchain, whichever layout it has."""
     spec = resolved.spec
     toolchain = resolved.toolchain
     return {
-        "format": MANIFEST_FORMAT,
         "name": spec.artifact_name,
         # What promotion requires, carried by the artifact itself (also in its store key document).
         "release": spec.release.model_dump(mode="json"),
@@ -276,6 +267,23 @@ def build_manifest(
         "serving_container": toolchain.triton_container,
         "serving_container_digest": toolchain.triton_container_digest,
         "container_repo_mount": CONTAINER_REPO_MOUNT,
+    }
+
+
+def build_manifest(
+    resolved: Any,
+    engine: EngineFacts,
+    engine_digest: str,
+    engine_key: str,
+    engine_files: list[str],
+    tokenizer_files: list[str],
+    values: dict[str, str],
+    repository_key: str | None = None,
+) -> dict[str, Any]:
+    spec = resolved.spec
+    return {
+        "format": MANIFEST_FORMAT,
+        **manifest_header(resolved, repository_key),
         "engine": {
             "key": engine_key,
             "digest": engine_digest,
