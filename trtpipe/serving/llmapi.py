@@ -18,25 +18,23 @@ LLM() as it is. Nothing in the output depends on when or where it was published.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from trtpipe.errors import IntegrityError, InternalError, InvalidInput, UsageError
+from trtpipe.errors import IntegrityError, InvalidInput
 from trtpipe.serving import identity, templates
 from trtpipe.serving.publish import (
     CONTAINER_REPO_MOUNT,
     MANIFEST_FORMAT,
-    MANIFEST_NAME,
     REQUIRED_TOKENIZER_FILE,
     STORE_MANIFEST,
     TOKENIZER_FILES,
     manifest_header,
     place_file,
+    write_repository_atomically,
 )
 
 LAYOUT = "llmapi"
@@ -192,26 +190,9 @@ def publish_llmapi_repository(
     out_dir = Path(out_dir)
     files = check_artifact(artifact_dir)
     llm_args = read_llm_args(artifact_dir)
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise UsageError(f"{out_dir} is not empty", fix="publish into a new or empty directory")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        identity_values = {identity.ENGINE_DIGEST: artifact_digest}
-        if repository_key is not None:
-            identity_values[identity.REPOSITORY_KEY] = repository_key
+    def write(staging: Path, identity_values: dict[str, str]) -> dict[str, Any]:
         _write(resolved, artifact_dir, files, llm_args, staging, identity_values)
-        manifest = build_manifest(resolved, artifact_dir, artifact_digest, files, llm_args, repository_key)
-        (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        issues = [i for i in validate_repository(staging) if i.severity == "error"]
-        if issues:
-            raise InternalError(f"published llmapi repository does not validate: {issues[0].one_line()}",
-                                fix="report this bug with the spec that produced it")
-        staging.chmod(0o755)
-        if out_dir.exists():
-            out_dir.rmdir()
-        os.replace(staging, out_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return out_dir
+        return build_manifest(resolved, artifact_dir, artifact_digest, files, llm_args, repository_key)
+
+    return write_repository_atomically(out_dir, artifact_digest, repository_key, write, validate_repository,
+                                       "llmapi repository")

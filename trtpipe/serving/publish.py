@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -328,23 +329,35 @@ def publish_repository(
         )
     values = template_values(resolved, engine)
 
+    def write(staging: Path, identity_values: dict[str, str]) -> dict[str, Any]:
+        _placement, engine_files, tokenizer_files = _write_models(resolved, engine_dir, values, staging, identity_values)
+        return build_manifest(
+            resolved, engine, engine_digest, engine_key, engine_files, tokenizer_files, values, repository_key
+        )
+
+    return write_repository_atomically(out_dir, engine_digest, repository_key, write, validate_repository, "repository")
+
+
+def write_repository_atomically(
+    out_dir: Path, digest: str, repository_key: str | None,
+    write: Callable[[Path, dict[str, str]], dict[str, Any]], validate: Callable[[Path], list[Any]], what: str,
+) -> Path:
+    """Publish a repository into `out_dir` (absent or empty), whatever its layout: `write(staging, identity values)`
+    writes the models into a staging directory beside it and returns the trtpipe.json manifest; the result must
+    pass `validate`, then one rename puts it in place. A reader never sees half a repository."""
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UsageError(f"{out_dir} is not empty", fix="publish into a new or empty directory")
-    # Write next to the destination, then rename: a reader never sees half a repository.
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        identity_values = {identity.ENGINE_DIGEST: engine_digest}
+        identity_values = {identity.ENGINE_DIGEST: digest}
         if repository_key is not None:
             identity_values[identity.REPOSITORY_KEY] = repository_key
-        _placement, engine_files, tokenizer_files = _write_models(resolved, engine_dir, values, staging, identity_values)
-        manifest = build_manifest(
-            resolved, engine, engine_digest, engine_key, engine_files, tokenizer_files, values, repository_key
-        )
+        manifest = write(staging, identity_values)
         (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        issues = [i for i in validate_repository(staging) if i.severity == "error"]
+        issues = [i for i in validate(staging) if i.severity == "error"]
         if issues:
-            raise InternalError(f"published repository does not validate: {issues[0].one_line()}",
+            raise InternalError(f"published {what} does not validate: {issues[0].one_line()}",
                                 fix="report this bug with the spec that produced it")
         staging.chmod(0o755)
         if out_dir.exists():
