@@ -213,7 +213,10 @@ class EngineSection(StrictModel):
 
 
 class TritonSection(StrictModel):
-    streaming: bool = True
+    streaming: bool | None = Field(
+        default=None,
+        description="Deploy decoupled, so clients may stream. Default: true, except on the llm-api backend, where "
+                    "it is false as in upstream's llmapi model.yaml (triton_config.decoupled: False).")
     tensorrt_llm_instance_count: int = Field(default=1, ge=1, le=64)
     preprocessing_instance_count: int = Field(default=1, ge=1, le=64)
     postprocessing_instance_count: int = Field(default=1, ge=1, le=64)
@@ -283,6 +286,15 @@ class BuildSpec(StrictModel):
         if value is not None and value not in BACKEND_KINDS:
             raise ValueError(f"{value!r} is not a backend; use one of: {', '.join(BACKEND_KINDS)}")
         return value
+
+    @model_validator(mode="after")
+    def _streaming_default(self) -> BuildSpec:
+        # The default follows the serving layout's upstream default: the inflight_batcher_llm deployments trtpipe
+        # publishes stream; TensorRT-LLM's llmapi model.yaml ships decoupled: False (tensorrtllm_backend c2e65b88
+        # all_models/llmapi/tensorrt_llm/1/model.yaml), and its llmapi_client.py calls it unary.
+        if self.triton.streaming is None:
+            self.triton.streaming = self.backend_kind != "llm-api"
+        return self
 
     @property
     def artifact_name(self) -> str:

@@ -139,9 +139,17 @@ def test_streamed_deltas_add_up_to_the_unary_text(server, unary_server) -> None:
     assert unary.output_token_ids == []  # the llmapi contract returns text only
 
 
-def test_upstream_response_semantics(server) -> None:
-    """Without exclude_input_from_output the prompt is echoed (upstream's default); each streamed text_output is
-    the whole text so far; finish_reason and cumulative_logprob come as strings."""
+def test_upstream_response_semantics(server, unary_server) -> None:
+    """Without exclude_input_from_output a non-streaming answer echoes the prompt (upstream's default, false in
+    helpers.py) and a streamed one never does (the executor streams generated tokens only); each streamed
+    text_output is the whole generated text so far; finish_reason and cumulative_logprob come as strings."""
+    unary = _raw(unary_server.grpc_url, {
+        "text_input": np.array([PROMPT.encode()], dtype=object),
+        "sampling_param_max_tokens": np.array([6], dtype=np.int32),
+        "sampling_param_top_k": np.array([1], dtype=np.int32),
+    })
+    whole = [_text(r) for r in unary if r.as_numpy("text_output") is not None]
+    assert len(whole) == 1 and whole[0].startswith(PROMPT) and len(whole[0]) > len(PROMPT)
     responses = _raw(server.grpc_url, {
         "text_input": np.array([PROMPT.encode()], dtype=object),
         "streaming": np.array([True]),
@@ -151,8 +159,9 @@ def test_upstream_response_semantics(server) -> None:
         "return_cumulative_logprob": np.array([True]),
     })
     texts = [_text(r) for r in responses if r.as_numpy("text_output") is not None]
-    assert all(t.startswith(PROMPT) for t in texts)
+    assert not any(t.startswith(PROMPT) for t in texts)
     assert all(b.startswith(a) for a, b in zip(texts, texts[1:])) and len(set(texts)) > 2
+    assert whole[0] == PROMPT + texts[-1] or whole[0].endswith(texts[-1])
     final = [r for r in responses if r.as_numpy("finish_reason") is not None][-1]
     assert final.as_numpy("finish_reason").reshape(-1)[0] == b"length"
     assert float(final.as_numpy("cumulative_logprob").reshape(-1)[0]) < 0

@@ -253,7 +253,8 @@ def test_server_killed_mid_stream(example_repo: Path) -> None:
 
 @pytest.mark.timeout(240)
 def test_non_streaming_deployment(example_repo: Path, tiny_llama_dir: Path, publish_example) -> None:
-    """triton.streaming: false publishes a non-decoupled tensorrt_llm; unary calls work, streaming is refused."""
+    """triton.streaming: false publishes a non-decoupled tensorrt_llm and BLS (upstream's BLS follows the deployment);
+    unary calls work, streaming is refused."""
     from trtpipe.errors import TrtpipeError
     from trtpipe.serving.server import start_server
 
@@ -263,10 +264,10 @@ def test_non_streaming_deployment(example_repo: Path, tiny_llama_dir: Path, publ
     with start_server(repo, start_timeout=180) as server:
         ensemble = TritonLLMClient(server.grpc_url, timeout=60)
         bls = TritonLLMClient(server.grpc_url, model="tensorrt_llm_bls", timeout=60)
-        assert not ensemble.is_decoupled() and bls.is_decoupled()
+        assert not ensemble.is_decoupled() and not bls.is_decoupled()
         assert ensemble.generate(PROMPTS[0], 8, top_k=1).output_token_ids == \
             bls.generate(PROMPTS[0], 8, top_k=1).output_token_ids
         with pytest.raises(TrtpipeError, match="not decoupled"):
             next(ensemble.stream(PROMPTS[0], 8))
-        with pytest.raises(TritonRequestError, match="decoupled mode"):
-            list(bls.stream(PROMPTS[0], 8))
+        with pytest.raises(TrtpipeError, match="not decoupled"):
+            next(bls.stream(PROMPTS[0], 8))

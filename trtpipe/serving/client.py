@@ -32,7 +32,10 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from trtpipe.errors import InvalidInput, RemoteError, TrtpipeError, UsageError
 
-OUTPUTS = ("text_output", "output_ids", "sequence_length", "cum_log_probs", "output_log_probs")
+OUTPUTS = ("text_output", "output_ids", "sequence_length")
+# Produced only when the request sets return_log_probs (as the C++ backend does): asked for only then, since a
+# non-decoupled ensemble fails a request for an output no step produced.
+LOG_PROB_OUTPUTS = ("cum_log_probs", "output_log_probs")
 LLMAPI_OUTPUTS = ("text_output",)
 
 INFLIGHT = "inflight_batcher_llm"
@@ -353,8 +356,11 @@ class TritonLLMClient:
             return build_llmapi_inputs(prompt, max_tokens, stream=stream, **sampling)
         return build_inputs(prompt, max_tokens, stream=stream, **sampling)
 
-    def _outputs(self) -> list[grpcclient.InferRequestedOutput]:
-        names = LLMAPI_OUTPUTS if self.contract() == LLMAPI else OUTPUTS
+    def _outputs(self, sampling: dict[str, Any]) -> list[grpcclient.InferRequestedOutput]:
+        if self.contract() == LLMAPI:
+            names: tuple[str, ...] = LLMAPI_OUTPUTS
+        else:
+            names = OUTPUTS + (LOG_PROB_OUTPUTS if sampling.get("return_log_probs") else ())
         return [grpcclient.InferRequestedOutput(n) for n in names]
 
     def generate(self, prompt: str, max_tokens: int, **sampling: Any) -> Generation:
@@ -371,7 +377,7 @@ class TritonLLMClient:
             try:
                 result = client.infer(
                     self.model, self._inputs(prompt, max_tokens, stream=False, **sampling),
-                    outputs=self._outputs(), client_timeout=self.timeout,
+                    outputs=self._outputs(sampling), client_timeout=self.timeout,
                 )
             except InferenceServerException as err:
                 raise self._connection_error(err, "generating") from None
@@ -408,7 +414,7 @@ class TritonLLMClient:
         try:
             try:
                 client.start_stream(callback=on_response)
-                inputs, outputs = self._inputs(prompt, max_tokens, stream=stream, **sampling), self._outputs()
+                inputs, outputs = self._inputs(prompt, max_tokens, stream=stream, **sampling), self._outputs(sampling)
                 client.async_stream_infer(
                     self.model, inputs, outputs=outputs,
                     request_id=uuid.uuid4().hex, enable_empty_final_response=True,

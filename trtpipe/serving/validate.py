@@ -149,7 +149,15 @@ class _Checker:
                 self.add("ensemble", "max_batch_size",
                          f"ensemble max_batch_size {ens.max_batch_size} exceeds {step.model_name}'s {model.max_batch_size}",
                          f"lower the ensemble's max_batch_size to {model.max_batch_size}")
+        consumed = {value: step.model_name for step in ens.ensemble_scheduling.step for value in step.input_map.values()}
         for out in ens.output:
+            if out.name in consumed:
+                # Measured on Triton 2.51: a request for a subset of outputs that leaves such a tensor out gets no
+                # answer (decoupled) or "unexpected deadlock" (not decoupled); upstream's ensemble routes the token ids
+                # through internal tensors (_TOKENS_BATCH), so every subset works.
+                self.add("ensemble", f"output[{out.name}]",
+                         f"is also an input of step {consumed[out.name]}, so a request that does not ask for it gets "
+                         "no answer", f"map the step's output to an internal tensor (_{out.name}) for the next step")
             if out.name not in available or available[out.name][2] == "ensemble input":
                 self.add("ensemble", f"output[{out.name}]", "no step produces this ensemble output",
                          "add an output_map that produces it, or remove the output")
@@ -175,10 +183,14 @@ class _Checker:
                 self.add("tensorrt_llm", "model_transaction_policy.decoupled",
                          "the model is decoupled but the manifest says triton.streaming is false",
                          "publish again so the config and manifest agree")
-        if bls is not None and not bls.model_transaction_policy.decoupled:
+        if bls is not None and llm is not None and \
+                bls.model_transaction_policy.decoupled != llm.model_transaction_policy.decoupled:
+            # Upstream's BLS follows the deployment (decoupled: ${decoupled_mode}, like tensorrt_llm): a decoupled BLS
+            # on a non-streaming deployment refuses every unary /infer (HTTP 501), a non-decoupled one cannot stream.
+            want = "true" if llm.model_transaction_policy.decoupled else "false"
             self.add("tensorrt_llm_bls", "model_transaction_policy.decoupled",
-                     "the BLS model sends its responses through a response sender and must be decoupled",
-                     "set model_transaction_policy { decoupled: true }")
+                     f"is {str(bls.model_transaction_policy.decoupled).lower()} but tensorrt_llm's is {want}",
+                     f"set model_transaction_policy {{ decoupled: {want} }} (publish again)")
         if bls is not None and llm is not None:
             declared = self.param(bls, "tensorrt_llm_decoupled")
             actual = "true" if llm.model_transaction_policy.decoupled else "false"

@@ -53,14 +53,29 @@ class TritonPythonModel:
             try:
                 tokens = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy()
                 lengths = pb_utils.get_input_tensor_by_name(request, "SEQUENCE_LENGTH").as_numpy()
-                tokens = tokens.reshape(tokens.shape[0], -1, tokens.shape[-1]) if tokens.ndim >= 2 else tokens.reshape(1, 1, -1)
+                # [batch, beams, tokens]; a response with no new token (the end of a stream) has 0 tokens.
+                if tokens.ndim == 2:
+                    tokens = tokens[:, None, :]
+                elif tokens.ndim == 1:
+                    tokens = tokens[None, None, :]
                 lengths = lengths.reshape(tokens.shape[0], tokens.shape[1])
-                texts = np.empty((tokens.shape[0], tokens.shape[1]), dtype=object)
+                # One text per sequence, flattened over batch and beams: OUTPUT is 1-D ([batch x beams]) as upstream's
+                # postprocessing returns it (tensorrtllm_backend c2e65b88 postprocessing/1/model.py execute), and its
+                # clients read as_numpy("text_output")[0] as bytes.
+                texts = []
                 for b in range(tokens.shape[0]):
                     for beam in range(tokens.shape[1]):
                         ids = tokens[b, beam, : int(lengths[b, beam])].tolist()
-                        texts[b, beam] = decode_chunk(self.tokenizer, self.anchor, ids, self.skip_special_tokens).encode("utf-8")
-                responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT", texts)]))
+                        texts.append(decode_chunk(self.tokenizer, self.anchor, ids, self.skip_special_tokens).encode("utf-8"))
+                outputs = [
+                    pb_utils.Tensor("OUTPUT", np.array(texts, dtype=object)),
+                    # The token ids pass through, so the ensemble can offer output_ids / sequence_length without
+                    # exposing a tensor that also feeds this step (a request for text_output alone would then get no
+                    # answer, or "unexpected deadlock" when not decoupled).
+                    pb_utils.Tensor("OUT_TOKENS_BATCH", tokens.astype(np.int32)),
+                    pb_utils.Tensor("OUT_SEQUENCE_LENGTH", lengths.astype(np.int32)),
+                ]
+                responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
             except Exception as err:
                 responses.append(
                     pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"postprocessing: {err}"))

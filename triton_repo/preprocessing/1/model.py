@@ -1,7 +1,8 @@
 """trtpipe preprocessing model (Triton Python backend): text -> token ids.
 
 Uses the `tokenizers` library directly (no torch, no transformers) so the stub starts in about
-a second. Inputs and outputs follow the inflight_batcher_llm preprocessing contract. It is a text
+a second. Inputs and outputs follow the inflight_batcher_llm preprocessing contract; every answer carries what upstream's
+always carries (INPUT_ID, DECODER_INPUT_ID, the lengths, stop/bad words, EMBEDDING_BIAS, end and pad ids). It is a text
 preprocessor: the declared multimodal, encoder-decoder, embedding-bias and prompt-table inputs are refused
 with a one-line error naming the input when a request carries them (their outputs are never produced).
 """
@@ -147,14 +148,22 @@ class TritonPythonModel:
                     return np.full((batch, 1), default, dtype=np.int32)
                 return tensor.as_numpy().astype(np.int32).reshape(batch, 1)
 
+            pad_ids = ids_or_default("PAD_ID", self.pad_id)
             outputs = [
                 pb_utils.Tensor("INPUT_ID", input_ids),
+                # Upstream always answers with a decoder input: the pad id, length 1, when no DECODER_QUERY is given
+                # (tensorrtllm_backend c2e65b88 all_models/inflight_batcher_llm/preprocessing/1/model.py execute);
+                # its clients read it and the tensorrt_llm model ignores it on a decoder-only engine.
+                pb_utils.Tensor("DECODER_INPUT_ID", pad_ids.copy()),
+                pb_utils.Tensor("REQUEST_DECODER_INPUT_LEN", np.ones((batch, 1), dtype=np.int32)),
+                # No embedding bias: an empty [batch, 0] tensor, as upstream's _get_embedding_bias returns.
+                pb_utils.Tensor("EMBEDDING_BIAS", np.empty((batch, 0), dtype=np.float32)),
                 pb_utils.Tensor("REQUEST_INPUT_LEN", lengths),
                 pb_utils.Tensor("REQUEST_OUTPUT_LEN", out_len.astype(np.int32).reshape(batch, 1)),
                 pb_utils.Tensor("STOP_WORDS_IDS", words("STOP_WORDS_DICT")),
                 pb_utils.Tensor("BAD_WORDS_IDS", words("BAD_WORDS_DICT")),
                 pb_utils.Tensor("OUT_END_ID", ids_or_default("END_ID", self.end_id)),
-                pb_utils.Tensor("OUT_PAD_ID", ids_or_default("PAD_ID", self.pad_id)),
+                pb_utils.Tensor("OUT_PAD_ID", pad_ids),
             ]
             return pb_utils.InferenceResponse(output_tensors=outputs)
         except Exception as err:  # the client gets the message, the server keeps running

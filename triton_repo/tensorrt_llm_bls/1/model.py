@@ -1,4 +1,4 @@
-"""trtpipe tensorrt_llm_bls model (Triton Python backend, decoupled).
+"""trtpipe tensorrt_llm_bls model (Triton Python backend; decoupled when the deployment streams).
 
 One model that calls `preprocessing` and then `tensorrt_llm` through BLS and detokenizes
 incrementally: each streamed text delta is exact (a character split across tokens is held back
@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils
 from tokenizers import Tokenizer
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 # BLS input name -> preprocessing input name
 PRE_INPUTS = {
@@ -111,6 +113,16 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.ids)
         return delta
 
+    def flush(self) -> str:
+        """What add() held back (an incomplete character at the end), decoded as it is."""
+        if self.read_offset == len(self.ids):
+            return ""
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=self.skip)
+        text = self.tokenizer.decode(self.ids[self.prefix_offset :], skip_special_tokens=self.skip)
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(self.ids)
+        return text[len(prefix) :] if text.startswith(prefix) else text
+
 
 def anchor_id(tokenizer: Tokenizer) -> int:
     for text in ("a", "the", "x", "0"):
@@ -129,6 +141,8 @@ class TritonPythonModel:
         self.anchor = anchor_id(self.tokenizer)
         self.llm_name = _param(self.model_config, "tensorrt_llm_model_name", "tensorrt_llm")
         self.llm_decoupled = _param(self.model_config, "tensorrt_llm_decoupled", "true") == "true"
+        # Decoupled only when the deployment streams (config.pbtxt decoupled: ${decoupled_mode}, as upstream's).
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(self.model_config)
         self.threads: set[threading.Thread] = set()
         self.lock = threading.Lock()
 
@@ -152,14 +166,14 @@ class TritonPythonModel:
             for pre_name, llm_name in PRE_TO_LLM.items()
         }
 
-    def _llm_responses(self, request, llm_inputs: dict[str, pb_utils.Tensor]):
+    def _llm_responses(self, request, llm_inputs: dict[str, pb_utils.Tensor], wanted: list[str]):
         for name, llm_name in PASS_THROUGH.items():
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             if tensor is not None:
                 llm_inputs[llm_name] = pb_utils.Tensor(llm_name, tensor.as_numpy())
         llm_request = pb_utils.InferenceRequest(
-            model_name=self.llm_name, requested_output_names=LLM_OUTPUTS + LLM_EXTRA_OUTPUTS,
-            inputs=list(llm_inputs.values()),
+            model_name=self.llm_name, requested_output_names=wanted, inputs=list(llm_inputs.values()),
+            request_id=request.request_id(),
         )
         if self.llm_decoupled:
             yield from llm_request.exec(decoupled=True)
@@ -167,57 +181,73 @@ class TritonPythonModel:
             yield llm_request.exec()
 
     def _run(self, request, sender) -> None:
-        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        """Answer one request: a text delta per tensorrt_llm response when streaming, else one text per prompt."""
         try:
             stream_tensor = pb_utils.get_input_tensor_by_name(request, "stream")
             streaming = bool(stream_tensor.as_numpy().reshape(-1)[0]) if stream_tensor is not None else False
-            detok = IncrementalDetokenizer(self.tokenizer, self.anchor, skip_special_tokens=True)
-            all_ids: list[int] = []
-            all_logprobs: list[float] = []
-            extras: dict[str, np.ndarray] = {}
-            for response in self._llm_responses(request, self._preprocess(request)):
+            if streaming and not self.decoupled:
+                raise ValueError("streaming is only supported when the model is deployed in decoupled mode; "
+                                 "publish with triton.streaming: true, or send stream=false")
+            requested = set(request.requested_output_names())
+            # Ask tensorrt_llm for what the client asked for (upstream's BLS passes the request's output names on,
+            # lib/triton_decoder.py _llm_outputs); the token ids are always needed to make the text.
+            wanted = list(dict.fromkeys(["output_ids", "sequence_length", "batch_index",
+                                         *(n for n in LLM_OUTPUTS + LLM_EXTRA_OUTPUTS if n in requested)]))
+            detoks: dict[int, IncrementalDetokenizer] = {}
+            for response in self._llm_responses(request, self._preprocess(request), wanted):
                 if response.has_error():
                     raise RuntimeError(response.error().message())
                 out = pb_utils.get_output_tensor_by_name(response, "output_ids")
                 if out is None:  # the empty final response of a decoupled stream
                     continue
+                index_tensor = pb_utils.get_output_tensor_by_name(response, "batch_index")
+                index = int(index_tensor.as_numpy().reshape(-1)[0]) if index_tensor is not None else 0
+                detok = detoks.setdefault(index, IncrementalDetokenizer(self.tokenizer, self.anchor, True))
                 length = int(pb_utils.get_output_tensor_by_name(response, "sequence_length").as_numpy().reshape(-1)[0])
                 ids = out.as_numpy().reshape(-1)[:length].astype(np.int32).tolist()
-                logprobs = pb_utils.get_output_tensor_by_name(response, "output_log_probs").as_numpy().reshape(-1)[:length]
-                all_ids.extend(ids)
-                all_logprobs.extend(float(x) for x in logprobs)
-                for name in LLM_EXTRA_OUTPUTS:
+                extras = {}
+                for name in wanted[3:]:
                     tensor = pb_utils.get_output_tensor_by_name(response, name)
                     if tensor is not None:
                         extras[name] = tensor.as_numpy()
-                if streaming:
-                    if getattr(sender, "is_cancelled", lambda: False)():
-                        break
-                    sender.send(self._response(detok.add(ids), ids, [float(x) for x in logprobs], extras))
-            if streaming:
-                sender.send(flags=final)
-            else:  # tensorrt_llm answered in one response (stream=false is passed on), so extras are its totals
-                sender.send(self._response(detok.add(all_ids), all_ids, all_logprobs, extras), flags=final)
+                if index_tensor is not None:
+                    extras["batch_index"] = index_tensor.as_numpy()
+                # Streaming: each delta as it comes; not streaming: the prompt's whole text (tensorrt_llm answered
+                # it in one response, so its extras are the totals).
+                text = detok.add(ids) if streaming else detok.add(ids) + detok.flush()
+                if streaming and getattr(sender, "is_cancelled", lambda: False)():
+                    break
+                sender.send(self._response(text, ids, extras, requested), flags=0 if self.decoupled else FINAL)
+                if not self.decoupled:
+                    return
+            if self.decoupled:
+                # As upstream's BLS does (tensorrt_llm_bls/1/model.py execute): the stream closes with a final flag.
+                sender.send(flags=FINAL)
+            else:
+                raise RuntimeError(f"{self.llm_name} sent no response")
         except Exception as err:
             sender.send(
                 pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"tensorrt_llm_bls: {err}")),
-                flags=final,
+                flags=FINAL,
             )
 
     @staticmethod
-    def _response(text: str, ids: list[int], logprobs: list[float], extras: dict[str, np.ndarray]):
+    def _response(text: str, ids: list[int], extras: dict[str, np.ndarray], requested: set[str]):
+        """One response; text_output is 1-D ([batch x beams] = [1]), as upstream's postprocessing OUTPUT, which its
+        BLS returns (its clients decode as_numpy("text_output")[0])."""
         n = len(ids)
-        tensors = [
-            pb_utils.Tensor("text_output", np.array([[text.encode("utf-8")]], dtype=object)),
-            pb_utils.Tensor("output_ids", np.array(ids, dtype=np.int32).reshape(1, 1, n)),
-            pb_utils.Tensor("sequence_length", np.array([[n]], dtype=np.int32)),
-            pb_utils.Tensor("cum_log_probs", np.array([[sum(logprobs)]], dtype=np.float32)),
-            pb_utils.Tensor("output_log_probs", np.array(logprobs, dtype=np.float32).reshape(1, 1, -1)),
-        ]
-        tensors += [pb_utils.Tensor(name, value) for name, value in extras.items()]
-        return pb_utils.InferenceResponse(output_tensors=tensors)
+        tensors = {
+            "text_output": np.array([text.encode("utf-8")], dtype=object),
+            "output_ids": np.array(ids, dtype=np.int32).reshape(1, 1, n),
+            "sequence_length": np.array([[n]], dtype=np.int32),
+            **extras,
+        }
+        return pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor(name, value) for name, value in tensors.items() if name in requested])
 
     def execute(self, requests):
+        # Every request is answered through its response sender from a worker, decoupled or not, so one slow
+        # generation holds no other up.
         for request in requests:
             sender = request.get_response_sender()
 

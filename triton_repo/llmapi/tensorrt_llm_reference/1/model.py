@@ -11,8 +11,9 @@ build_configs/triton_contracts/llmapi.yaml, `layout`):
   temperature defaults to 1, top_k to the whole vocabulary, top_p to 1. max_tokens unset: max_seq_len minus the
   prompt (executor base_worker _deduce_max_tokens). Stop strings end the text and are cut from it, with
   finish_reason "stop" and stop_reason the string.
-- text_output is the cumulative text (CompletionOutput.text), decoded without special tokens, prompt included
-  unless sampling_param_exclude_input_from_output (default false, upstream helpers.py).
+- text_output is the cumulative text (CompletionOutput.text), decoded without special tokens; a non-streaming answer
+  begins with the prompt unless sampling_param_exclude_input_from_output (default false, upstream helpers.py), a
+  streamed one never does (the executor sends a stream only the generated tokens).
 - finish_reason, stop_reason and cumulative_logprob are sent as strings when asked for (return_*).
 - streaming needs the decoupled deployment ("Streaming is only supported in decoupled mode.").
 - `stop` cancels the in-flight request with the same request id and is answered with a CANCELLED error.
@@ -162,7 +163,11 @@ class TritonPythonModel:
 
     # --- responses -------------------------------------------------------------------------
     def _response(self, p: dict, ids: list[int], logprob: float, finish: str | None, stop_reason: str | None):
-        shown = ids if p["exclude_input"] else [*p["prompt_ids"], *ids]
+        # The prompt is echoed only in a non-streaming answer: upstream's helpers.py defaults
+        # sampling_param_exclude_input_from_output to false, and the executor puts the prompt's tokens in a result only
+        # when not streaming (TensorRT-LLM cpp/tensorrt_llm/batch_manager/llmRequest.cpp createResult, code index
+        # 89fd9b74); CompletionOutput.text is decoded from those tokens (tensorrt_llm/executor/result.py).
+        shown = ids if p["exclude_input"] or p["streaming"] else [*p["prompt_ids"], *ids]
         text = self.tokenizer.decode(shown, skip_special_tokens=True)
         tensors = [pb_utils.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_))]
         for switch, name, value in (("return_finish_reason", "finish_reason", finish),
