@@ -117,7 +117,8 @@ def test_smoke_with_parity_passes(server, fresh_export: Path) -> None:
     result = run_smoke(server.grpc_url, parity_engine=(fresh_export, fresh_export), max_tokens=MAX_TOKENS, timeout=120)
     assert result.passed, [c for c in result.checks if not c.passed]
     assert result.model == "tensorrt_llm"
-    assert {c.name for c in result.checks} == {"live", "ready", "models_ready", "metadata", "generate", "stream", "parity"}
+    assert {c.name for c in result.checks} == {"live", "ready", "models_ready", "metadata", "generate", "stream",
+                                               "deployment", "unary", "stop", "parity"}
     assert result.parity["compared"] == "text" and result.parity["mismatches"] == 0
     assert all(row["triton"] for row in result.parity["rows"])
     assert result.served["engine_digest"] == DIGEST

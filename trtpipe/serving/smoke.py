@@ -1,7 +1,9 @@
 """`trtpipe smoke URL`: prove a running Triton server serves the trtpipe models correctly.
 
 Checks: live, ready, every model in the repository index ready, the model's metadata, one
-non-streaming and one streaming request (their texts must agree), and, with a reference, greedy
+non-streaming and one streaming request (their texts must agree), the request patterns of upstream's own clients
+(`trtpipe.serving.client_patterns`: text_output alone, log probs, every output, several prompts in one request, unary,
+stop), and, with a reference, greedy
 parity: the token ids Triton returns equal the reference runtime's for the same prompts. The
 reference is given by the caller (`trtpipe smoke --parity SPEC` converts the spec's model afresh,
 `trtpipe.checkpoint.afresh`): never the stored bytes the server loads.
@@ -62,6 +64,25 @@ def _check(checks: list[SmokeCheck], name: str, fn: Callable[[], str]) -> bool:
         message = err.one_line() if isinstance(err, TrtpipeError) else f"{type(err).__name__}: {err}"
         checks.append(SmokeCheck(name=name, passed=False, detail=message, seconds=time.monotonic() - start))
         return False
+
+
+def _pattern_checks(checks: list[SmokeCheck], url: str, model: str, *, prompts: list[str], max_tokens: int,
+                    timeout: float) -> None:
+    """The request patterns of upstream's own clients (trtpipe.serving.client_patterns), one check each."""
+    from trtpipe.serving import client_patterns
+
+    deployment: list[client_patterns.Deployment] = []
+
+    def describe() -> str:
+        deployment.append(client_patterns.describe(url, model, prompts=prompts, max_tokens=max_tokens,
+                                                   timeout=timeout))
+        return "decoupled" if deployment[0].decoupled else "not decoupled"
+
+    if not _check(checks, "deployment", describe):
+        return
+    for name, pattern in client_patterns.patterns_for(deployment[0].contract).items():
+        _check(checks, name, lambda pattern=pattern, name=name: client_patterns.run_pattern(name, pattern,
+                                                                                             deployment[0]))
 
 
 def end_id_of(tokenizer_dir: Path) -> int | None:
@@ -234,6 +255,7 @@ def run_smoke(
             if _check(checks, "metadata", metadata):
                 _check(checks, "generate", non_streaming)
                 _check(checks, "stream", streaming)
+                _pattern_checks(checks, url, model, prompts=prompts, max_tokens=max_tokens, timeout=timeout)
                 if parity_engine is not None:
 
                     def parity() -> str:

@@ -156,8 +156,9 @@ class _Checker:
                 # answer (decoupled) or "unexpected deadlock" (not decoupled); upstream's ensemble routes the token ids
                 # through internal tensors (_TOKENS_BATCH), so every subset works.
                 self.add("ensemble", f"output[{out.name}]",
-                         f"is also an input of step {consumed[out.name]}, so a request that does not ask for it gets "
-                         "no answer", f"map the step's output to an internal tensor (_{out.name}) for the next step")
+                         f"is also an input of step {consumed[out.name]} (wired so, the token ids left a request for "
+                         "text_output alone with no answer)",
+                         f"map the step's output to an internal tensor (_{out.name}) for the next step, as upstream does")
             if out.name not in available or available[out.name][2] == "ensemble input":
                 self.add("ensemble", f"output[{out.name}]", "no step produces this ensemble output",
                          "add an output_map that produces it, or remove the output")
