@@ -293,3 +293,83 @@ def export_llmapi():
     """export_llmapi(model_dir, out, *, algo="none", kv_cache="auto") -> a fresh LLM-API artifact (not cached):
     parity's independent export, made again instead of read from what a server loads."""
     return export_llmapi_artifact
+
+
+# --------------------------------------------------------------------------- stand-in trtllm-build engines (issue 22)
+# An engine folder shaped like trtllm-build 1.2.1's output for a spec (what tensorrt_llm/builder.py Engine.save writes:
+# config.json = {version, pretrained_config, build_config}, one rank{N}.engine per rank), with dummy engine bytes:
+# `trtpipe publish SPEC --engine DIR` checks and publishes it as it would a real one. No TensorRT needed.
+
+
+def write_standin_engine(spec: Path, out: Path, *, world: int | None = None, tokenizer_from: Path | None = None,
+                         **changes: object) -> Path:
+    """Write a stand-in engine for the spec `spec` into `out` (absent) and return it. `changes` set config.json
+    fields by a path with `__` between keys (e.g. build_config__max_batch_size=128; the value None removes the
+    field); `world` writes that many rank files instead of tp x pp; `tokenizer_from` copies a tokenizer's files in
+    beside the engine (as some hand-made engine folders keep them)."""
+    import json
+    import shutil
+
+    from trtpipe.engine.plan import make_build_plan
+    from trtpipe.quant import FORMATS, KV_CACHES
+    from trtpipe.resolve import resolve
+    from trtpipe.spec_loader import load_spec
+
+    resolved = resolve(load_spec(spec), need_weights=False)
+    plan = make_build_plan(resolved)
+    model = resolved.model_config
+    dtype = resolved.weight_dtype
+    fmt = FORMATS[resolved.spec.quantization.algo]
+    quantization = {"quant_algo": fmt.checkpoint_algo,
+                    "kv_cache_quant_algo": KV_CACHES[resolved.spec.quantization.kv_cache].checkpoint_algo}
+    if fmt.grouped:
+        quantization.update(group_size=resolved.spec.quantization.group_size, has_zero_point=False,
+                            pre_quant_scale=True)
+    # trtllm-build records "auto" plugins as the model dtype and a disabled one as null (as tests/engine/test_validate).
+    plugins = {k: (dtype if v == "auto" else v) for k, v in plan.plugin_config.items()}
+    plugins.update(dtype=dtype, paged_kv_cache=True, nccl_plugin=dtype if plan.world_size > 1 else None)
+    limits = {k: v for k, v in plan.limits.items() if k != "kv_cache_type"}
+    config = {
+        "version": resolved.toolchain.trtllm_version,
+        "pretrained_config": {
+            "architecture": (model.get("architectures") or ["LlamaForCausalLM"])[0],
+            "dtype": dtype,
+            "logits_dtype": "float16" if dtype == "bfloat16" else dtype,
+            "vocab_size": model.get("vocab_size"),
+            "hidden_size": model.get("hidden_size"),
+            "num_hidden_layers": model.get("num_hidden_layers"),
+            "num_attention_heads": model.get("num_attention_heads"),
+            "num_key_value_heads": model.get("num_key_value_heads"),
+            "max_position_embeddings": model.get("max_position_embeddings"),
+            "mapping": {"world_size": plan.world_size, "gpus_per_node": 8, "tp_size": plan.tp, "pp_size": plan.pp},
+            "quantization": quantization,
+        },
+        "build_config": {**limits, "kv_cache_type": "PAGED", "max_prompt_embedding_table_size": 0,
+                         "gather_context_logits": False, "gather_generation_logits": False, "strongly_typed": True,
+                         "max_draft_len": 0, "plugin_config": plugins},
+    }
+    for dotted, value in changes.items():
+        target = config
+        *parents, last = dotted.split("__")
+        for part in parents:
+            target = target[part]
+        if value is None:
+            target.pop(last, None)
+        else:
+            target[last] = value
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps(config, indent=4), encoding="utf-8")
+    for rank in range(plan.world_size if world is None else world):
+        (out / f"rank{rank}.engine").write_bytes(f"stand-in TensorRT engine, rank {rank}\n".encode() * 64)
+    if tokenizer_from is not None:
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+            if (tokenizer_from / name).is_file():
+                shutil.copy2(tokenizer_from / name, out / name)
+    return out
+
+
+@pytest.fixture(scope="session")
+def standin_engine():
+    """standin_engine(spec, out, *, world=None, tokenizer_from=None, **changes) -> a stand-in trtllm-build engine
+    folder for the spec (write_standin_engine)."""
+    return write_standin_engine

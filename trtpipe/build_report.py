@@ -12,7 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-Outcome = Literal["ran", "hit", "built", "pulled", "would-build", "would-pull", "skipped", "failed"]
+# "imported": an engine built outside trtpipe, checked against the spec and stored (`trtpipe publish --engine`).
+Outcome = Literal["ran", "hit", "built", "imported", "pulled", "would-build", "would-pull", "skipped", "failed"]
 
 
 class StageReport(BaseModel):
@@ -61,7 +62,7 @@ class BuildReport(BaseModel):
         return [f"{kind} {digest}" for kind, digest in self.artifacts.items()]
 
 
-_COLOURS = {"hit": "green", "built": "cyan", "ran": "white", "would-build": "yellow", "failed": "red"}
+_COLOURS = {"hit": "green", "built": "cyan", "imported": "cyan", "ran": "white", "would-build": "yellow", "failed": "red"}
 
 
 class StagePrinter:

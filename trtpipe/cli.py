@@ -20,6 +20,7 @@ from trtpipe.commands import checkpoint as checkpoint_commands
 from trtpipe.commands import engine as engine_commands
 from trtpipe.commands import foundation as foundation_commands
 from trtpipe.commands import matrix as matrix_commands
+from trtpipe.commands import publish as publish_commands
 from trtpipe.commands import release as release_commands
 from trtpipe.commands import report as report_commands
 from trtpipe.commands import serving as serving_commands
@@ -31,6 +32,7 @@ AREAS = (
     foundation_commands,  # Plan
     checkpoint_commands,  # Build
     build_commands,
+    publish_commands,
     matrix_commands,
     engine_commands,
     serving_commands,  # Serve

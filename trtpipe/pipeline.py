@@ -18,12 +18,15 @@ this module altogether.
 from __future__ import annotations
 
 import contextlib
-import time
+import dataclasses
 import shutil
+import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel
 
 from trtpipe import build_record, warm
 from trtpipe.build_report import BuildReport, Outcome, StagePrinter, StageReport
@@ -71,6 +74,8 @@ def _now_iso() -> str:
 # The release area's trust policy provides one (the runner imports nothing of it); without one, a pulled
 # entry is used and the build says that no policy checked it.
 PulledCheck = Callable[[Entry], tuple[bool, str]]
+# Picks the stages for a resolved spec (and may adjust it): (the spec as the stages see it, its stages).
+Chooser = Callable[[ResolvedSpec], tuple[ResolvedSpec, BackendStages]]
 
 
 def _unchecked_pulled_note(store: Store, entry: Entry) -> str | None:
@@ -97,9 +102,14 @@ class _Runner:
     def __init__(
         self, spec_path: Path, store: Store, *, dry_run: bool, force: tuple[str, ...], verify: bool, progress: bool,
         remote: Any = None, on_stage: Callable[[StageReport], None] | None = None,
-        pulled_check: PulledCheck | None = None,
+        pulled_check: PulledCheck | None = None, need_weights: bool | None = None,
+        choose: Chooser | None = None,
     ) -> None:
         self.spec_path = spec_path
+        # Whether resolve needs the model's weights (default: a build does, a dry run does not), and what picks the
+        # stages (default: the spec's backend's, BACKEND_STAGES); `trtpipe publish --engine` sets both.
+        self.need_weights = (not dry_run) if need_weights is None else need_weights
+        self.choose = choose
         self.on_stage = on_stage  # told each step's report as it is added (a matrix worker's live progress)
         self.store = store
         self.remote = remote  # a remote cache (find / pull_into / push), or None
@@ -159,8 +169,12 @@ class _Runner:
         started = time.monotonic()
         # A dry run also works for planning-only specs (model.config, no weights): it still shows the
         # engine stage's exact trtllm-build command and container for a GPU target.
-        self.resolved = resolved = resolve(load_spec(self.spec_path), need_weights=not self.dry_run)
-        self.backend = BACKEND_STAGES[resolved.backend_kind]
+        resolved = resolve(load_spec(self.spec_path), need_weights=self.need_weights)
+        if self.choose is not None:
+            resolved, self.backend = self.choose(resolved)
+        else:
+            self.backend = BACKEND_STAGES[resolved.backend_kind]
+        self.resolved = resolved
         spec = resolved.spec
         self.report.name = spec.artifact_name
         self.report.target = spec.target.gpu
@@ -312,9 +326,10 @@ class _Runner:
                         trust_note = _unchecked_pulled_note(self.store, entry)  # with a policy, the gate judged it
                     if entry is None:
                         entry, facts = self._build_into(stage, key, handle, leases)
-                        outcome = "built"
+                        # A stage may say what running it is called (the imported engine: "imported").
+                        outcome = getattr(stage, "built_outcome", "built")
                     self.verified.add((kind, key.key))  # its bytes were hashed (or verified on pull) just now
-            if outcome == "built" and self.remote is not None:
+            if outcome in ("built", "imported") and self.remote is not None:
                 push_note = self._push(entry)
         elif self.verify:
             self.verified.add((kind, key.key))  # `get(verify=True)` re-hashed every file
@@ -324,7 +339,7 @@ class _Runner:
         if kind == "repository":
             self.report.repository_path = str(entry.path)
         notes = self._integrity_notes()
-        if trust_note and outcome != "built":
+        if trust_note and outcome not in ("built", "imported"):
             self.printer.note(f"  {stage.name:<11} {trust_note}", style="yellow")
             notes = f"{notes}; {trust_note}" if notes else trust_note
         detail = push_note or ("reused a concurrent build" if waited and outcome == "hit" else None)
@@ -526,4 +541,111 @@ def stage_keys(spec_path: Path | str, *, store: Store | Path | str | None = None
     return dict(report.keys)
 
 
-__all__ = ["BuildInterrupted", "BuildReport", "StageReport", "run_build", "stage_keys"]
+# --------------------------------------------------------------------------- an engine built outside trtpipe
+class PublishRequest(BaseModel):
+    """`trtpipe publish SPEC --engine DIR [--tokenizer DIR]`: publish a repository for an engine built elsewhere."""
+
+    spec: Path
+    engine: Path
+    tokenizer: Path | None = None  # default: the spec's tokenizer (model.tokenizer, the model folder), else the
+                                   # engine folder's own tokenizer.json
+
+
+class PublishOutcome(BaseModel):
+    """What `run_publish` did: the artifacts (digests), where the repository is, what the checks noted."""
+
+    status: str
+    name: str | None
+    target: str | None
+    toolchain: str | None
+    imported_from: str
+    tokenizer: str | None
+    engine_digest: str | None
+    repository_digest: str | None
+    repository_path: str | None
+    keys: dict[str, str]
+    notes: list[str]
+    record_path: str | None
+    stages: list[StageReport]
+    seconds: float
+
+
+def _publish_chooser(request: PublishRequest, stage_box: list[Any], tokenizer_box: list[Path]) -> Chooser:
+    from trtpipe.stages import imported_engine_stages
+
+    def choose(resolved: ResolvedSpec) -> tuple[ResolvedSpec, BackendStages]:
+        if resolved.backend_kind != "trtllm-build":
+            where = ("target", "gpu") if resolved.is_cpu_reference else ("backend",)
+            raise resolved.error(where, f"an engine built outside trtpipe is published for a trtllm-build spec, and "
+                                 f"this spec's backend is {resolved.backend_kind}",
+                                 "target a GPU with backend trtllm-build (the default for a GPU target)")
+        tokenizer = _publish_tokenizer(request, resolved)
+        tokenizer_box.append(tokenizer)
+        backend = imported_engine_stages(request.engine)
+        stage_box.append(backend.stages[0])
+        # The tokenizer enters the repository's key and files as the spec's own would (trtpipe.stages.publish).
+        return dataclasses.replace(resolved, tokenizer_dir=tokenizer), backend
+
+    return choose
+
+
+def _publish_tokenizer(request: PublishRequest, resolved: ResolvedSpec) -> Path:
+    """The tokenizer folder the repository's models get: the request's, the spec's, else the engine folder's."""
+    from trtpipe.errors import NotFound
+    from trtpipe.model_folder import check_tokenizer
+
+    folder = request.tokenizer or resolved.tokenizer_dir or resolved.model_dir
+    if folder is None and (Path(request.engine) / "tokenizer.json").is_file():
+        folder = Path(request.engine)  # tokenizer files kept beside the engine files (they stay out of the engine)
+    if folder is None:
+        raise NotFound(f"{resolved.spec_path}: model.tokenizer: the spec names no tokenizer (model.tokenizer) and no "
+                       f"model folder, and the engine folder {request.engine} holds no tokenizer.json",
+                       what="tokenizer", ref=str(resolved.spec_path),
+                       fix="set model.tokenizer to the model's tokenizer folder, or copy its tokenizer files "
+                           "(tokenizer.json ...) into the engine folder")
+    folder = Path(folder)
+    if not (folder / "tokenizer.json").is_file():
+        raise NotFound(f"{folder}: no tokenizer.json (the serving models read the tokenizer with the tokenizers "
+                       "library)", what="tokenizer", ref=str(folder),
+                       fix="give the folder the model's tokenizer was saved to (tokenizer.save_pretrained writes it)")
+    check_tokenizer(folder)  # it must load as the serving models load it, before anything is stored
+    return folder
+
+
+def run_publish(
+    request: PublishRequest, *, store: Store | Path | str | None = None, remote: Any = None, progress: bool = True,
+) -> PublishOutcome:
+    """Check an engine built outside trtpipe against its spec, store it (stage outcome "imported"; its build record
+    names the folder it came from) and publish its repository through the publish stage, as `build` would. The spec
+    is resolved without weights: a planning-only spec (model.config) is enough, since nothing is converted.
+    Raises EngineMismatch (trtpipe.engine.imported) for an engine that does not fit the spec."""
+    from trtpipe.engine.imported import read_engine_config
+
+    spec_path = Path(request.spec)
+    if not spec_path.is_file():
+        raise UsageError(f"{spec_path}: no such spec file", fix="give the path of a build spec YAML")
+    read_engine_config(request.engine)  # a folder that is no engine is one line before the spec is resolved
+    opened, remote = open_stores(store, remote)
+    stage_box: list[Any] = []
+    tokenizer_box: list[Path] = []
+    runner = _Runner(spec_path, opened, dry_run=False, force=(), verify=False, progress=progress, remote=remote,
+                     need_weights=False, choose=_publish_chooser(request, stage_box, tokenizer_box))
+    try:
+        # No resolution memo (trtpipe.warm): that is `build`'s, and this spec's build would convert and build.
+        report = runner.run()
+    finally:
+        opened.digests.close()
+    outside = stage_box[0].checked(runner.ctx) if stage_box and runner.ctx is not None else None
+    return PublishOutcome(
+        status=report.status, name=report.name, target=report.target, toolchain=report.toolchain,
+        imported_from=outside.folder if outside is not None else str(Path(request.engine).resolve()),
+        tokenizer=str(tokenizer_box[0]) if tokenizer_box else None,
+        engine_digest=report.artifacts.get("engine"), repository_digest=report.artifacts.get("repository"),
+        repository_path=report.repository_path, keys=dict(report.keys),
+        notes=list(outside.notes) if outside is not None else [], record_path=report.record_path,
+        stages=list(report.stages), seconds=report.seconds,
+    )
+
+
+__all__ = ["BuildInterrupted", "BuildReport", "PublishOutcome", "PublishRequest", "StageReport", "run_build",
+           "run_publish", "stage_keys"]

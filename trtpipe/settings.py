@@ -34,6 +34,8 @@ VARIABLES: dict[str, str] = {
     "TRTPIPE_SIGNING_KEY": "the release key pushes sign with when --sign is not given: a PEM EC P-256 private key "
                            "file, or the PEM text itself (a CI secret)",
     "TRTPIPE_POLICY": "the trust policy file (YAML) pull, serve, build and promote enforce when --policy is not given",
+    "TRTPIPE_DOCKER": "the container runtime executable GPU serve runs the Triton container with (default: docker on "
+                      "PATH)",
 }
 
 
@@ -93,6 +95,7 @@ class Settings:
     actor: str | None = None
     signing_key: str | None = field(default=None, repr=False)  # a path or PEM text: never in a repr or a log
     policy: Path | None = None
+    docker: str | None = None  # the container runtime's executable (a name on PATH or a path)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -119,6 +122,7 @@ class Settings:
             actor=text("TRTPIPE_USER") or text("GITHUB_ACTOR") or text("GITLAB_USER_LOGIN"),
             signing_key=text("TRTPIPE_SIGNING_KEY"),
             policy=path("TRTPIPE_POLICY"),
+            docker=text("TRTPIPE_DOCKER"),
         )
 
     def default_home(self) -> Path:

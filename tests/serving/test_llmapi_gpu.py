@@ -3,15 +3,15 @@
 - test_llm_api_matches_the_reference: the artifact's model.yaml arguments handed to `tensorrt_llm.LLM` as
   upstream's model.py hands them (every key but triton_config), greedy text against the CPU reference runtime on a
   fresh export. Needs a GPU and tensorrt_llm >= 1.2.1 importable.
-- test_llmapi_repository_in_the_pinned_container: `serve` starts the toolchain's Triton TRT-LLM container on the
-  published GPU repository (the command `serve --print` shows), then smoke with parity passes against it. Needs a
-  GPU, a Docker daemon with the NVIDIA runtime, and the container image (pulled beforehand).
+- test_llmapi_repository_in_the_pinned_container: `serve`'s start_server runs the toolchain's Triton TRT-LLM container
+  on the published GPU repository (the command `serve --print` shows) as a watched child, waits for it and checks
+  the digest it reports, then smoke with parity passes against it. Needs a GPU, a Docker daemon with the NVIDIA
+  runtime, and the container image (pulled beforehand).
 """
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -104,25 +104,16 @@ def test_llm_api_matches_the_reference(tmp_path: Path, tiny_llama_dir: Path, llm
 def test_llmapi_repository_in_the_pinned_container(tmp_path: Path, tiny_llama_dir: Path, llmapi_artifact,
                                                    export_llmapi) -> None:
     from trtpipe.serving.llmapi import publish_llmapi_repository
-    from trtpipe.serving.server import start_container
-    from trtpipe.serving.serving_dir import prepare
+    from trtpipe.serving.server import start_server
     from trtpipe.serving.smoke import run_smoke
 
     artifact = llmapi_artifact("llama", "none", "auto")
     repo = publish_llmapi_repository(_resolved(tmp_path, tiny_llama_dir, _catalog_gpu()), artifact,
                                      "sha256:" + "4" * 64, tmp_path / "repo")
-    manifest = json.loads((repo / "trtpipe.json").read_text())
-    serving = prepare(repo, kept=True)
-    container = start_container(serving.path, manifest, grpc_port=18001, http_port=18000, metrics_port=18002)
     fresh = export_llmapi(tiny_llama_dir, tmp_path / "fresh", algo="none")
-    try:
-        deadline = time.monotonic() + 1200
-        result = None
-        while time.monotonic() < deadline:  # the container pulls nothing, but loads the LLM: minutes
-            result = run_smoke("127.0.0.1:18001", parity_engine=(fresh, fresh), max_tokens=MAX_TOKENS, timeout=300)
-            if any(c.name == "ready" and c.passed for c in result.checks):
-                break
-            time.sleep(10)
-        assert result is not None and result.passed, result
-    finally:
-        container.stop(timeout=30)
+    # The container command `serve --print` shows, run and watched as `serve` runs it (trtpipe.serving.container):
+    # the container pulls nothing, but loads the LLM, which takes minutes.
+    with start_server(repo, grpc_port=18001, http_port=18000, metrics_port=18002, start_timeout=1200) as server:
+        assert server.image == json.loads((repo / "trtpipe.json").read_text())["serving_container"]
+        result = run_smoke(server.grpc_url, parity_engine=(fresh, fresh), max_tokens=MAX_TOKENS, timeout=300)
+        assert result.passed, result

@@ -76,6 +76,7 @@ HINTS: tuple[Hint, ...] = (
     Hint(NotFound, "a build prints its repository: `trtpipe build SPEC --json` (repository_path)", _what("repository")),
     Hint(NotFound, "push it first with `trtpipe cache push REF --to oci://HOST/REPOSITORY`", _what("remote artifact")),
     Hint(NotFound, "start a server with `trtpipe serve REPO`", _what("server")),
+    Hint(NotFound, "or give one with `trtpipe publish SPEC --engine DIR --tokenizer DIR`", _what("tokenizer")),
     Hint(NotFound, "promote the artifact wanted with `trtpipe promote REF --to {ref}`", _what("earlier digest"),
          example={"ref": "prod"}),
     Hint(GateRefused, "record results for exactly {digest} with `trtpipe smoke URL --record REPO` and "

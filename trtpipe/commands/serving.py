@@ -64,15 +64,16 @@ def serve_command(
     trust_policy: PolicyOption = None,
     store: StoreOption = None,
 ) -> None:
-    """Serve a repository: tritonserver on loopback (cpu-reference) or the Triton container (GPU).
+    """Serve a repository: tritonserver on loopback (cpu-reference) or its Triton container (GPU targets).
 
     The server reads a serving directory outside the store (links for engine files, copies for the
-    rest, the repository digest written into its configs), never the stored entry. serve watches it:
-    the server's and every model's backend process, and a real probe request; when it cannot serve,
-    serve says why in one line and exits 1, or restarts it (--restart on-failure). With a trust policy
-    the repository must carry a signature by a key the policy trusts (its code runs in the server)."""
+    rest, the repository digest written into its configs), never the stored entry; it is ready once every
+    model is and it reports that digest over gRPC. serve watches it: the server's (or the container
+    client's) and every model's backend process, and a real probe request; when it cannot serve, serve
+    says why in one line and exits 1, or restarts it (--restart on-failure). With a trust policy the
+    repository must carry a signature by a key the policy trusts (its code runs in the server)."""
     from trtpipe.serving.publish import read_manifest
-    from trtpipe.serving.server import container_image, docker_command, start_container
+    from trtpipe.serving.server import container_name, docker_command
     from trtpipe.serving.serving_dir import prepare
     from trtpipe.serving.watch import WatchPolicy, serve_watched
 
@@ -84,17 +85,21 @@ def serve_command(
 
         require_trusted_folder(repo, trust, home=workspace.root, action="serve")
     manifest = read_manifest(repo)
+    launcher = None
     if not manifest.get("reference"):
-        ports = {"grpc_port": grpc_port or 8001, "http_port": http_port or 8000, "metrics_port": metrics_port or 8002}
-        # trtpipe does not own the container's lifetime: a kept serving directory, one per digest.
-        serving = prepare(repo, kept=True)
+        # The container's ports default to upstream's (8001 gRPC, 8000 HTTP, 8002 metrics).
+        grpc_port, http_port, metrics_port = grpc_port or 8001, http_port or 8000, metrics_port or 8002
         if print_only:
-            typer.echo(shlex.join(docker_command(serving.path, manifest, **ports)))
+            # For someone else to run: a kept serving directory, one per digest (trtpipe does not own that server).
+            serving = prepare(repo, kept=True)
+            typer.echo(shlex.join(docker_command(serving.path, manifest, grpc_port=grpc_port, http_port=http_port,
+                                                 metrics_port=metrics_port,
+                                                 name=container_name(serving.repository_digest, grpc_port))))
             return
-        container = start_container(serving.path, manifest, **ports)
-        typer.echo(f"started {container_image(manifest)} as container {container.short_id}; gRPC on 127.0.0.1:{ports['grpc_port']}")
-        return
-    if print_only:
+        from trtpipe.serving.container import ContainerTriton
+
+        launcher = ContainerTriton.from_settings(manifest, workspace.settings)
+    elif print_only:
         raise UsageError("--print is for GPU targets (a docker command)",
                          fix=f"run `trtpipe serve {repo}` without --print to start the CPU reference server")
     if restart not in ("no", "on-failure"):
@@ -105,7 +110,8 @@ def serve_command(
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         serve_watched(repo, on_event=lambda event: _print_serve_event(event, repo, as_json), stop=stop, policy=policy,
-                      grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port, start_timeout=start_timeout)
+                      grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port, start_timeout=start_timeout,
+                      launcher=launcher)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -123,7 +129,9 @@ def _print_serve_event(event: object, repo: Path, as_json: bool) -> None:
         on_failure = ("restart (at most {0})".format(watch["max_restarts"]) if watch["restart"] == "on-failure"
                       else "stop and exit 1")
         typer.echo(f"serving {repo} (models: {', '.join(event.models)})")
-        typer.echo(f"  digest  {event.repository_digest or 'none (not a stored artifact)'}")
+        typer.echo(f"  digest  {event.repository_digest or 'none (not a stored artifact)'} (reported by the server)")
+        if event.container:
+            typer.echo(f"  container {event.container}")
         typer.echo(f"  gRPC    {event.grpc_url}\n  HTTP    {event.http_url}\n  metrics {event.metrics_url}")
         typer.echo(f"  served from {event.serving_dir} (removed when the server stops)")
         typer.echo(f"  log     {event.log}")
@@ -131,12 +139,12 @@ def _print_serve_event(event: object, repo: Path, as_json: bool) -> None:
         typer.echo("Ctrl-C stops it.")
     elif isinstance(event, ServerReady):
         typer.echo(f"serving again after restart {event.restarts} of {event.watch['max_restarts']} "
-                   f"(tritonserver pid {event.pid}, gRPC {event.grpc_url}, log {event.log})")
+                   f"({'container client' if event.container else 'tritonserver'} pid {event.pid}, gRPC {event.grpc_url}, log {event.log})")
     elif isinstance(event, ServerUnhealthy) and event.action == "restart":
         # With action "exit" the error line that follows says it (one line, not two).
         typer.echo(f"unhealthy: {event.detail}", err=True)
     elif isinstance(event, ServerRestarting):
-        typer.echo(f"restarting tritonserver ({event.restart} of {event.max_restarts}) in {event.delay_s:g}s", err=True)
+        typer.echo(f"restarting the server ({event.restart} of {event.max_restarts}) in {event.delay_s:g}s", err=True)
 
 
 def smoke_command(

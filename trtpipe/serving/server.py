@@ -3,10 +3,16 @@
 cpu-reference: the tritonserver binary shipped in the nvidia-pytriton wheel, started with the
 recipe in shared/notes/triton-on-cpu.md (private backends folder with the stub for this Python,
 the venv first on PATH, loopback, explicit free ports, a start deadline, every model ready).
-GPU targets: the toolchain's Triton container through Docker (`docker_command` renders it).
+GPU targets: the toolchain's Triton container, its exact `docker run` (`docker_command`, what `serve --print`
+shows) run in the foreground as a child process (trtpipe.serving.container), so that it is waited for, watched,
+stopped and restarted as the CPU server is. Which one a repository gets is its manifest's target (`launcher_for`);
+how it starts is a `Launcher`, and everything after that is shared: the readiness wait, the identity check,
+the watchdog (trtpipe.serving.watch), the restart on the same ports.
 Either way the server reads a serving directory (`trtpipe.serving.serving_dir`), never the stored
 entry: nothing a server or backend writes can change an artifact, and the serving copy's configs
-carry the repository digest the server then reports (`trtpipe.serving.identity`).
+carry the repository digest the server then reports (`trtpipe.serving.identity`), which is checked over
+gRPC before the server is called ready: a server that answers with another digest (another server on the
+port, a container that mounted another folder) is refused, naming both.
 """
 
 from __future__ import annotations
@@ -26,10 +32,11 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
-from trtpipe.errors import CheckFailed, InvalidInput, MissingCapability, TimedOut, UsageError
+from trtpipe.errors import CheckFailed, InvalidInput, MissingCapability, TimedOut, TrtpipeError, UsageError
 from trtpipe.settings import child_environment
 
 log = logging.getLogger(__name__)
@@ -244,6 +251,7 @@ class TritonServerHandle:
         self.shm_prefix = shm_prefix
         self.models = models
         self.keep_log = False  # set when the server failed: its log outlives a clean exit then
+        self.launcher: Launcher | None = None  # what started it (a restart starts the same way)
 
     @property
     def grpc_url(self) -> str:
@@ -262,6 +270,11 @@ class TritonServerHandle:
         return self.process.pid
 
     @property
+    def described(self) -> str:
+        """How a message names the process watched."""
+        return "tritonserver"
+
+    @property
     def ports(self) -> tuple[int, int, int]:
         """(gRPC, HTTP, metrics), the order of `SERVICES`."""
         return self.grpc_port, self.http_port, self.metrics_port
@@ -277,6 +290,11 @@ class TritonServerHandle:
 
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    def listening(self) -> bool:
+        """The server listens on all three of its ports (tritonserver binds gRPC, then HTTP, then metrics, and
+        exits if a later one fails: ready over gRPC alone is not yet serving)."""
+        return set(self.ports) <= listening_ports(self.pid)
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -335,8 +353,9 @@ class TritonServerHandle:
 
     def cleanup(self) -> None:
         self._kill_leftover_stubs()
-        # Python-backend stubs that died hard leave their shared-memory regions; ours carry our prefix.
-        for region in SHM_DIR.glob(f"{self.shm_prefix}*"):
+        # Python-backend stubs that died hard leave their shared-memory regions; ours carry our prefix (a server
+        # whose regions are not on this host's /dev/shm, in a container, has none: never glob everything).
+        for region in (SHM_DIR.glob(f"{self.shm_prefix}*") if self.shm_prefix else ()):
             try:
                 region.unlink()
             except OSError:
@@ -356,19 +375,18 @@ class TritonServerHandle:
 
 def _wait_ready(handle: TritonServerHandle, deadline: float) -> str | None:
     """None when the server and every model are ready and the server listens on all three of its ports
-    (tritonserver starts gRPC, then HTTP, then metrics, and exits if a later one cannot bind: ready
-    over gRPC alone is not yet serving); else why not ("timeout", or the server exited)."""
+    (`handle.listening()`); else why not ("timeout", or the server exited)."""
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(handle.grpc_url)
     try:
         while time.monotonic() < deadline:
             if not handle.alive():
-                return f"tritonserver exited with code {handle.process.returncode}"
+                return f"{handle.described} exited with code {handle.process.returncode}"
             try:
                 if client.is_server_ready(client_timeout=2) and all(
                     client.is_model_ready(name, client_timeout=2) for name in handle.models
-                ) and set(handle.ports) <= listening_ports(handle.pid):
+                ) and handle.listening():
                     return None
             except Exception:  # not listening yet
                 pass
@@ -378,68 +396,50 @@ def _wait_ready(handle: TritonServerHandle, deadline: float) -> str | None:
         client.close()
 
 
-def start_server(
-    repo: Path,
-    *,
-    host: str = "127.0.0.1",
-    start_timeout: float = 60,
-    grpc_port: int | None = None,
-    http_port: int | None = None,
-    metrics_port: int | None = None,
-    log_path: Path | None = None,
-    validate: bool = True,
-) -> TritonServerHandle:
-    """Start tritonserver on a serving directory of `repo` (cpu-reference repositories) and wait until
-    every model is ready. The serving directory is removed when the server stops."""
-    from trtpipe.serving.publish import read_manifest
-    from trtpipe.serving.serving_dir import prepare
-    from trtpipe.serving.validate import errors_only, validate_repository
+# --- how a server starts ------------------------------------------------------------------------
+class Launcher(Protocol):
+    """How a tritonserver starts on a serving directory: its argv and environment, the handle that watches it,
+    and what its log says when it could not start. The CPU server (LocalTriton) and the Triton container
+    (trtpipe.serving.container.ContainerTriton) are the two; everything else about serving is theirs in common."""
 
-    repo = Path(repo).resolve()
-    manifest = read_manifest(repo)
-    if not manifest.get("reference"):
-        raise MissingCapability(
-            f"{repo} serves a {manifest.get('target')} engine, which needs its Triton container on a GPU host",
-            fix="serve it with its Triton container on a GPU host",
-        )
-    if validate:
-        errors = errors_only(validate_repository(repo))
-        if errors:
-            raise InvalidInput(f"{repo} does not validate: {errors[0].one_line()}",
-                               fix="publish the repository again from its spec")
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        log.warning("binding tritonserver to %s, not loopback", host)
-    # A port the user gave that the server cannot bind: one line now, before any banner.
-    check_ports(host, dict(zip(SERVICES, (grpc_port, http_port, metrics_port))))
-    home = tritonserver_home()
-    env = stub_environment()
-    check_stub_links(python_stub(home), env)
-    serving = prepare(repo)
-    try:
-        return _start(serving, host=host, start_timeout=start_timeout, ports=(grpc_port, http_port, metrics_port),
-                      log_path=log_path, home=home, env=env)
-    except BaseException:
-        serving.remove()
-        raise
+    what: str  # how messages name it: "tritonserver", "the Triton container ..."
+
+    def command(self, serving: Any, host: str, ports: tuple[int, int, int], work_dir: Path,
+                shm_prefix: str) -> list[str]: ...
+
+    def environment(self) -> dict[str, str]: ...
+
+    def handle(self, process: subprocess.Popen[bytes], argv: list[str], host: str, ports: tuple[int, int, int],
+               work_dir: Path, log_path: Path, shm_prefix: str, models: list[str]) -> TritonServerHandle: ...
+
+    def start_failure(self, tail: str) -> tuple[str, TrtpipeError | None]:
+        """(what the log says, in one line; an error that replaces the generic one, e.g. a missing capability)."""
+        ...
 
 
-def _start(serving: Any, *, host: str, start_timeout: float, ports: tuple[int | None, int | None, int | None],
-           log_path: Path | None, home: Path, env: dict[str, str]) -> TritonServerHandle:
-    repo = serving.path
-    models = repository_models(repo)
-    grpc_port, http_port, metrics_port = ports
-    explicit = (grpc_port, http_port, metrics_port)
-    failure, log_seen = "", Path()
-    for attempt in range(PORT_ATTEMPTS):
-        ports = free_ports(3, host)
-        ports = [given or picked for given, picked in zip(explicit, ports)]
-        work_dir = Path(tempfile.mkdtemp(prefix="trtpipe-triton-"))
-        backends = make_backends_dir(home, work_dir / "backends")
-        server_log = log_path or work_dir / "tritonserver.log"
-        shm_prefix = f"trtpipe_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
-        cmd = [
-            str(home / "bin" / "tritonserver"),
-            f"--model-repository={repo}",
+@dataclass
+class LocalTriton:
+    """The CPU server: the nvidia-pytriton wheel's tritonserver, with the recipe of shared/notes/triton-on-cpu.md
+    (private backends folder with this Python's stub, the venv first on PATH, loopback, CPU-only flags)."""
+
+    home: Path
+    env: dict[str, str]
+    what: str = "tritonserver"
+
+    @classmethod
+    def here(cls) -> LocalTriton:
+        """This host's server; MissingCapability when it is not installed or its stub cannot load."""
+        home = tritonserver_home()
+        env = stub_environment()
+        check_stub_links(python_stub(home), env)
+        return cls(home=home, env=env)
+
+    def command(self, serving: Any, host: str, ports: tuple[int, int, int], work_dir: Path,
+                shm_prefix: str) -> list[str]:
+        backends = make_backends_dir(self.home, work_dir / "backends")
+        return [
+            str(self.home / "bin" / "tritonserver"),
+            f"--model-repository={serving.path}",
             f"--backend-directory={backends}",
             f"--http-address={host}",
             f"--grpc-address={host}",
@@ -454,22 +454,108 @@ def _start(serving: Any, *, host: str, start_timeout: float, ports: tuple[int | 
             "--disable-auto-complete-config",
             f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
         ]
+
+    def environment(self) -> dict[str, str]:
+        return self.env
+
+    def handle(self, process: subprocess.Popen[bytes], argv: list[str], host: str, ports: tuple[int, int, int],
+               work_dir: Path, log_path: Path, shm_prefix: str, models: list[str]) -> TritonServerHandle:
+        return TritonServerHandle(process, host, ports, work_dir, log_path, shm_prefix, models)
+
+    def start_failure(self, tail: str) -> tuple[str, TrtpipeError | None]:
+        error = last_error(tail)
+        return (f"its last error: {error}" if error else f"its log ends: {(tail.splitlines() or ['(empty)'])[-1]}",
+                None)
+
+
+def launcher_for(manifest: dict[str, Any]) -> Launcher:
+    """The launcher a repository's manifest asks for: the CPU server for cpu-reference, else its toolchain's
+    Triton container (the runtime executable from trtpipe.settings, TRTPIPE_DOCKER)."""
+    if manifest.get("reference"):
+        return LocalTriton.here()
+    from trtpipe.serving.container import ContainerTriton
+
+    return ContainerTriton.from_settings(manifest)
+
+
+def start_server(
+    repo: Path,
+    *,
+    host: str = "127.0.0.1",
+    start_timeout: float = 60,
+    grpc_port: int | None = None,
+    http_port: int | None = None,
+    metrics_port: int | None = None,
+    log_path: Path | None = None,
+    validate: bool = True,
+    launcher: Launcher | None = None,
+) -> TritonServerHandle:
+    """Start a server on a serving directory of `repo` and wait until every model is ready and the server reports
+    the repository's digest. `launcher`: how (default: what the repository's manifest asks for, `launcher_for`).
+    The serving directory is removed when the server stops."""
+    from trtpipe.serving.publish import read_manifest
+    from trtpipe.serving.serving_dir import prepare
+    from trtpipe.serving.validate import errors_only, validate_repository
+
+    repo = Path(repo).resolve()
+    manifest = read_manifest(repo)
+    if validate:
+        errors = errors_only(validate_repository(repo))
+        if errors:
+            raise InvalidInput(f"{repo} does not validate: {errors[0].one_line()}",
+                               fix="publish the repository again from its spec")
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("binding tritonserver to %s, not loopback", host)
+    # A port the user gave that the server cannot bind: one line now, before any banner.
+    check_ports(host, dict(zip(SERVICES, (grpc_port, http_port, metrics_port))))
+    if launcher is None:
+        launcher = launcher_for(manifest)
+    serving = prepare(repo)
+    try:
+        return _start(serving, launcher=launcher, host=host, start_timeout=start_timeout,
+                      ports=(grpc_port, http_port, metrics_port), log_path=log_path)
+    except BaseException:
+        serving.remove()
+        raise
+
+
+def _start(serving: Any, *, launcher: Launcher, host: str, start_timeout: float,
+           ports: tuple[int | None, int | None, int | None], log_path: Path | None) -> TritonServerHandle:
+    repo = serving.path
+    models = repository_models(repo)
+    explicit = ports
+    failure, log_seen = "", Path()
+    for attempt in range(PORT_ATTEMPTS):
+        picked = free_ports(3, host)
+        chosen = tuple(given or free for given, free in zip(explicit, picked))
+        work_dir = Path(tempfile.mkdtemp(prefix="trtpipe-triton-"))
+        server_log = log_path or work_dir / "tritonserver.log"
+        shm_prefix = f"trtpipe_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
+        cmd = launcher.command(serving, host, chosen, work_dir, shm_prefix)  # type: ignore[arg-type]
         with open(server_log, "ab") as log_file:
             process = subprocess.Popen(
-                cmd, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cmd, env=launcher.environment(), stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,  # a Ctrl-C in the terminal reaches us, and we stop it cleanly
                 # The serving directory's lock: held while this server lives, even if we die first.
                 pass_fds=(serving.lock_fd,) if serving.lock_fd is not None else (),
             )
-        handle = TritonServerHandle(process, host, (ports[0], ports[1], ports[2]), work_dir, Path(server_log), shm_prefix, models)
+        handle = launcher.handle(process, cmd, host, chosen, work_dir, Path(server_log),  # type: ignore[arg-type]
+                                 shm_prefix, models)
+        handle.launcher = launcher
         why = _wait_ready(handle, time.monotonic() + start_timeout)
         if why is None:
-            handle.serving = serving
-            return handle
+            mismatch = _identity_mismatch(handle, serving)
+            if mismatch is None:
+                handle.serving = serving
+                return handle
+            handle.stop(timeout=UNHEALTHY_STOP_S, failed=True)
+            raise CheckFailed(mismatch, check="identity",
+                              fix="stop whatever else serves on that port (or give other ports), then serve again; "
+                                  f"see the server log {handle.log_path}")
         tail = handle.log_tail(80)
-        handle.stop()
-        log_seen = Path(server_log)
         clash = port_clash(tail)
+        handle.stop(failed=clash is None)  # a failed start keeps its log, which the error names
+        log_seen = Path(server_log)
         if clash is not None:
             service, _, port = clash
             if explicit[SERVICES.index(service)] is not None:
@@ -478,32 +564,51 @@ def _start(serving: Any, *, host: str, start_timeout: float, ports: tuple[int | 
             log.info("tritonserver port clash on %s (attempt %d); retrying on other ports", port, attempt + 1)
             failure = f"the {service} port {port} was taken by another process as the server started"
             continue
-        error = last_error(tail)
-        last_line = f"its last error: {error}" if error else f"its log ends: {(tail.splitlines() or ['(empty)'])[-1]}"
+        said, instead = launcher.start_failure(tail)
+        if instead is not None:
+            raise instead
         if why == "timeout":
             raise TimedOut(
-                f"tritonserver did not become ready on {serving.source} within {start_timeout:g}s ({last_line})",
+                f"{launcher.what} did not become ready on {serving.source} within {start_timeout:g}s ({said})",
                 operation="tritonserver start", seconds=start_timeout,
                 fix=f"allow a longer start if the models are just slow to load; see the server log {log_seen}",
             )
-        failure = f"{why}: {last_line}"
+        failure = f"{why}: {said}"
         break
     raise CheckFailed(
-        f"tritonserver did not become ready on {serving.source} ({failure})", check="ready",
+        f"{launcher.what} did not become ready on {serving.source} ({failure})", check="ready",
         fix=f"see the server log {log_seen}",
     )
 
 
+def _identity_mismatch(handle: TritonServerHandle, serving: Any) -> str | None:
+    """Why the ready server is not the one this serving directory holds (None: it reports exactly its digest).
+    Asked over gRPC, as smoke and bench ask before they record (trtpipe.serving.identity)."""
+    from trtpipe.serving.identity import REPOSITORY_DIGEST, read_served_identity
+
+    expected = serving.repository_digest
+    try:
+        reported = read_served_identity(handle.grpc_url, timeout=30).repository_digest
+    except TrtpipeError as err:
+        return f"the server at {handle.grpc_url} could not say what it serves: {err.one_line()}"
+    if reported == expected:
+        return None
+    return (f"the server at {handle.grpc_url} reports {REPOSITORY_DIGEST} {reported or 'none'}, not "
+            f"{expected or 'none'} of {serving.source}: it serves another repository; it was stopped")
+
+
 def restart_server(handle: TritonServerHandle, *, start_timeout: float) -> TritonServerHandle:
-    """Stop `handle`'s server and start a new one on the same serving directory and the same ports (clients
-    keep their address). If the new one does not start, the directory goes back to `handle`, whose `stop()`
-    then removes it."""
+    """Stop `handle`'s server and start a new one the same way, on the same serving directory and the same ports
+    (clients keep their address). If the new one does not start, the directory goes back to `handle`, whose
+    `stop()` then removes it."""
+    launcher = handle.launcher
     handle.stop_for_restart()
     serving = handle.detach_serving()
     try:
-        home = tritonserver_home()
-        return _start(serving, host=handle.host, start_timeout=start_timeout, ports=handle.ports, log_path=None,
-                      home=home, env=stub_environment())
+        if launcher is None:
+            launcher = LocalTriton.here()
+        return _start(serving, launcher=launcher, host=handle.host, start_timeout=start_timeout, ports=handle.ports,
+                      log_path=None)
     except BaseException:
         handle.serving = serving
         raise
@@ -523,21 +628,35 @@ def _world_size(manifest: dict[str, Any]) -> int:
     return int(section.get("world_size", 1))
 
 
+def container_name(digest: str | None, grpc_port: int) -> str:
+    """The container's name: one per repository digest and gRPC port on a host (two servers cannot share a port),
+    so a container whose `docker run` client died can still be found and removed."""
+    label = digest.removeprefix("sha256:")[:12] if digest else "unstored"
+    return f"trtpipe-{label}-{grpc_port}"
+
+
+def _run_options(name: str | None) -> list[str]:
+    # --rm: the container goes when its server exits; --init: a real init (tini) as PID 1 passes the SIGTERM that
+    # `docker run` relays from its client on to tritonserver, and reaps the backend processes.
+    return ["docker", "run", "--rm", "--init", *(["--name", name] if name else [])]
+
+
 def docker_command(
     repo: Path, manifest: dict[str, Any], *, grpc_port: int = 8001, http_port: int = 8000,
-    metrics_port: int = 8002, shm_size: str = "2g",
+    metrics_port: int = 8002, shm_size: str = "2g", name: str | None = None,
 ) -> list[str]:
     """The exact `docker run` for the toolchain's Triton container, one server per rank (MPI); for an llmapi
-    repository one server under `mpirun -n 1` (the LLM starts its own workers: llmapi_command)."""
+    repository one server under `mpirun -n 1` (the LLM starts its own workers: llmapi_command). It runs in the
+    foreground: `serve` runs it as a child process and watches it (trtpipe.serving.container)."""
     if manifest.get("layout") == "llmapi":
         return llmapi_command(repo, manifest, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
-                              shm_size=shm_size)
+                              shm_size=shm_size, name=name)
     mount = manifest.get("container_repo_mount", "/trtpipe/repo")
     world = _world_size(manifest)
     image = container_image(manifest)
     devices = ",".join(str(i) for i in range(world))
     cmd = [
-        "docker", "run", "--rm", "--init",
+        *_run_options(name),
         f"--gpus=\"device={devices}\"",
         f"--shm-size={shm_size}",
         "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
@@ -571,7 +690,7 @@ def docker_command(
 
 def llmapi_command(
     repo: Path, manifest: dict[str, Any], *, grpc_port: int = 8001, http_port: int = 8000,
-    metrics_port: int = 8002, shm_size: str = "2g",
+    metrics_port: int = 8002, shm_size: str = "2g", name: str | None = None,
 ) -> list[str]:
     """The exact `docker run` for an llmapi repository in the toolchain's Triton TRT-LLM container.
 
@@ -585,7 +704,7 @@ def llmapi_command(
     world = _world_size(manifest)
     devices = ",".join(str(i) for i in range(world))
     return [
-        "docker", "run", "--rm", "--init",
+        *_run_options(name),
         f"--gpus=\"device={devices}\"",
         f"--shm-size={shm_size}",
         "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
@@ -602,34 +721,3 @@ def llmapi_command(
         "--backend-config=python,shm-region-prefix-name=prefix0_",
         f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
     ]
-
-
-def start_container(repo: Path, manifest: dict[str, Any], **ports: int) -> Any:
-    """Run the Triton container through the Docker SDK; MissingCapability without a daemon or GPU."""
-    try:
-        import docker
-    except ImportError:
-        raise MissingCapability("the docker Python SDK is not installed", fix="pip install docker") from None
-    try:
-        client = docker.from_env()
-        client.ping()
-    except Exception:
-        raise MissingCapability(
-            "no Docker daemon reachable (GPU targets serve inside the toolchain's Triton container)",
-            fix="run on a GPU host with Docker and the NVIDIA container toolkit, or print the docker command and run it there",
-        ) from None
-    ports = {"grpc_port": 8001, "http_port": 8000, "metrics_port": 8002, **ports}
-    argv = docker_command(repo, manifest, **ports)
-    image_index = argv.index(container_image(manifest))
-    world = _world_size(manifest)
-    mount = manifest.get("container_repo_mount", "/trtpipe/repo")
-    return client.containers.run(
-        argv[image_index],
-        command=argv[image_index + 1:],
-        detach=True, remove=True, init=True, shm_size="2g",
-        ulimits=[docker.types.Ulimit(name="memlock", soft=-1, hard=-1),
-                 docker.types.Ulimit(name="stack", soft=67108864, hard=67108864)],
-        device_requests=[docker.types.DeviceRequest(device_ids=[str(i) for i in range(world)], capabilities=[["gpu"]])],
-        ports={f"{p}/tcp": ("127.0.0.1", p) for p in ports.values()},
-        volumes={str(Path(repo).resolve()): {"bind": mount, "mode": "ro"}},
-    )

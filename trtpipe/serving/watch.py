@@ -16,6 +16,10 @@ src/python_be.cc:2291-2293). So `serve` watches for itself:
   failed probes in a row (`failures_to_unhealthy`) make the server unhealthy: that catches what
   liveness cannot (a stub alive but stuck, a model that answers only errors).
 
+A GPU target's server is its Triton container (trtpipe.serving.container): liveness then watches its `docker run`
+client (the container's processes are not this host's children) and the probes watch its models; restarting it
+runs the same container again on the same ports.
+
 So a dead process is reported within about a second (the next tick). A server whose models start
 failing is unhealthy within `failures_to_unhealthy * probe_interval_s` (20 s by default) when the probes
 get errors; when they get no answer at all, within `probe_interval_s + failures_to_unhealthy *
@@ -45,6 +49,7 @@ from pydantic import BaseModel
 from trtpipe.errors import CheckFailed, TrtpipeError, UsageError
 from trtpipe.serving.server import (
     UNHEALTHY_STOP_S,
+    Launcher,
     TritonServerHandle,
     last_error,
     port_clash,
@@ -110,12 +115,14 @@ class ServerReady(BaseModel):
     serving_dir: str
     restarts: int
     watch: dict[str, Any]
+    container: str | None = None  # the Triton container's image (GPU targets); None: tritonserver on this host
 
     @classmethod
     def of(cls, handle: TritonServerHandle, policy: WatchPolicy, restarts: int) -> ServerReady:
         return cls(grpc_url=handle.grpc_url, http_url=handle.http_url, metrics_url=handle.metrics_url, pid=handle.pid,
                    log=str(handle.log_path), models=handle.models, repository_digest=handle.repository_digest,
-                   serving_dir=str(handle.serving_dir), restarts=restarts, watch=policy.describe())
+                   serving_dir=str(handle.serving_dir), restarts=restarts, watch=policy.describe(),
+                   container=getattr(handle, "image", None))
 
 
 class ServerUnhealthy(BaseModel):
@@ -328,7 +335,7 @@ class Watchdog:
                 how = f"was killed by {signal.Signals(-code).name}"
             except ValueError:
                 how = f"was killed by signal {-code}"
-        line = f"tritonserver (pid {self.handle.pid}) {how}"
+        line = f"{self.handle.described} (pid {self.handle.pid}) {how}"
         if code is not None and code < 0:
             return line  # a signal from outside: its log says nothing about it
         tail = self.handle.log_tail(80)
@@ -360,11 +367,14 @@ def serve_watched(
     http_port: int | None = None,
     metrics_port: int | None = None,
     start_timeout: float = 120,
+    launcher: Launcher | None = None,
 ) -> None:
     """Serve `repo` until `stop` is set, watching the server (module docstring). Returns when stopped;
-    raises CheckFailed when the server cannot serve and the policy allows no (more) restarts."""
+    raises CheckFailed when the server cannot serve and the policy allows no (more) restarts. `launcher`: how the
+    server starts (default: what the repository's manifest asks for: tritonserver here for cpu-reference, the
+    Triton container for a GPU target; trtpipe.serving.server.launcher_for)."""
     handle = start_server(repo, host=host, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
-                          start_timeout=start_timeout)
+                          start_timeout=start_timeout, launcher=launcher)
     restarts = 0
     try:
         # The stubs are taken before anyone hears the server is ready: nothing a client does first goes unseen.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from trtpipe.engine.plan import make_build_plan
@@ -21,6 +22,7 @@ from trtpipe.stages.base import InputRef, NoKey, Preview, StageContext, StoredSt
 from trtpipe.stages.checkpoint import CheckpointStage
 from trtpipe.stages.engine import EngineStage
 from trtpipe.stages.hf_checkpoint import HfCheckpointStage
+from trtpipe.stages.imported_engine import ImportedEngineStage
 from trtpipe.stages.llmapi_publish import LlmApiPublishStage
 from trtpipe.stages.publish import PublishStage
 
@@ -58,8 +60,16 @@ BACKEND_STAGES: dict[str, BackendStages] = {
     ),
 }
 
+
+
+def imported_engine_stages(engine_dir: Path) -> BackendStages:
+    """The trtllm-build backend's stages for an engine built outside trtpipe (`trtpipe publish SPEC --engine DIR`):
+    the engine is imported instead of converted and built, then published as a built one is."""
+    return BackendStages(plan=make_build_plan, stages=(ImportedEngineStage(engine_dir), PublishStage()))
+
+
 # Every stored stage's name (what `--force` takes), in build order.
 STORED_STAGE_NAMES = tuple(dict.fromkeys(s.name for b in BACKEND_STAGES.values() for s in b.stages))
 
 __all__ = ["BACKEND_STAGES", "STORED_STAGE_NAMES", "BackendStages", "InputRef", "NoKey", "Preview",
-           "StageContext", "StoredStage"]
+           "StageContext", "StoredStage", "imported_engine_stages"]
