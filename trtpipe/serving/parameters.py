@@ -21,7 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from trtpipe.errors import IntegrityError, MissingCapability
+from trtpipe.errors import IntegrityError
 
 PARAMETER_FILE = "triton_contracts/tensorrtllm_parameters.yaml"
 
@@ -219,17 +219,6 @@ def load_parameter_table(path: Path | None = None) -> ParameterTable:
     return table
 
 
-def table_for(toolchain: str, table: ParameterTable | None = None) -> ParameterTable:
-    """The table a repository published with `toolchain` is held to."""
-    table = table or load_parameter_table()
-    if toolchain not in table.toolchains:
-        raise MissingCapability(
-            f"no tensorrtllm parameter contract for toolchain {toolchain!r} in {PARAMETER_FILE}",
-            fix=f"add it there from its pinned backend sources (known: {', '.join(table.toolchains)})",
-        )
-    return table
-
-
 # --- values -------------------------------------------------------------------------------------------------
 
 def _int_item(text: str, low: int, high: int) -> int | None:
@@ -286,7 +275,7 @@ def convert(kind: BackendType, value: str) -> tuple[bool, object]:
     raise AssertionError(kind)
 
 
-def _expected(table: ParameterTable, row: Parameter) -> str:
+def _expected(row: Parameter) -> str:
     if row.accepted:
         return f"one of {', '.join(row.accepted)}"
     return {"bool": 'a bool ("true" or "false")', "int32": "an integer", "uint32": "a non-negative integer",
@@ -324,8 +313,8 @@ def check_backend(table: ParameterTable, params: dict[str, str], engine: EngineF
         if not ok:
             effect = ("the model does not load" if row.on_bad_value == "fails"
                       else f"the backend would ignore it and use {row.default}")
-            found.append(Finding(key=row.key, row=where, message=f"{value!r} is not {_expected(table, row)} ({effect})",
-                                 fix=f"write {_expected(table, row)}" + ("" if row.required else ', or "" for the default')))
+            found.append(Finding(key=row.key, row=where, message=f"{value!r} is not {_expected(row)} ({effect})",
+                                 fix=f"write {_expected(row)}" + ("" if row.required else ', or "" for the default')))
             continue
         if row.range is not None and row.range_source is not None:
             numbers = parsed if isinstance(parsed, list) else [parsed]
