@@ -107,7 +107,8 @@ def test_recorded_h100_has_too_few_gpus_for_tp8(cli, tmp_path: Path, models_dir:
 
 
 def test_fully_provisioned_h100_host_passes(examples_dir: Path, recorded_h100: Path) -> None:
-    """The same recorded H100 host with the pinned packages and a Docker daemon: nothing fails."""
+    """The same recorded H100 host with the pinned packages, a Docker daemon and the 1.2.1 containers' driver (the
+    recorded 580.95.05 is below it, see the next test): nothing fails."""
     resolved = resolve(load_spec(examples_dir / "llama3-8b-fp8-h100.yaml"), need_weights=False)
     tc = resolved.toolchain
     packages = {
@@ -118,11 +119,27 @@ def test_fully_provisioned_h100_host_passes(examples_dir: Path, recorded_h100: P
         "transformers": tc.transformers_version,
         "tritonclient": "2.60.0",
     }
-    report = run_checks(RecordedProbe(recorded_h100).probe(), packages, DockerStatus(available=True, detail="up"), resolved)
+    host = RecordedProbe(recorded_h100).probe().model_copy(update={"driver_version": tc.min_driver})
+    report = run_checks(host, packages, DockerStatus(available=True, detail="up"), resolved)
     statuses = {row.item: row.status for row in report.rows}
     assert "FAIL" not in statuses.values(), report.rows
-    assert statuses["target"] == statuses["tensorrt_llm"] == statuses["torch"] == "OK"
+    assert statuses["target"] == statuses["tensorrt_llm"] == statuses["torch"] == statuses["driver"] == "OK"
     assert report.exit_code == EXIT_OK
+
+
+@pytest.mark.parametrize(("driver", "status"), [("580.95.05", "FAIL"), ("580.159.04", "FAIL"), ("590.44.00", "FAIL"),
+                                                ("590.44.01", "OK"), ("595.58.03", "OK")])
+def test_driver_against_the_1_2_1_minimum(examples_dir: Path, recorded_h100: Path, driver: str, status: str) -> None:
+    """trtllm-1.2.1's containers (26.04-26.07) need CUDA driver 590.44.01 (Triton's compatibility matrix): an R580
+    host fails the check for a 1.2.1 spec, 590.44.01 and newer pass."""
+    resolved = resolve(load_spec(examples_dir / "llama3-8b-fp8-h100.yaml"), need_weights=False)
+    assert resolved.toolchain.name == "trtllm-1.2.1" and resolved.toolchain.min_driver == "590.44.01"
+    host = RecordedProbe(recorded_h100).probe().model_copy(update={"driver_version": driver})
+    report = run_checks(host, {}, DockerStatus(available=True, detail="up"), resolved)
+    row = next(row for row in report.rows if row.item == "driver")
+    assert row.status == status and row.found == driver and "590.44.01" in row.expected
+    if status == "FAIL":
+        assert report.exit_code == EXIT_FAIL and "590.44.01" in row.fix
 
 
 def test_wrong_tensorrt_llm_version_fails_with_local_executor(examples_dir: Path, recorded_h100: Path, tmp_path: Path) -> None:

@@ -72,6 +72,8 @@ class ToolchainSource(BaseModel):
     tag: str
     pinned: str
     read_at_tag: bool
+    carries: str | None = Field(default=None, description="what the toolchain's container really carries, where it "
+                                                            "differs from the pin")
 
 
 class Contract(BaseModel):

@@ -74,6 +74,8 @@ class EngineFacts(BaseModel):
     max_beam_width: int
     tp: int
     pp: int
+    # pretrained_config.logits_dtype as trtllm-build records it (None: absent, TensorRT-LLM's default applies).
+    logits_dtype: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -107,6 +109,7 @@ def read_engine_facts(engine_dir: Path) -> EngineFacts:
         max_beam_width=int(build.get("max_beam_width", 1)),
         tp=int(mapping.get("tp_size", 1)),
         pp=int(mapping.get("pp_size", 1)),
+        logits_dtype=pretrained.get("logits_dtype"),
     )
 
 
@@ -125,6 +128,9 @@ def template_values(resolved: Any, engine: EngineFacts) -> dict[str, str]:
             f"triton.max_batch_size {batch} exceeds the engine's max_batch_size {engine.max_batch_size}",
             fix=f"set triton.max_batch_size <= {engine.max_batch_size} or rebuild with a larger engine.max_batch_size",
         )
+    logits_datatype = _logits_datatype(engine)
+    if not reference:
+        _check_backend_values(triton)
     return {
         "triton_max_batch_size": str(batch),
         "decoupled_mode": _bool(triton.streaming),
@@ -147,7 +153,43 @@ def template_values(resolved: Any, engine: EngineFacts) -> dict[str, str]:
         "add_special_tokens": "true",
         "skip_special_tokens": "true",
         "max_input_len": str(engine.max_input_len),
+        # context_logits / generation_logits are declared with the engine's own logits type: the C++ backend
+        # checks the engine's against the declared one on every request that returns logits.
+        "logits_datatype": logits_datatype,
+        # Read unguarded by the C++ backend (tensorrtllm_parameters.yaml): written empty, which it treats as unset
+        # (guided decoding off). Upstream's template leaves the ${...} placeholders, which the backend also takes
+        # as unset, but templates.render and validate refuse a leftover placeholder.
+        "guided_decoding_backend": "",
+        "xgrammar_tokenizer_info_path": "",
     }
+
+
+def _logits_datatype(engine: EngineFacts) -> str:
+    from trtpipe.serving.parameters import load_parameter_table, logits_datatype
+
+    table = load_parameter_table()
+    declared = logits_datatype(table, engine.logits_dtype)
+    if declared is None:
+        raise InvalidInput(
+            f"the engine's pretrained_config.logits_dtype is {engine.logits_dtype!r}; the tensorrtllm backend serves "
+            f"logits only as {', '.join(table.logits.dtypes)}",
+            fix="rebuild the engine with trtllm-build --logits_dtype float16 (or float32)",
+        )
+    return declared
+
+
+def _check_backend_values(triton: Any) -> None:
+    """Spec values the C++ backend's executor refuses though the spec allows them (the spec serves both backends)."""
+    from trtpipe.serving.parameters import PARAMETER_FILE, load_parameter_table
+
+    row = load_parameter_table().row("kv_cache_free_gpu_mem_fraction")
+    fraction = triton.kv_cache_free_gpu_mem_fraction
+    if row is not None and row.range is not None and not row.range.holds(fraction):
+        raise InvalidInput(
+            f"triton.kv_cache_free_gpu_mem_fraction {fraction:g}: the tensorrtllm backend's executor accepts only "
+            f"{row.range.text()} (build_configs/{PARAMETER_FILE})",
+            fix="set triton.kv_cache_free_gpu_mem_fraction below 1, e.g. 0.95",
+        )
 
 
 def _reflink(src: Path, dst: Path) -> bool:

@@ -41,6 +41,7 @@ class _Checker:
         self.configs: dict[str, mc.ModelConfig] = {}
         self.manifest: dict[str, Any] | None = None
         self._tokenizers_seen: dict[tuple[int, int, int, int], str | None] = {}  # tokenizer.json -> its problem
+        self.flagged_parameters: set[str] = set()  # tensorrt_llm keys the parameter table already reported
 
     def add(self, model: str, field: str, message: str, fix: str, severity: str = "error") -> None:
         self.issues.append(ValidationIssue(model=model, field=field, message=message, fix=fix, severity=severity))
@@ -213,6 +214,15 @@ class _Checker:
                 limits["world_size"] = int(mapping.get("tp_size", 1)) * int(mapping.get("pp_size", 1))
                 limits["engine_version"] = engine_config.get("version")
                 limits["reference_engine"] = bool(engine_config.get("trtpipe_reference", False))
+                limits["logits_dtype"] = (engine_config.get("pretrained_config") or {}).get("logits_dtype")
+                # What trtllm-build records of the features the backend's cross-key rules need (absent: unknown).
+                plugins = build.get("plugin_config") or {}
+                if "use_paged_context_fmha" in plugins:
+                    limits["paged_context_fmha"] = bool(plugins["use_paged_context_fmha"])
+                if "kv_cache_type" in build:
+                    limits["paged_kv_cache"] = str(build["kv_cache_type"]).upper() == "PAGED"
+                elif "paged_kv_cache" in plugins:
+                    limits["paged_kv_cache"] = bool(plugins["paged_kv_cache"])
             except (json.JSONDecodeError, ValueError, TypeError) as err:
                 self.add("tensorrt_llm", "1/config.json", f"engine config is unreadable ({err})", "publish again")
         else:
@@ -257,13 +267,16 @@ class _Checker:
                      "publish the engine built for this target")
         if llm is None:
             return
-        if self.param(llm, "gpt_model_type") not in ("inflight_fused_batching", "inflight_batching"):
+        batching = self.param(llm, "gpt_model_type")
+        # On a GPU target the parameter table judges what the backend accepts; trtpipe's own rule on top of it is
+        # in-flight batching (the backend would also take V1, static batching).
+        if batching not in ("inflight_fused_batching", "inflight_batching") and (reference or batching in ("V1", "v1")):
             self.add("tensorrt_llm", "parameters.gpt_model_type",
                      f"{self.param(llm, 'gpt_model_type')!r} is not an in-flight batching strategy",
                      'set it to "inflight_fused_batching"')
         world = limits.get("world_size") or int(limits.get("tp", 1)) * int(limits.get("pp", 1))
         device_ids = (self.param(llm, "gpu_device_ids") or "").strip()
-        if not reference and device_ids:
+        if not reference and device_ids and "gpu_device_ids" not in self.flagged_parameters:
             count = len([d for d in device_ids.split(",") if d.strip()])
             if count != world:
                 self.add("tensorrt_llm", "parameters.gpu_device_ids",
@@ -361,6 +374,70 @@ class _Checker:
                          "declare it as upstream does (build_configs/triton_contracts/inflight_batcher_llm.yaml); "
                          "publish again from trtpipe's templates")
 
+    def check_parameters(self, limits: dict[str, Any]) -> None:
+        """Every model's `parameters` against the keys their readers read (build_configs/triton_contracts/
+        tensorrtllm_parameters.yaml): the C++ tensorrtllm backend on GPU targets, trtpipe's Python models always."""
+        if self.manifest is None:
+            return
+        from trtpipe.errors import TrtpipeError
+        from trtpipe.serving.parameters import EngineFacts, check_backend, check_python_model, load_parameter_table
+        from trtpipe.serving.templates import GPU_SOURCES, REFERENCE_SOURCES
+
+        try:
+            table = load_parameter_table()
+        except TrtpipeError as err:
+            self.add(MANIFEST_NAME, "toolchain", f"cannot check the backend parameters: {err.message}",
+                     err.fix or "restore build_configs/ from git")
+            return
+        reference = bool(self.manifest.get("reference"))
+        sources = REFERENCE_SOURCES if reference else GPU_SOURCES
+        params = {name: {key: value.string_value for key, value in config.parameters.items()}
+                  for name, config in self.configs.items()}
+        for name in params:
+            for finding in check_python_model(table, sources.get(name, name), params[name], tuple(self.configs)):
+                self.add(name, f"parameters.{finding.key}", f"{finding.message} [{finding.row}]", finding.fix)
+        if reference or "tensorrt_llm" not in params:
+            return
+        toolchain = str(self.manifest.get("toolchain") or "")
+        if toolchain not in table.toolchains:
+            self.add(MANIFEST_NAME, "toolchain",
+                     f"no tensorrtllm parameter contract for toolchain {toolchain!r} "
+                     "(build_configs/triton_contracts/tensorrtllm_parameters.yaml); checked against the pinned ones' rows",
+                     f"add the toolchain there (known: {', '.join(table.toolchains)})", severity="warning")
+        engine = EngineFacts(paged_context_fmha=limits.get("paged_context_fmha"),
+                             paged_kv_cache=limits.get("paged_kv_cache"))
+        for finding in check_backend(table, params["tensorrt_llm"], engine):
+            self.flagged_parameters.add(finding.key)
+            self.add("tensorrt_llm", f"parameters.{finding.key}", f"{finding.message} [{finding.row}]", finding.fix)
+
+    def check_logits(self, limits: dict[str, Any]) -> None:
+        """context_logits / generation_logits are declared, in every model, with the engine's logits type: the C++
+        backend checks the engine's type against the declared one (and the reference model refuses to load)."""
+        if "logits_dtype" not in limits:
+            return  # no readable engine config.json (reported by engine_limits)
+        from trtpipe.serving.parameters import PARAMETER_FILE, load_parameter_table, logits_datatype
+
+        table = load_parameter_table()
+        engine_dtype = limits.get("logits_dtype")
+        expected = logits_datatype(table, engine_dtype)
+        shown = engine_dtype or f"absent, so {table.logits.engine_default}"
+        if expected is None:
+            self.add("tensorrt_llm", "1/config.json:pretrained_config.logits_dtype",
+                     f"{engine_dtype!r}: the tensorrtllm backend serves logits only as "
+                     f"{', '.join(table.logits.dtypes)} ({PARAMETER_FILE} logits)",
+                     "rebuild the engine with trtllm-build --logits_dtype float16 (or float32)")
+            return
+        for name, config in self.configs.items():
+            for output in config.output:
+                if output.name in table.logits.outputs:
+                    declared = mc.DataType.Name(output.data_type)
+                    if declared != expected:
+                        self.add(name, f"output[{output.name}]",
+                                 f"declared {declared} but the engine's logits are {expected} (its config.json "
+                                 f"pretrained_config.logits_dtype: {shown}); the backend refuses every request that "
+                                 f"returns logits [{PARAMETER_FILE} logits: {table.cite(table.logits.check_source)}]",
+                                 f"declare it {expected} (publish again: publish declares the engine's logits type)")
+
     def check_toolchain(self, limits: dict[str, Any]) -> None:
         if self.manifest is None:
             return
@@ -419,6 +496,8 @@ def validate_repository(repo: Path) -> list[ValidationIssue]:
     checker.check_transaction_policy()
     limits = checker.engine_limits()
     checker.check_batch_sizes(limits)
+    checker.check_parameters(limits)
+    checker.check_logits(limits)
     checker.check_target(limits)
     checker.check_tokenizers()
     checker.check_toolchain(limits)

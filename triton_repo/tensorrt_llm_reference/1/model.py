@@ -170,6 +170,16 @@ class TritonPythonModel:
         if not engine_dir.is_absolute():
             engine_dir = model_dir / engine_dir
         engine_config = json.loads((engine_dir / "config.json").read_text())
+        # Like the C++ backend, which checks the engine's logits type against the declared one: refuse to load when
+        # config.pbtxt declares the logits outputs otherwise than the engine's logits_dtype (TensorRT-LLM's default
+        # when absent: float32), so the same mismatch fails here too.
+        engine_logits = engine_config.get("pretrained_config", {}).get("logits_dtype") or "float32"
+        wanted = {"float32": "TYPE_FP32", "float16": "TYPE_FP16"}.get(engine_logits, f"no type for {engine_logits}")
+        for output in self.model_config.get("output", []):
+            if output["name"] in ("context_logits", "generation_logits") and output["data_type"] != wanted:
+                raise ValueError(f"config.pbtxt: output {output['name']} is {output['data_type']} but the engine's "
+                                 f"logits_dtype is {engine_logits} ({engine_dir / 'config.json'}); declare it {wanted} "
+                                 "(publish again)")
         build = engine_config.get("build_config", {})
         self.max_input_len = int(build["max_input_len"])
         self.max_seq_len = int(build["max_seq_len"])
