@@ -7,10 +7,11 @@ or package (trtpipe/serving/). Layers, low -> high; a unit may import its own la
     0  errors, settings, atomic, versions, names, datafiles,    what everything may use (disk: telling a
        hostfacts, disk                                          full disk from other failures)
     1  toolchain, gpu, quant, spec, spec_loader, trtllm_build,  the tables and the spec (trtllm_build: the
-       config_json, model_folder, llm_api                       trtllm-build backend's flag and rule tables;
+       config_json, model_folder, llm_api, model_semantics      trtllm-build backend's flag and rule tables;
                                                                 config_json: a model config's bounds;
                                                                 model_folder: confinement, tokenizer check;
-                                                                llm_api: the LLM-API backend's TorchLlmArgs)
+                                                                llm_api: the LLM-API backend's TorchLlmArgs;
+                                                                model_semantics: what a config's fields compute)
     2  resolve, plan, hostcheck, migrate                        every rule, the memory plan, the host check, the
                                                                 trtllm-build -> llm-api migration report
     3  store, results, build_record, build_report               where artifacts, results, records and build
@@ -38,7 +39,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "trtpipe"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "settings", "atomic", "versions", "names", "datafiles", "hostfacts", "disk", "chained"),
-    ("toolchain", "gpu", "quant", "spec", "spec_loader", "trtllm_build", "config_json", "model_folder", "llm_api"),
+    ("toolchain", "gpu", "quant", "spec", "spec_loader", "trtllm_build", "config_json", "model_folder", "llm_api",
+     "model_semantics"),
     ("resolve", "plan", "hostcheck", "migrate"),
     ("store", "results", "build_record", "build_report"),
     ("checkpoint", "engine", "reference", "serving"),

@@ -326,6 +326,8 @@ class _Runner:
                         trust_note = _unchecked_pulled_note(self.store, entry)  # with a policy, the gate judged it
                     if entry is None:
                         entry, facts = self._build_into(stage, key, handle, leases)
+                        for note in ((facts or {}).get("convert") or {}).get("notes") or []:
+                            self.printer.note(f"  {stage.name:<11} note: {note}")
                         # A stage may say what running it is called (the imported engine: "imported").
                         outcome = getattr(stage, "built_outcome", "built")
                     self.verified.add((kind, key.key))  # its bytes were hashed (or verified on pull) just now

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from trtpipe import hostfacts, quant
+from trtpipe import hostfacts, model_semantics, quant
 from trtpipe.gpu import GpuInfo
 from trtpipe.resolve import ResolvedSpec, gemm_input_widths, head_counts, intermediate_size
 from trtpipe.trtllm_build.config import derive_engine_config
@@ -113,6 +113,9 @@ class PlanInputs:
     max_num_tokens: int
     kv_fraction: float
     tokens_per_block: int
+    # Per layer, the attention window the runtime is given (trtpipe.model_semantics); None: every layer sees
+    # max_seq_len. A windowed layer keeps at most its window of keys and values per sequence.
+    attention_windows: tuple[int, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,7 +173,16 @@ def compute(inputs: PlanInputs) -> Figures:
     kv_budget = max(0, int(free * inputs.kv_fraction))
     # The KV cache is handed out in blocks of tokens_per_block tokens.
     kv_tokens = (kv_budget // (kv_per_token_gpu * inputs.tokens_per_block)) * inputs.tokens_per_block
-    sequences = kv_tokens // inputs.max_seq_len
+    # A sequence at max_seq_len holds, per layer, min(window, max_seq_len) tokens of K and V (whole blocks): the
+    # stage with the most of them bounds how many sequences fit.
+    block = inputs.tokens_per_block
+    windows = inputs.attention_windows or (inputs.max_seq_len,) * s.layers
+    per_layer = [-(-min(w, inputs.max_seq_len) // block) * block for w in windows]
+    stages = [per_layer[i * stage_layers:(i + 1) * stage_layers] for i in range(inputs.pp)]
+    tokens_per_sequence_layers = max(sum(stage_tokens) for stage_tokens in stages if stage_tokens)
+    layer_token_bytes = kv_per_token_gpu // max(1, stage_layers)
+    sequence_bytes = max(1, tokens_per_sequence_layers * layer_token_bytes)
+    sequences = kv_budget // sequence_bytes
     tpot = None
     if inputs.bandwidth_gbs:
         tpot = per_gpu / (inputs.bandwidth_gbs * 1e9) * 1000
@@ -235,6 +247,8 @@ class MemoryPlan(BaseModel):
     max_seq_len: int
     max_num_tokens: int
     sequences_at_max_seq_len: int
+    attention_window: str | None = Field(default=None, description="max_attention_window_size given to the runtime "
+                                         "when the model has a window shorter than max_seq_len.")
     tokens_needed: int = Field(description="max_batch_size x max_seq_len.")
     memory_bandwidth_gbs: float | None
     tpot_floor_ms: float | None = Field(description="Decode floor: weight bytes per GPU / memory bandwidth.")
@@ -332,6 +346,11 @@ def _suggestions(inputs: PlanInputs, figures: Figures, gpu: GpuInfo | None, conf
     return out
 
 
+def _windows(resolved: ResolvedSpec) -> tuple[int, ...] | None:
+    windows = model_semantics.attention_windows(resolved.model_config, resolved.spec.engine.max_seq_len)
+    return tuple(windows) if windows is not None else None
+
+
 def memory_plan(resolved: ResolvedSpec) -> MemoryPlan:
     """The memory plan of a resolved spec (planning needs only its config.json)."""
     spec = resolved.spec
@@ -365,8 +384,14 @@ def memory_plan(resolved: ResolvedSpec) -> MemoryPlan:
         max_num_tokens=effective_max_num_tokens(resolved),
         kv_fraction=spec.triton.kv_cache_free_gpu_mem_fraction,
         tokens_per_block=spec.engine.tokens_per_block,
+        attention_windows=_windows(resolved),
     )
     figures = compute(inputs)
+    window = model_semantics.describe_windows(resolved.model_config, inputs.max_seq_len)
+    if window is not None:
+        full = compute(dataclasses.replace(inputs, attention_windows=None))
+        notes.append(f"{window}: {figures.sequences_at_max_seq_len} sequences of {inputs.max_seq_len} tokens fit, "
+                     f"{full.sequences_at_max_seq_len} with full attention")
     if not figures.weights_fit:
         verdict = "does not fit"
         reason = (
@@ -375,9 +400,10 @@ def memory_plan(resolved: ResolvedSpec) -> MemoryPlan:
         )
     elif figures.fits:
         verdict = "fits"
+        windowed = " (within their attention window)" if inputs.attention_windows else ""
         reason = (
             f"{figures.kv_tokens:,} KV tokens hold {figures.sequences_at_max_seq_len} sequences of "
-            f"{inputs.max_seq_len} tokens, >= max_batch_size {inputs.max_batch_size}"
+            f"{inputs.max_seq_len} tokens{windowed}, >= max_batch_size {inputs.max_batch_size}"
         )
     else:
         verdict = "does not fit"
@@ -418,6 +444,8 @@ def memory_plan(resolved: ResolvedSpec) -> MemoryPlan:
         max_seq_len=inputs.max_seq_len,
         max_num_tokens=inputs.max_num_tokens,
         sequences_at_max_seq_len=figures.sequences_at_max_seq_len,
+        attention_window=(model_semantics.window_parameter(resolved.model_config, inputs.max_seq_len)
+                          if inputs.attention_windows else None),
         tokens_needed=figures.tokens_needed,
         memory_bandwidth_gbs=bandwidth,
         tpot_floor_ms=figures.tpot_floor_ms,

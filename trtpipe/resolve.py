@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trtpipe import quant
+from trtpipe import model_semantics, quant
 from trtpipe.config_json import read_model_config
 from trtpipe.errors import InvalidInput
 from trtpipe.gpu import GpuInfo, UnknownGpu, get_gpu, load_catalog
@@ -515,6 +515,14 @@ def _check_shape(loaded: LoadedSpec, config_field: tuple[str, ...], config: dict
                 )
 
 
+def _check_semantics(loaded: LoadedSpec, config_field: tuple[str, ...], config: dict[str, Any], backend: str, *,
+                     on_cpu: bool) -> None:
+    """What the model computes must survive: a config field the backend cannot honour (trtpipe.model_semantics) is
+    refused, naming it, rather than converted into a checkpoint that serves another function."""
+    for refusal in model_semantics.refusals(config, backend, on_cpu=on_cpu):
+        raise loaded.error(config_field, f"config.json {refusal.field}: {refusal.message}", refusal.fix)
+
+
 def _check_engine(loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | None, toolchain: Toolchain) -> None:
     spec = loaded.spec
     engine, triton = spec.engine, spec.triton
@@ -580,6 +588,7 @@ def resolve(loaded: LoadedSpec, *, need_weights: bool = True) -> ResolvedSpec:
     _check_names(loaded)
     model_dir, tokenizer_dir, config_path, config_field, config = _resolve_model(loaded, need_weights)
     _check_shape(loaded, config_field, config)
+    _check_semantics(loaded, config_field, config, backend.kind, on_cpu=gpu is None)
     _check_engine(loaded, config, gpu, toolchain)
     llm_api = _check_llm_api(loaded, config, gpu, toolchain) if backend.kind == "llm-api" else None
     return ResolvedSpec(

@@ -79,7 +79,7 @@ def test_llm_api_matches_the_reference(tmp_path: Path, tiny_llama_dir: Path, llm
     from tensorrt_llm import LLM, SamplingParams
 
     from trtpipe.serving.llmapi import publish_llmapi_repository
-    from trtpipe.serving.smoke import reference_llmapi_greedy
+    from trtpipe.serving.smoke import ParityReference, reference_llmapi_greedy
 
     artifact = llmapi_artifact("llama", "none", "auto")
     repo = publish_llmapi_repository(_resolved(tmp_path, tiny_llama_dir, _catalog_gpu()), artifact,
@@ -94,7 +94,7 @@ def test_llm_api_matches_the_reference(tmp_path: Path, tiny_llama_dir: Path, llm
     finally:
         llm.shutdown()
     fresh = export_llmapi(tiny_llama_dir, tmp_path / "fresh", algo="none")
-    assert got == reference_llmapi_greedy(fresh, PROMPTS, MAX_TOKENS)
+    assert got == reference_llmapi_greedy(ParityReference(engine_dir=fresh, tokenizer_dir=fresh), PROMPTS, MAX_TOKENS)
 
 
 @pytest.mark.gpu

@@ -53,9 +53,10 @@ def test_generate_and_stream_agree(triton_server, model: str) -> None:
 
 
 def test_parity_with_reference_runtime(triton_server, example_repo: Path) -> None:
-    from trtpipe.serving.smoke import reference_greedy
+    from trtpipe.serving.smoke import ParityReference, reference_greedy
 
-    expected = reference_greedy(example_repo / "tensorrt_llm" / "1", example_repo / "preprocessing" / "tokenizer",
+    expected = reference_greedy(ParityReference(engine_dir=example_repo / "tensorrt_llm" / "1",
+                                                tokenizer_dir=example_repo / "preprocessing" / "tokenizer"),
                                 PROMPTS, MAX_TOKENS)
     for model in MODELS:
         client = TritonLLMClient(triton_server.grpc_url, model=model, timeout=60)

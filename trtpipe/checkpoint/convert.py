@@ -85,6 +85,25 @@ class ConversionFacts(BaseModel):
     modelopt_version: str
     transformers_version: str
     calibration: CalibrationInfo | None
+    notes: list[str] = []  # facts a user should know about what was written (e.g. KV-cache scales at their floor)
+
+
+def kv_scale_notes(out_dir: Path) -> list[str]:
+    """What the FP8 KV-cache scales of a TRT-LLM checkpoint say: ModelOpt 0.37 floors each calibrated K/V scale at
+    1.0, so a small model's calibration lands on the default range, and its FP8 KV cache is then the uncalibrated
+    one (a user who asked for calibration should know)."""
+    from safetensors import safe_open
+
+    scales: list[float] = []
+    for path in sorted(out_dir.glob("rank*.safetensors")):
+        with safe_open(str(path), framework="pt") as tensors:
+            for name in tensors.keys():
+                if name.endswith("kv_cache_scaling_factor"):
+                    scales.extend(float(x) for x in tensors.get_tensor(name).float().reshape(-1))
+    if scales and all(x == 1.0 for x in scales):
+        return [f"calibrated FP8 KV-cache scales all 1.0 ({len(scales)} layers): ModelOpt floors them at 1.0, so the "
+                "FP8 KV cache uses the default range"]
+    return []
 
 
 class ConvertSummary(ConversionFacts):
@@ -511,6 +530,7 @@ def convert_checkpoint(
         modelopt_version=modelopt_version,
         transformers_version=transformers_version,
         calibration=facts.get("calibration"),
+        notes=kv_scale_notes(out_dir) if quantization.get("kv_cache_quant_algo") == "FP8" else [],
         path=path,
         path_reason=reason,
         bytes_read=facts.get("bytes_read"),

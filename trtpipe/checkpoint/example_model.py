@@ -30,6 +30,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from trtpipe.errors import InvalidInput, UsageError
 
 ARCHITECTURES = ("llama", "qwen2", "mistral")
@@ -103,16 +105,40 @@ def train_tokenizer(paragraphs: list[str], vocab_size: int = VOCAB_SIZE) -> Any:
     return tokenizer
 
 
-def _model_config(arch: str, rope_scaling: dict[str, Any] | None, tied: bool = False) -> Any:
+class Variant(BaseModel):
+    """What a test model changes from the default tiny model: the config fields whose meaning must survive conversion
+    (trtpipe.model_semantics). Every field at its default gives the default model, byte for byte."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sliding_window: int | None = Field(default=None, gt=0, description="mistral only: the attention window")
+    vocab_size: int = Field(default=VOCAB_SIZE, ge=64, le=4096, description="the tokenizer's (and model's) ids")
+    head_dim: int = Field(default=HEAD_DIM, ge=8, le=256, description="per-head width (hidden 256 / 4 heads = 64)")
+    num_kv_heads: int = Field(default=NUM_KV_HEADS, ge=1, le=NUM_HEADS, description="KV heads (4: MHA)")
+
+    def marker(self) -> dict[str, Any]:
+        """The fields that differ from the default, for trtpipe_example.json."""
+        return self.model_dump(exclude_defaults=True)
+
+
+DEFAULT_VARIANT = Variant()
+
+
+def _model_config(arch: str, rope_scaling: dict[str, Any] | None, tied: bool = False,
+                  variant: Variant = DEFAULT_VARIANT) -> Any:
     from transformers import LlamaConfig, MistralConfig, Qwen2Config
 
+    if variant.sliding_window is not None and arch != "mistral":
+        raise UsageError(f"a sliding window is offered for the mistral example model, not {arch}")
+    if NUM_HEADS % variant.num_kv_heads:
+        raise UsageError(f"num_kv_heads {variant.num_kv_heads} does not divide the {NUM_HEADS} attention heads")
     common: dict[str, Any] = dict(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=variant.vocab_size,
         hidden_size=HIDDEN_SIZE,
         intermediate_size=INTERMEDIATE_SIZE,
         num_hidden_layers=NUM_LAYERS,
         num_attention_heads=NUM_HEADS,
-        num_key_value_heads=NUM_KV_HEADS,
+        num_key_value_heads=variant.num_kv_heads,
         max_position_embeddings=MAX_POSITIONS,
         rms_norm_eps=1e-5,
         rope_theta=10000.0,
@@ -124,13 +150,15 @@ def _model_config(arch: str, rope_scaling: dict[str, Any] | None, tied: bool = F
         dtype="float16",
     )
     if arch == "llama":
-        return LlamaConfig(**common, head_dim=HEAD_DIM, rope_scaling=rope_scaling, attention_bias=False)
+        return LlamaConfig(**common, head_dim=variant.head_dim, rope_scaling=rope_scaling, attention_bias=False)
     if rope_scaling is not None:
         raise UsageError(f"rope_scaling is only offered for the llama example model, not {arch}")
     if arch == "qwen2":
+        if variant.head_dim != HEAD_DIM:
+            raise UsageError("an explicit head_dim is offered for the llama and mistral example models")
         # Qwen2 always has q/k/v bias: the point of this variant.
         return Qwen2Config(**common, use_sliding_window=False, sliding_window=None)
-    return MistralConfig(**common, head_dim=HEAD_DIM, sliding_window=None)
+    return MistralConfig(**common, head_dim=variant.head_dim, sliding_window=variant.sliding_window)
 
 
 def _training_batches(token_ids: list[int], steps: int, generator: Any) -> Iterator[Any]:
@@ -144,7 +172,8 @@ def _training_batches(token_ids: list[int], steps: int, generator: Any) -> Itera
 
 
 def build_example_model(
-    arch: str = "llama", *, rope_scaling: dict[str, Any] | None = None, tied: bool = False, steps: int = TRAIN_STEPS
+    arch: str = "llama", *, rope_scaling: dict[str, Any] | None = None, tied: bool = False, steps: int = TRAIN_STEPS,
+    variant: Variant = DEFAULT_VARIANT,
 ):
     """Return (model, tokenizer) in memory: the trained tiny model (float16) and its `tokenizers.Tokenizer`.
 
@@ -156,14 +185,17 @@ def build_example_model(
     if arch not in ARCHITECTURES:
         raise UsageError(f"unknown example architecture {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
     paragraphs = shipped_paragraphs()
-    tokenizer = train_tokenizer(paragraphs)
+    tokenizer = train_tokenizer(paragraphs, variant.vocab_size)
+    if tokenizer.get_vocab_size() != variant.vocab_size:
+        raise UsageError(f"the shipped text trains a tokenizer of {tokenizer.get_vocab_size()} ids, not the "
+                         f"{variant.vocab_size} asked for", fix="ask for a smaller vocab_size")
     bos, eos = tokenizer.token_to_id(BOS_TOKEN), tokenizer.token_to_id(EOS_TOKEN)
     token_ids: list[int] = []
     for encoding in tokenizer.encode_batch(paragraphs):
         token_ids.extend(encoding.ids + [eos])  # encoding already starts with BOS
     assert token_ids[0] == bos
 
-    config = _model_config(arch, rope_scaling, tied)
+    config = _model_config(arch, rope_scaling, tied, variant)
     with _single_thread():
         torch.manual_seed(SEED)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
@@ -181,7 +213,7 @@ def build_example_model(
     return model, tokenizer
 
 
-def _save(model: Any, tokenizer: Any, target: Path) -> None:
+def _save(model: Any, tokenizer: Any, target: Path, variant: Variant = DEFAULT_VARIANT) -> None:
     from transformers import GenerationConfig, PreTrainedTokenizerFast
 
     model.generation_config = GenerationConfig(bos_token_id=0, eos_token_id=1, pad_token_id=2)
@@ -200,6 +232,7 @@ def _save(model: Any, tokenizer: Any, target: Path) -> None:
     marker: dict[str, Any] = {"generator": "trtpipe.checkpoint.example_model", "arch": model.config.architectures[0]}
     if model.config.tie_word_embeddings:
         marker["tied"] = True  # only when tied: the untied models' bytes stay what they were
+    marker.update(variant.marker())  # likewise: only what differs from the default model
     (target / "trtpipe_example.json").write_text(json.dumps(marker, indent=2) + "\n")
 
 
@@ -210,6 +243,7 @@ def write_example_model(
     rope_scaling: dict[str, Any] | None = None,
     tied: bool = False,
     overwrite: bool = False,
+    variant: Variant = DEFAULT_VARIANT,
 ) -> Path:
     """Write the tiny example model as a normal HF directory at `out_dir` and return its path.
 
@@ -225,10 +259,10 @@ def write_example_model(
         raise UsageError(f"{out_dir} exists and is not empty", fix="choose a new or empty directory, or replace it")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
 
-    model, tokenizer = build_example_model(arch, rope_scaling=rope_scaling, tied=tied)
+    model, tokenizer = build_example_model(arch, rope_scaling=rope_scaling, tied=tied, variant=variant)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        _save(model, tokenizer, staging)
+        _save(model, tokenizer, staging, variant)
         _place(staging, out_dir, overwrite=overwrite)
     finally:
         if staging.exists():

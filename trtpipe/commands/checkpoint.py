@@ -9,6 +9,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -55,12 +56,28 @@ def example_model_command(
     arch: str = typer.Option("llama", "--arch", help="llama, qwen2 (QKV bias) or mistral."),
     tied: bool = typer.Option(False, "--tied", help="Tie the output head to the input embedding (tie_word_embeddings, "
                               "like Qwen2.5 0.5-3B and Llama 3.2 1B/3B)."),
+    sliding_window: Optional[int] = typer.Option(None, "--sliding-window", help="mistral: an attention window of N "
+                                                 "tokens (what a conversion must keep although no tensor holds it)."),
+    vocab_size: int = typer.Option(512, "--vocab-size", help="The tokenizer's ids (not a multiple of 64: INT4-AWQ "
+                                   "pads the checkpoint's vocabulary)."),
+    head_dim: int = typer.Option(64, "--head-dim", help="Per-head width (llama, mistral; 64 = hidden / heads)."),
+    kv_heads: int = typer.Option(2, "--kv-heads", help="KV heads of the 4 attention heads (4: multi-head attention)."),
     force: bool = typer.Option(False, "--force", help="Replace DIR if it is not empty."),
     as_json: JsonOption = False,
 ) -> None:
-    from trtpipe.checkpoint.example_model import write_example_model
+    from pydantic import ValidationError
 
-    path = write_example_model(directory, arch=arch, tied=tied, overwrite=force)
+    from trtpipe.checkpoint.example_model import Variant, write_example_model
+
+    try:
+        variant = Variant(sliding_window=sliding_window, vocab_size=vocab_size, head_dim=head_dim,
+                          num_kv_heads=kv_heads)
+    except ValidationError as err:
+        first = err.errors()[0]
+        flag = {"sliding_window": "--sliding-window", "vocab_size": "--vocab-size", "head_dim": "--head-dim",
+                "num_kv_heads": "--kv-heads"}.get(str(first["loc"][0]), str(first["loc"][0]))
+        raise UsageError(f"{flag}: {first['msg']}", fix=f"give {flag} a value in its range (see --help)") from None
+    path = write_example_model(directory, arch=arch, tied=tied, overwrite=force, variant=variant)
     files = [
         {"name": p.name, "bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
         for p in sorted(path.iterdir())
@@ -105,6 +122,8 @@ def convert_command(
         f"tp={summary.tp} pp={summary.pp}: {summary.total_bytes / 1e6:.1f} MB in {summary.seconds:.1f} s, "
         f"peak RSS {summary.peak_rss_bytes / 2**30:.2f} GiB"
     )
+    for note in summary.notes:
+        typer.echo(f"note: {note}")
 
 
 def register(app: typer.Typer) -> None:

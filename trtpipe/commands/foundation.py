@@ -101,6 +101,8 @@ def plan_command(
             ("KV cache per GPU", f"{_fmt_bytes(plan.kv_cache_bytes_per_gpu)} "
              f"(x kv_cache_free_gpu_mem_fraction {plan.kv_cache_free_gpu_mem_fraction})"),
             ("tokens that fit", f"{plan.kv_tokens:,}"),
+            *([("attention window", f"{plan.attention_window} (max_attention_window_size; a sequence keeps at most "
+                "that many tokens of K and V per layer)")] if plan.attention_window else []),
             ("sequences at max_seq_len", f"{plan.sequences_at_max_seq_len} x {plan.max_seq_len} tokens "
              f"(max_batch_size {plan.max_batch_size} needs {plan.tokens_needed:,} tokens)"),
             ("decode TPOT floor", f"{plan.tpot_floor_ms:.2f} ms (weights per GPU / {plan.memory_bandwidth_gbs:g} GB/s)"

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from trtpipe import model_semantics
 from trtpipe.engine.executors.base import ExecutorResult
 from trtpipe.engine.executors.docker import DockerExecutor, connect
 from trtpipe.engine.executors.local import LocalExecutor
@@ -50,7 +51,7 @@ def make_executor(resolved: Any, plan: BuildPlan, *, gpus: int | list[str] | Non
     """The executor that builds `plan`, with the spec's `engine.timeout`."""
     name = choose_executor_name(resolved)
     if name == "reference":
-        return ReferenceExecutor(resolved.spec)
+        return ReferenceExecutor(resolved.spec, token_vocab_size=model_semantics.token_vocab_size(resolved.model_config))
     timeout_s = resolved.spec.engine.timeout
     if name == "local":
         return LocalExecutor(resolved.toolchain, target_sm=plan.gpu_sm, timeout_s=timeout_s)

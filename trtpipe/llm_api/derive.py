@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trtpipe import quant
+from trtpipe import model_semantics, quant
 from trtpipe.errors import InternalError
 from trtpipe.llm_api.args import LlmArgsTable, llm_args_problems, load_args_table
 from trtpipe.spec import BuildSpec
@@ -192,6 +192,11 @@ def derive_llm_args(spec: BuildSpec, toolchain: Any, gpu: Any, model_config: dic
         "tokens_per_block": put("kv_cache_config.tokens_per_block", engine.tokens_per_block,
                                 "engine.tokens_per_block", "tokens per KV cache block"),
     }
+    windows = model_semantics.attention_windows(model_config, engine.max_seq_len)
+    if windows is not None:  # a checkpoint carries no window: the LLM's KV cache config must (model_semantics)
+        kv_config["max_attention_window"] = put(
+            "kv_cache_config.max_attention_window", windows, None,
+            "the model's sliding attention window per layer (config.json sliding_window)")
     args: dict[str, Any] = {
         "tensor_parallel_size": put("tensor_parallel_size", target.tp, "target.tp", "tensor parallelism"),
         "pipeline_parallel_size": put("pipeline_parallel_size", target.pp, "target.pp", "pipeline parallelism"),

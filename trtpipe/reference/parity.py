@@ -81,6 +81,36 @@ def bounds_for(quant_algo: str | None, kv_cache_quant_algo: str | None = None) -
     raise InvalidInput(f"no parity bounds for checkpoint format {key}", fix="pass bounds= explicitly")
 
 
+class ParityReference(BaseModel):
+    """What `smoke --parity` compares a server with: the spec's model converted afresh (`engine_dir`, run by the
+    reference runtime with the model's attention windows and tokenizer vocabulary, which a checkpoint does not carry),
+    and, when it is here, the original model itself (`hf_dir`, run by transformers)."""
+
+    engine_dir: Path
+    tokenizer_dir: Path
+    hf_dir: Path | None = None  # the original HF model; None: not available (or too large to run here)
+    hf_skipped: str | None = None  # why there is no hf_dir
+    attention_windows: list[int] | None = None
+    token_vocab_size: int | None = None
+    exact: bool = True  # an unquantized conversion: the served greedy tokens must equal transformers'
+    threshold_tokens: int | None = Field(default=None, description="The longest attention window or rope-scaling "
+                                         "threshold the model has below max_seq_len; None: none.")
+    max_input_len: int | None = None  # the engine's limits, which long prompts stay within
+    max_seq_len: int | None = None
+
+    def long_prompt_tokens(self, max_tokens: int) -> int | None:
+        """Prompts 4x the threshold long (past every window), within the engine's limits; None without a threshold."""
+        if not self.threshold_tokens:
+            return None
+        room = [4 * self.threshold_tokens]
+        if self.max_input_len:
+            room.append(self.max_input_len)
+        if self.max_seq_len:
+            room.append(self.max_seq_len - max_tokens)
+        length = min(room)
+        return length if length > self.threshold_tokens else None
+
+
 class PromptParity(BaseModel):
     index: int
     num_tokens: int
@@ -122,6 +152,20 @@ def _hf_logits_and_greedy(
                 out = model(torch.tensor([[token]]), past_key_values=past, use_cache=True)
                 next_logits, past = out.logits[0, -1, :vocab].to(torch.float32), out.past_key_values
     return logits, tokens
+
+
+def hf_greedy(hf_dir: Path, prompts: Sequence[Sequence[int]], max_tokens: int, end_id: int | None) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt on the original model (float32; the model's own attention
+    window, rope scaling and vocabulary), stopped before the end token as TensorRT-LLM does."""
+    model = _load_hf(Path(hf_dir))
+    vocab = int(model.config.vocab_size)
+    out = []
+    for prompt in prompts:
+        _, tokens = _hf_logits_and_greedy(model, prompt, max_tokens, vocab)
+        if end_id is not None and end_id in tokens:
+            tokens = tokens[: tokens.index(end_id)]
+        out.append(tokens)
+    return out
 
 
 def _load_hf(hf_dir: Path) -> torch.nn.Module:

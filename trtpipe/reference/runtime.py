@@ -13,8 +13,11 @@ checkpoint's static scales; see `trtpipe.reference.dequant`.
 
 Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (QKV bias) with RMSNorm, rope_gpt_neox
 (rotary_base, linear and Llama-3.1 "llama3" rotary_scaling), a SiLU-gated MLP (`mlp.fc` = HF gate_proj,
-`mlp.gate` = HF up_proj), grouped-query attention, tied or separate lm_head. Mistral's sliding window is
-not applied (exact for sequences shorter than the window).
+`mlp.gate` = HF up_proj), grouped-query attention, tied or separate lm_head. Sliding attention windows are
+applied per layer when the caller gives them (`attention_windows`: a checkpoint carries none; the served model gets
+them from its max_attention_window_size parameter, parity from trtpipe.model_semantics): a query sees the last W keys,
+itself included, as transformers' sliding mask does. A checkpoint whose vocabulary is padded beyond the tokenizer's
+(`token_vocab_size`) never yields a padded id: the sampler sees only the tokenizer's ids.
 
 Imports stay light (torch, safetensors) because the Triton Python-backend stub imports this module.
 """
@@ -33,6 +36,7 @@ import torch
 
 from trtpipe.config_json import check_model_config, file_text
 from trtpipe.errors import IntegrityError, InvalidInput, NotFound, UsageError
+from trtpipe.model_semantics import TOKEN_VOCAB_KEY
 from trtpipe.reference import dequant, sampling
 from trtpipe.reference.dequant import Linear
 
@@ -188,6 +192,16 @@ def _read_config(path: Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
     return raw, None
 
 
+def _recorded_token_vocab(path: Path) -> int | None:
+    """The tokenizer's vocabulary a trtpipe reference engine records beside a padded checkpoint, else None."""
+    try:
+        raw = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    value = raw.get(TOKEN_VOCAB_KEY) if isinstance(raw, dict) else None
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _load_rank(path: Path, rank: int) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file  # safetensors only: no pickle is ever loaded
 
@@ -261,6 +275,30 @@ class ReferenceModel:
         self.lm_head = lm_head
         self.build_config = build_config
         self._inv_freq = rope_inverse_frequencies(config)
+        self.windows: list[int | None] = [None] * len(layers)
+        # The tokenizer's ids; rows past it are a checkpoint's padding (trtpipe's reference engine records it).
+        self.token_vocab_size = config.vocab_size
+
+    def set_attention_windows(self, windows: Sequence[int] | None) -> ReferenceModel:
+        """Per-layer attention windows, as TensorRT-LLM's max_attention_window_size takes them: a list repeated over
+        the layers (one value: every layer). None: full attention. Returns self."""
+        if windows is None or not len(windows):
+            self.windows = [None] * len(self.layers)
+            return self
+        values = [int(w) for w in windows]
+        if any(w <= 0 for w in values):
+            raise UsageError(f"attention windows {values} must be positive", fix="give each layer a window of 1 or more")
+        self.windows = [values[i % len(values)] for i in range(len(self.layers))]
+        return self
+
+    def set_token_vocab_size(self, size: int | None) -> ReferenceModel:
+        """The tokenizer's vocabulary (ids past it are padding the sampler never returns). Returns self."""
+        if size is not None:
+            if not 0 < int(size) <= self.config.vocab_size:
+                raise UsageError(f"token vocabulary {size} is outside (0, {self.config.vocab_size}] (the checkpoint's)",
+                                 fix="give the tokenizer's vocab_size")
+            self.token_vocab_size = int(size)
+        return self
 
     # -- loading ------------------------------------------------------------------------------------------
 
@@ -307,7 +345,8 @@ class ReferenceModel:
             # A tied HF model is exported with its own lm_head copy; a missing head is an error, never the
             # embedding in its place (an untied model would then answer with the wrong head).
             lm_head = cls._merge_vocab(config, others[-1], "lm_head.weight", path)
-        return cls(config, embedding, layers, final_norm, lm_head, build_config)
+        model = cls(config, embedding, layers, final_norm, lm_head, build_config)
+        return model.set_token_vocab_size(_recorded_token_vocab(path))
 
     @staticmethod
     def _first_of(others: list[list[dict[str, torch.Tensor]]], name: str, path: Path) -> torch.Tensor:
@@ -471,7 +510,11 @@ class ReferenceModel:
         total = keys.shape[0]
         query_pos = torch.arange(start, start + tokens)[:, None]
         key_pos = torch.arange(total)[None, :]
-        scores = scores.masked_fill(key_pos > query_pos, float("-inf"))
+        hidden_keys = key_pos > query_pos
+        window = self.windows[index]
+        if window is not None:
+            hidden_keys = hidden_keys | (key_pos <= query_pos - window)  # outside the last `window` keys
+        scores = scores.masked_fill(hidden_keys, float("-inf"))
         attn = torch.softmax(scores, dim=-1) @ values_h  # [heads, tokens, d]
         return layer.dense(attn.transpose(0, 1).reshape(tokens, q_size))
 
@@ -530,6 +573,8 @@ class ReferenceModel:
         step_input = context
         for generated in range(max_new_tokens):
             next_logits = self.forward(step_input, cache)[-1].clone()
+            if self.token_vocab_size < next_logits.shape[-1]:
+                next_logits[self.token_vocab_size:] = float("-inf")  # padding rows: no token of the tokenizer
             sampling.ban_bad_words(next_logits, context, bad_words_ids)
             sampling.ban_end_before_min_tokens(next_logits, end_id, generated, min_tokens)
             token, logprob = sampling.choose_token(

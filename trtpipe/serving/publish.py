@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from trtpipe import model_semantics
 from trtpipe.errors import IntegrityError, InternalError, InvalidInput, NotFound, UsageError
 from trtpipe.model_folder import copy_confined, folder_roots
 from trtpipe.serving import identity, templates
@@ -76,6 +77,8 @@ class EngineFacts(BaseModel):
     pp: int
     # pretrained_config.logits_dtype as trtllm-build records it (None: absent, TensorRT-LLM's default applies).
     logits_dtype: str | None = None
+    # pretrained_config.vocab_size: the rows of its embedding and head, padded beyond the tokenizer's ids for INT4-AWQ.
+    vocab_size: int | None = None
 
     @property
     def world_size(self) -> int:
@@ -110,7 +113,23 @@ def read_engine_facts(engine_dir: Path) -> EngineFacts:
         tp=int(mapping.get("tp_size", 1)),
         pp=int(mapping.get("pp_size", 1)),
         logits_dtype=pretrained.get("logits_dtype"),
+        vocab_size=int(pretrained["vocab_size"]) if isinstance(pretrained.get("vocab_size"), int) else None,
     )
+
+
+def engine_vocab(resolved: Any, engine: EngineFacts) -> tuple[int, int]:
+    """(the tokenizer's vocabulary, the engine's padded one). The padding ModelOpt and TensorRT-LLM add is below
+    64 x tp rows (ModelOpt pads to a multiple of 64 for INT4-AWQ, TRT-LLM to a multiple of tp); more, or fewer rows
+    than the model's vocab_size, means the engine is not this model's."""
+    tokens = model_semantics.token_vocab_size(resolved.model_config)
+    padded = engine.vocab_size if engine.vocab_size is not None else tokens
+    if not tokens <= padded < tokens + 64 * engine.tp:
+        raise InvalidInput(
+            f"the engine's pretrained_config.vocab_size {padded} does not fit the model's vocab_size {tokens} "
+            f"(padding goes up to {tokens + 64 * engine.tp - 1} at tp={engine.tp})",
+            fix="publish the engine built from this spec's model",
+        )
+    return tokens, padded
 
 
 def _bool(value: bool) -> str:
@@ -131,6 +150,7 @@ def template_values(resolved: Any, engine: EngineFacts) -> dict[str, str]:
     logits_datatype = _logits_datatype(engine)
     if not reference:
         _check_backend_values(triton)
+    tokens, padded = engine_vocab(resolved, engine)
     return {
         "triton_max_batch_size": str(batch),
         "decoupled_mode": _bool(triton.streaming),
@@ -153,6 +173,11 @@ def template_values(resolved: Any, engine: EngineFacts) -> dict[str, str]:
         "add_special_tokens": "true",
         "skip_special_tokens": "true",
         "max_input_len": str(engine.max_input_len),
+        # What the model computes and a checkpoint does not carry (trtpipe.model_semantics): its attention window
+        # per layer, and the tokenizer's vocabulary against the engine's padded one.
+        "max_attention_window_size": model_semantics.window_parameter(resolved.model_config, engine.max_seq_len),
+        "vocab_size": str(tokens),
+        "padded_vocab_size": str(padded),
         # context_logits / generation_logits are declared with the engine's own logits type: the C++ backend
         # checks the engine's against the declared one on every request that returns logits.
         "logits_datatype": logits_datatype,
@@ -338,6 +363,9 @@ def build_manifest(
             "max_input_len": engine.max_input_len,
             "max_seq_len": engine.max_seq_len,
             "max_beam_width": engine.max_beam_width,
+            "vocab_size": int(values["vocab_size"]),
+            "padded_vocab_size": int(values["padded_vocab_size"]),
+            "max_attention_window_size": values["max_attention_window_size"],
             "dir": ENGINE_SUBDIR,
             "files": engine_files,
         },

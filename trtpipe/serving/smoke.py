@@ -30,6 +30,7 @@ from pydantic import BaseModel, Field
 from trtpipe.errors import CheckFailed, TrtpipeError
 
 if TYPE_CHECKING:
+    from trtpipe.reference.parity import ParityReference
     from trtpipe.results import ResultsLog
 
 DEFAULT_PROMPTS = ("Once upon a time", "The cat sat on the", "In the beginning")
@@ -104,17 +105,21 @@ def end_id_of(tokenizer_dir: Path) -> int | None:
     return None
 
 
-def reference_greedy(
-    engine_dir: Path, tokenizer_dir: Path, prompts: list[str], max_tokens: int
-) -> list[list[int]]:
+def _reference_model(reference: ParityReference):
+    from trtpipe.reference.runtime import ReferenceModel
+
+    model = ReferenceModel.load(reference.engine_dir)
+    model.set_attention_windows(reference.attention_windows)
+    return model.set_token_vocab_size(reference.token_vocab_size)
+
+
+def reference_greedy(reference: ParityReference, prompts: list[str], max_tokens: int) -> list[list[int]]:
     """What the reference runtime generates greedily for each prompt (tokenized as preprocessing does)."""
     from tokenizers import Tokenizer
 
-    from trtpipe.reference.runtime import ReferenceModel
-
-    tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
-    end_id = end_id_of(tokenizer_dir)
-    model = ReferenceModel.load(engine_dir)
+    tokenizer = Tokenizer.from_file(str(reference.tokenizer_dir / "tokenizer.json"))
+    end_id = end_id_of(reference.tokenizer_dir)
+    model = _reference_model(reference)
     outputs = []
     for prompt in prompts:
         ids = tokenizer.encode(prompt, add_special_tokens=True).ids
@@ -122,18 +127,18 @@ def reference_greedy(
     return outputs
 
 
-def reference_llmapi_greedy(checkpoint_dir: Path, prompts: list[str], max_tokens: int) -> list[str]:
+def reference_llmapi_greedy(reference: ParityReference, prompts: list[str], max_tokens: int) -> list[str]:
     """What the llmapi model answers greedily for each prompt, computed by the reference runtime on an HF-format
     checkpoint: the LLM API's tokenization (special tokens added), end token (hf_end_id) and detokenization
     (special tokens skipped), generated text only."""
     from tokenizers import Tokenizer
 
     from trtpipe.reference.hf_loader import hf_end_id
-    from trtpipe.reference.runtime import ReferenceModel
 
+    checkpoint_dir = reference.engine_dir
     tokenizer = Tokenizer.from_file(str(checkpoint_dir / "tokenizer.json"))
     end_id = hf_end_id(checkpoint_dir)
-    model = ReferenceModel.load(checkpoint_dir)
+    model = _reference_model(reference)
     texts = []
     for prompt in prompts:
         ids = tokenizer.encode(prompt, add_special_tokens=True).ids
@@ -142,32 +147,87 @@ def reference_llmapi_greedy(checkpoint_dir: Path, prompts: list[str], max_tokens
     return texts
 
 
-def check_parity(
-    url: str, model: str, engine_dir: Path, tokenizer_dir: Path, *, prompts: list[str], max_tokens: int, timeout: float
-) -> dict[str, Any]:
+def long_prompts(reference: ParityReference, max_tokens: int, count: int = 2) -> list[str]:
+    """Prompts of `long_prompt_tokens` tokens cut from the shipped text, so generation runs past every window."""
+    wanted = reference.long_prompt_tokens(max_tokens)
+    if not wanted:
+        return []
+    from tokenizers import Tokenizer
+
+    from trtpipe.checkpoint.example_model import shipped_paragraphs
+
+    tokenizer = Tokenizer.from_file(str(reference.tokenizer_dir / "tokenizer.json"))
+    ids = tokenizer.encode(" ".join(shipped_paragraphs()), add_special_tokens=False).ids
+    length = wanted - 1  # the BOS preprocessing adds
+    out = []
+    for index in range(count):
+        start = (index * 7919) % max(1, len(ids) - length)
+        text = tokenizer.decode(ids[start:start + length])
+        # Trimmed to what re-encodes within the length (a decode/encode round trip may merge differently).
+        while text and len(tokenizer.encode(text, add_special_tokens=True).ids) > wanted:
+            text = text[: max(1, int(len(text) * 0.95))]
+        out.append(text)
+    return out
+
+
+def check_parity(url: str, model: str, reference: ParityReference, *, prompts: list[str], max_tokens: int,
+                 timeout: float) -> dict[str, Any]:
+    """The server's greedy answers against the reference runtime on the fresh conversion (tokens, or text on the
+    llmapi contract), on the given prompts and on long ones (`long_prompts`)."""
     from trtpipe.serving.client import LLMAPI, TritonLLMClient
 
     client = TritonLLMClient(url, model=model, timeout=timeout)
+    prompts = [*prompts, *long_prompts(reference, max_tokens)]
+    rows = []
     if client.contract() == LLMAPI:  # text only: compare texts
-        expected_texts = reference_llmapi_greedy(engine_dir, prompts, max_tokens)
-        rows = []
+        expected_texts = reference_llmapi_greedy(reference, prompts, max_tokens)
         for prompt, want in zip(prompts, expected_texts):
             got = client.generate(prompt, max_tokens, top_k=1).text
             rows.append({"prompt": prompt, "triton": got, "reference": want, "equal": got == want})
         return {"prompts": len(rows), "mismatches": sum(not r["equal"] for r in rows), "rows": rows, "compared": "text"}
-    expected = reference_greedy(engine_dir, tokenizer_dir, prompts, max_tokens)
-    rows = []
+    expected = reference_greedy(reference, prompts, max_tokens)
     for prompt, want in zip(prompts, expected):
         got = client.generate(prompt, max_tokens, top_k=1, exclude_input_in_output=True).output_token_ids
         rows.append({"prompt": prompt, "triton": got, "reference": want, "equal": got == want})
     return {"prompts": len(rows), "mismatches": sum(not r["equal"] for r in rows), "rows": rows, "compared": "token ids"}
 
 
+def check_model_parity(parity: dict[str, Any], reference: ParityReference, *, max_tokens: int) -> dict[str, Any]:
+    """The original model itself (transformers on `hf_dir`) against what the server answered in `parity`'s rows: an
+    unquantized conversion must give the same greedy tokens (text on the llmapi contract); a quantized one must
+    keep its format's logit bounds between the reference runtime and transformers (trtpipe.reference.parity), the
+    server having matched the reference runtime."""
+    from tokenizers import Tokenizer
+
+    from trtpipe.reference.parity import check_parity as logit_parity
+    from trtpipe.reference.parity import hf_greedy
+
+    assert reference.hf_dir is not None
+    tokenizer = Tokenizer.from_file(str(reference.tokenizer_dir / "tokenizer.json"))
+    prompt_ids = [tokenizer.encode(row["prompt"], add_special_tokens=True).ids for row in parity["rows"]]
+    text = parity["compared"] == "text"
+    if reference.exact:
+        wanted = hf_greedy(reference.hf_dir, prompt_ids, max_tokens, end_id_of(reference.tokenizer_dir))
+        rows = []
+        for row, ids, want in zip(parity["rows"], prompt_ids, wanted):
+            want_value: Any = tokenizer.decode(want, skip_special_tokens=True) if text else want
+            rows.append({"prompt_tokens": len(ids), "triton": row["triton"], "transformers": want_value,
+                         "equal": row["triton"] == want_value})
+        return {"compared": "greedy text" if text else "greedy token ids", "prompts": len(rows),
+                "mismatches": sum(not r["equal"] for r in rows), "rows": rows,
+                "longest_prompt": max(len(i) for i in prompt_ids)}
+    report = logit_parity(reference.hf_dir, reference.engine_dir, prompt_ids, reference=_reference_model(reference))
+    return {"compared": f"logits ({report.format} bounds)", "prompts": len(report.prompts),
+            "mismatches": 0 if report.passed else len(report.failures), "failures": report.failures,
+            "max_rel_error": report.max_rel_error, "top1_agreement": report.top1_agreement,
+            "longest_prompt": max(len(i) for i in prompt_ids)}
+
+
 def run_smoke(
     url: str,
     *,
     model: str = "ensemble",
-    parity_engine: tuple[Path, Path] | None = None,
+    parity_engine: ParityReference | tuple[Path, Path] | None = None,
     prompts: list[str] | None = None,
     max_tokens: int = 16,
     timeout: float = 30,
@@ -257,22 +317,43 @@ def run_smoke(
                 _check(checks, "stream", streaming)
                 _pattern_checks(checks, url, model, prompts=prompts, max_tokens=max_tokens, timeout=timeout)
                 if parity_engine is not None:
+                    from trtpipe.reference.parity import ParityReference
+
+                    reference = parity_engine if isinstance(parity_engine, ParityReference) else ParityReference(
+                        engine_dir=parity_engine[0], tokenizer_dir=parity_engine[1])
 
                     def parity() -> str:
-                        engine_dir, tokenizer_dir = parity_engine
-                        report = check_parity(url, model, engine_dir, tokenizer_dir, prompts=prompts,
-                                              max_tokens=max_tokens, timeout=timeout)
+                        report = check_parity(url, model, reference, prompts=prompts, max_tokens=max_tokens,
+                                              timeout=timeout)
                         result.parity = report
                         if report["mismatches"]:
                             bad = next(r for r in report["rows"] if not r["equal"])
                             raise CheckFailed(
                                 f"{report['mismatches']}/{report['prompts']} prompts differ from the reference runtime, "
-                                f"e.g. {bad['prompt']!r}: triton {bad['triton']} vs reference {bad['reference']}",
+                                f"e.g. {bad['prompt'][:60]!r}: triton {bad['triton']} vs reference {bad['reference']}",
                                 check="parity",
                             )
                         return f"{report['prompts']} prompts equal to the reference runtime (greedy, {report['compared']})"
 
+                    def model_parity() -> str:
+                        if reference.hf_dir is None:
+                            return f"skipped: {reference.hf_skipped or 'the original model is not available here'}"
+                        if result.parity is None:
+                            raise CheckFailed("the reference parity did not run", check="model-parity")
+                        report = check_model_parity(result.parity, reference, max_tokens=max_tokens)
+                        result.parity["model"] = report
+                        if report["mismatches"]:
+                            detail = report.get("failures") or [
+                                f"prompt of {r['prompt_tokens']} tokens: triton {r['triton']} vs transformers "
+                                f"{r['transformers']}" for r in report["rows"] if not r["equal"]]
+                            raise CheckFailed(f"the served model differs from the original model (transformers): "
+                                              f"{detail[0]}", check="model-parity",
+                                              fix="check the model's attention window, rope scaling and vocabulary")
+                        return (f"{report['prompts']} prompts (up to {report['longest_prompt']} tokens) agree with the "
+                                f"original model in transformers ({report['compared']})")
+
                     _check(checks, "parity", parity)
+                    _check(checks, "model-parity", model_parity)
     finally:
         raw.close()
     result.checks = checks  # pydantic copied the list at construction

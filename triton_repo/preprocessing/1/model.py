@@ -80,6 +80,25 @@ def words_to_list(tokenizer: Tokenizer, words_batch: list[list[str]]) -> np.ndar
     return out
 
 
+def ban_ids(words: np.ndarray, ids: list[int]) -> np.ndarray:
+    """The [batch, 2, L] words tensor with each of `ids` appended as a one-token banned word (every batch row)."""
+    if not ids:
+        return words
+    rows = []
+    for row in words:
+        used = [int(e) for e in row[1] if e >= 0]
+        flat = [int(t) for t in row[0][: used[-1] if used else 0]]
+        ends = used + [len(flat) + i + 1 for i in range(len(ids))]
+        rows.append((flat + list(ids), ends))
+    width = max(len(flat) for flat, _ in rows)
+    out = np.zeros((len(rows), 2, width), dtype=np.int32)
+    out[:, 1, :] = -1
+    for i, (flat, ends) in enumerate(rows):
+        out[i, 0, : len(flat)] = flat
+        out[i, 1, : len(ends)] = ends
+    return out
+
+
 # Inputs of the upstream contract this text preprocessor does not handle -> what they are for.
 UNSUPPORTED_INPUTS = {
     "DECODER_QUERY": "encoder-decoder models",
@@ -107,6 +126,11 @@ class TritonPythonModel:
         self.tokenizer, self.end_id, self.pad_id = load_tokenizer(model_dir, self.model_config)
         self.add_special_tokens = _param(self.model_config, "add_special_tokens", "true") == "true"
         self.max_input_len = int(_param(self.model_config, "max_input_len", "0") or 0)
+        # A checkpoint padded beyond the tokenizer (ModelOpt pads INT4-AWQ embeddings and heads to a multiple of 64)
+        # holds ids that are no token: banned in every request, so no sampler returns one (trtpipe.model_semantics).
+        vocab = int(_param(self.model_config, "vocab_size", "0") or 0)
+        padded = int(_param(self.model_config, "padded_vocab_size", "0") or 0)
+        self.padding_ids = list(range(vocab, padded)) if 0 < vocab < padded else []
 
     def execute(self, requests):
         return [self._one(request) for request in requests]
@@ -161,7 +185,7 @@ class TritonPythonModel:
                 pb_utils.Tensor("REQUEST_INPUT_LEN", lengths),
                 pb_utils.Tensor("REQUEST_OUTPUT_LEN", out_len.astype(np.int32).reshape(batch, 1)),
                 pb_utils.Tensor("STOP_WORDS_IDS", words("STOP_WORDS_DICT")),
-                pb_utils.Tensor("BAD_WORDS_IDS", words("BAD_WORDS_DICT")),
+                pb_utils.Tensor("BAD_WORDS_IDS", ban_ids(words("BAD_WORDS_DICT"), self.padding_ids)),
                 pb_utils.Tensor("OUT_END_ID", ids_or_default("END_ID", self.end_id)),
                 pb_utils.Tensor("OUT_PAD_ID", pad_ids),
             ]

@@ -17,6 +17,7 @@ the backend (tensorrtllm_backend c2e65b88, inflight_batcher_llm/src/):
   last prompt to finish (model_instance_state.cc WaitForResponse: signalFinal when no batched request is pending).
 - `stop` = true cancels the in-flight requests with the same request id and is answered by an empty final response
   (handleStopRequest); a cancelled request ends with what it generated so far.
+- max_attention_window_size (the parameter) sets each layer's attention window, as the backend's KV cache config does.
 - decoder_input_ids / decoder_input_lengths are read only for encoder-decoder engines (createRequestsFromInputTensors):
   on this decoder-only runtime they are ignored, whatever they hold.
 - Like the C++ backend, which enqueues and answers from its own thread, generation never runs in `execute`: each
@@ -187,6 +188,11 @@ class TritonPythonModel:
         self.exclude_input_default = _param(self.model_config, "exclude_input_in_output", "true") == "true"
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(self.model_config)
         self.model = ReferenceModel.load(engine_dir)
+        # The attention window per layer, read as the C++ backend reads it (a comma list, repeated over the layers;
+        # getKvCacheConfigFromParams): a checkpoint carries none.
+        window = _param(self.model_config, "max_attention_window_size", "")
+        if window:
+            self.model.set_attention_windows([int(w) for w in window.split(",")])
         # At most max_batch_size prompts generate at once, like the in-flight batcher's slots.
         self.slots = threading.BoundedSemaphore(max(1, int(self.model_config.get("max_batch_size", 1))))
         self.lock = threading.Lock()

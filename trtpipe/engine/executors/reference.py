@@ -18,6 +18,7 @@ from typing import Any
 from trtpipe.checkpoint.schema import validate_checkpoint
 from trtpipe.engine.executors.base import ExecutorResult
 from trtpipe.errors import IntegrityError
+from trtpipe.model_semantics import TOKEN_VOCAB_KEY
 
 
 def checkpoint_rank_files(checkpoint_dir: Path, world_size: int) -> list[Path]:
@@ -42,8 +43,11 @@ def link_or_copy(source: Path, target: Path) -> None:
 class ReferenceExecutor:
     name = "reference"
 
-    def __init__(self, spec: Any = None) -> None:
+    def __init__(self, spec: Any = None, *, token_vocab_size: int | None = None) -> None:
         self.spec = spec
+        # The tokenizer's vocabulary (trtpipe.model_semantics.token_vocab_size): recorded in config.json when the
+        # checkpoint pads its embedding and head beyond it, so the reference runtime never samples a padded id.
+        self.token_vocab_size = token_vocab_size
 
     def run(self, plan: Any, checkpoint_dir: Path, out_dir: Path, log: Path) -> ExecutorResult:
         started = time.monotonic()
@@ -76,6 +80,8 @@ class ReferenceExecutor:
                 "build_config": plan.build_config,
                 "trtpipe_reference": True,
             }
+            if self.token_vocab_size is not None and int(pretrained.get("vocab_size", 0)) > self.token_vocab_size:
+                config[TOKEN_VOCAB_KEY] = self.token_vocab_size
             tmp = out_dir / "config.json.tmp"
             tmp.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
             os.replace(tmp, out_dir / "config.json")

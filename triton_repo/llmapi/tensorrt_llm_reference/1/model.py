@@ -17,6 +17,7 @@ build_configs/triton_contracts/llmapi.yaml, `layout`):
 - finish_reason, stop_reason and cumulative_logprob are sent as strings when asked for (return_*).
 - streaming needs the decoupled deployment ("Streaming is only supported in decoupled mode.").
 - `stop` cancels the in-flight request with the same request id and is answered with a CANCELLED error.
+- kv_cache_config.max_attention_window (model.yaml) sets each layer's attention window.
 - Without chunked prefill a prompt longer than max_num_tokens is refused (llmapi/llm.py _check_arguments).
 Refused with a one-line error naming the input: image_url (multimodal), lora_* (LoRA adapters), best_of != 1,
 sampling_param_return_perf_metrics (no KV-cache blocks or scheduler timings on this runtime).
@@ -90,6 +91,10 @@ class TritonPythonModel:
         self.end_id = hf_end_id(self.model_dir)
         self.max_seq_len = int(settings.get("max_seq_len") or json.loads(
             (self.model_dir / "config.json").read_text()).get("max_position_embeddings"))
+        # The KV cache's attention window per layer, as the LLM takes it (kv_cache_config.max_attention_window).
+        window = (settings.get("kv_cache_config") or {}).get("max_attention_window")
+        if window:
+            self.model.set_attention_windows([int(w) for w in window])
         self.max_num_tokens = settings.get("max_num_tokens")
         self.chunked_prefill = bool(settings.get("enable_chunked_prefill", False))
         # At most max_batch_size requests generate at once, like the LLM's scheduler slots.
