@@ -169,10 +169,14 @@ def test_the_version_is_written_once(built: Built) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the installed wheel
+def _toolchain_table() -> list[dict]:
+    """The lines of the checkout's toolchains.yaml, read here with PyYAML (not through trtpipe)."""
+    return yaml.safe_load((ROOT / "build_configs" / "toolchains.yaml").read_text())["toolchains"]
+
+
 def _pinned_toolchains() -> list[tuple[str, str]]:
-    """(name, TensorRT-LLM version) of every line in the checkout's toolchains.yaml, read here with PyYAML."""
-    table = yaml.safe_load((ROOT / "build_configs" / "toolchains.yaml").read_text())
-    return [(t["name"], t["trtllm_version"]) for t in table["toolchains"]]
+    """(name, TensorRT-LLM version) of every line, in the file's order (oldest first)."""
+    return [(t["name"], t["trtllm_version"]) for t in _toolchain_table()]
 
 
 def _spec(folder: Path, model: Path) -> Path:
@@ -223,10 +227,17 @@ def _read_lines(stream, into: queue.Queue) -> None:
     into.put(None)  # the process closed its stdout: it has exited or is exiting
 
 
-def test_the_installed_wheel_builds_serves_and_smokes_the_tiny_model_outside_the_checkout(
-        fresh_venv: FreshVenv) -> None:
-    """example-model -> check -> build (cpu-reference) -> serve -> smoke with parity, every command the
-    installed entry point, run from a folder outside the checkout with TRTPIPE_BUILD_CONFIGS unset."""
+@dataclass(frozen=True)
+class InstalledBuild:
+    spec: Path
+    repository: Path
+    artifacts: dict[str, str]  # stage -> digest, as `build --json` reports them
+
+
+@pytest.fixture(scope="session")
+def installed_build(fresh_venv: FreshVenv) -> InstalledBuild:
+    """example-model -> check -> build (cpu-reference) with the installed entry point, run from a folder outside
+    the checkout with TRTPIPE_BUILD_CONFIGS unset."""
     model = fresh_venv.work / "tiny-llama"
     made = fresh_venv.run("example-model", str(model))
     assert made.returncode == 0, made.stderr
@@ -235,37 +246,67 @@ def test_the_installed_wheel_builds_serves_and_smokes_the_tiny_model_outside_the
     check = fresh_venv.run("check", "--spec", str(spec), "--json")
     assert check.returncode == 0, check.stdout[-3000:] + check.stderr
     report = json.loads(check.stdout)
-    stable = [name for name, version in _pinned_toolchains() if "rc" not in version]
-    assert report["toolchain"] == stable[-1]  # the newest stable line, read from the installed table
+    stable = [t["name"] for t in _toolchain_table() if not t.get("preview")]
+    assert report["toolchain"] == stable[-1]  # a spec without a toolchain gets the newest stable line
 
     build = fresh_venv.run("build", str(spec), "--json")
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
-    repository = Path(json.loads(build.stdout)["repository_path"])
+    outcome = json.loads(build.stdout)
+    repository = Path(outcome["repository_path"])
     assert repository.is_relative_to(Path(fresh_venv.env["TRTPIPE_HOME"]))
     # The serving code published is the wheel's copy of triton_repo/ (the same bytes as the checkout's).
     for model_name, source in (("tensorrt_llm", "tensorrt_llm_reference"), ("preprocessing", "preprocessing")):
         assert (repository / model_name / "1" / "model.py").read_bytes() == \
             (ROOT / "triton_repo" / source / "1" / "model.py").read_bytes()
+    return InstalledBuild(spec=spec, repository=repository, artifacts=outcome["artifacts"])
 
-    server = subprocess.Popen([str(fresh_venv.bin / "trtpipe"), "serve", str(repository), "--json",
-                               "--probe-interval", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=fresh_venv.env, cwd=fresh_venv.work, start_new_session=True)
+
+def test_a_wheel_install_builds_what_the_checkout_builds(installed_build: InstalledBuild, fresh_venv: FreshVenv,
+                                                         tmp_path: Path) -> None:
+    """The same spec and model built by the checkout's trtpipe (this environment's editable install) into another
+    home: the same checkpoint, engine and repository digests. Where trtpipe is installed is no part of a key, so
+    a CI job on the wheel and a laptop on a checkout share one cache."""
+    env = dict(fresh_venv.env, TRTPIPE_HOME=str(tmp_path / "checkout-home"))
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env["PATH"]
+    build = subprocess.run([sys.executable, "-m", "trtpipe.cli", "build", str(installed_build.spec), "--json"],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=COMMAND_S)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    ours = json.loads(build.stdout)
+    assert not Path(ours["repository_path"]).is_relative_to(Path(fresh_venv.env["TRTPIPE_HOME"]))
+    assert ours["artifacts"] == installed_build.artifacts and set(ours["artifacts"]) >= {"checkpoint", "engine"}
+
+
+def test_the_installed_wheel_serves_and_smokes_the_tiny_model_outside_the_checkout(
+        installed_build: InstalledBuild, fresh_venv: FreshVenv) -> None:
+    """serve and smoke (with parity) with the installed entry point, on the repository it built."""
+    spec, repository = installed_build.spec, installed_build.repository
+    log = fresh_venv.work / "serve.stderr"
+    with log.open("w") as stderr:  # a file, not a pipe nobody reads: a chatty serve must not block on it
+        server = subprocess.Popen([str(fresh_venv.bin / "trtpipe"), "serve", str(repository), "--json",
+                                   "--probe-interval", "0"], stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                  env=fresh_venv.env, cwd=fresh_venv.work, start_new_session=True)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_read_lines, args=(server.stdout, lines), daemon=True).start()
     try:
         first = lines.get(timeout=SERVE_READY_S)
-        assert first is not None, f"serve exited {server.wait(timeout=60)}: {server.stderr.read()[-3000:]}"
+        assert first is not None, f"serve exited {server.wait(timeout=60)}: {log.read_text()[-3000:]}"
         ready = json.loads(first)
         assert ready["event"] == "ready", ready
+        assert ready["repository_digest"] == installed_build.artifacts["repository"], ready
         _assert_stubs_use_the_fresh_venv(fresh_venv, ready["pid"])
         smoke = fresh_venv.run("smoke", ready["grpc_url"], "--parity", str(spec), "--json")
         assert smoke.returncode == 0, smoke.stdout[-3000:] + smoke.stderr[-3000:]
-        assert json.loads(smoke.stdout)
+        result = json.loads(smoke.stdout)
+        assert result["passed"] is True and result["parity"] is not None
+        assert [c["name"] for c in result["checks"] if not c["passed"]] == []
     finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGTERM)
-        code = server.wait(timeout=120)
-    assert code == 0, server.stderr.read()[-3000:]
+        server.terminate()  # serve's SIGTERM handler stops tritonserver and its stubs
+        try:
+            code = server.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)  # leave nothing running, then fail
+            raise
+    assert code == 0, log.read_text()[-3000:]
 
 
 def _assert_stubs_use_the_fresh_venv(fresh_venv: FreshVenv, server_pid: int) -> None:
