@@ -47,11 +47,68 @@ def _walk(command: object, path: tuple[str, ...] = ()):
         yield from _walk(sub, (*path, name))
 
 
-def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+def _toolchain_lines(configs: Path) -> list[tuple[str, str]]:
+    """(name, TensorRT-LLM version) of each line of a toolchains.yaml, read with PyYAML, not trtpipe."""
+    import yaml
+
+    return [(t["name"], t["trtllm_version"]) for t in yaml.safe_load((configs / "toolchains.yaml").read_text())["toolchains"]]
+
+
+def test_version_names_the_version_and_the_pinned_toolchains(capsys: pytest.CaptureFixture[str]) -> None:
     from trtpipe import __version__
 
     assert main(["--version"]) == 0
-    assert capsys.readouterr().out.strip() == f"trtpipe {__version__}"
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"trtpipe {__version__}"  # the first line stays what scripts read
+    pinned = _toolchain_lines(ROOT / "build_configs")
+    assert [tuple(line.split()[:2]) for line in lines[2:2 + len(pinned)]] == pinned
+    assert main(["--version", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["ok"] and info["trtpipe"] == __version__ and info["problem"] is None
+    assert [(t["name"], t["trtllm_version"]) for t in info["toolchains"]] == pinned
+    assert info["data"]["build_configs"] == str(ROOT / "build_configs") and info["data"]["build_configs_from"] == "checkout"
+
+
+def test_version_reads_the_table_in_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """$TRTPIPE_BUILD_CONFIGS with one toolchain line removed: --version names the folder and lists one fewer."""
+    import shutil
+
+    import yaml
+
+    configs = shutil.copytree(ROOT / "build_configs", tmp_path / "build_configs")
+    table = yaml.safe_load((configs / "toolchains.yaml").read_text())
+    dropped = table["toolchains"].pop(0)["name"]
+    (configs / "toolchains.yaml").write_text(yaml.safe_dump(table, sort_keys=False))
+    monkeypatch.setenv("TRTPIPE_BUILD_CONFIGS", str(configs))
+    assert main(["--version", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert [(t["name"], t["trtllm_version"]) for t in info["toolchains"]] == _toolchain_lines(configs)
+    assert dropped not in {t["name"] for t in info["toolchains"]}
+    assert info["data"]["build_configs"] == str(configs) and info["data"]["build_configs_from"] == "TRTPIPE_BUILD_CONFIGS"
+
+
+def test_version_of_a_broken_install_still_says_the_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from trtpipe import __version__
+
+    monkeypatch.setenv("TRTPIPE_BUILD_CONFIGS", str(tmp_path / "nowhere"))
+    assert main(["--version"]) == 3
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[0] == f"trtpipe {__version__}"
+    assert len(captured.err.splitlines()) == 1 and "toolchains.yaml is missing" in captured.err
+    assert main(["--version", "--json"]) == 3
+    captured = capsys.readouterr()
+    info = json.loads(captured.out)
+    assert info["ok"] is False and info["trtpipe"] == __version__ and info["toolchains"] is None
+    assert info["problem"]["exit_code"] == 3 and str(tmp_path / "nowhere") in info["problem"]["error"]
+    assert "Traceback" not in captured.err
+
+
+def test_json_before_a_command_is_refused_not_dropped(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--json", "check"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "put --json after the command" in err
 
 
 def test_every_option_and_argument_is_described() -> None:

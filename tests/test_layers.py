@@ -5,12 +5,14 @@ inside a function: a lazy import is a dependency too). A unit is a top-level mod
 or package (trtpipe/serving/). Layers, low -> high; a unit may import its own layer and the ones below:
 
     0  errors, settings, atomic, versions, names, datafiles,    what everything may use (disk: telling a
-       hostfacts, disk                                          full disk from other failures)
+       hostfacts, disk, shipped                                 full disk from other failures; shipped: where
+                                                                the shipped data is)
     1  toolchain, gpu, quant, spec, spec_loader, trtllm_build,  the tables and the spec (trtllm_build: the
-       config_json, model_folder, llm_api, model_semantics      trtllm-build backend's flag and rule tables;
-                                                                config_json: a model config's bounds;
+       config_json, model_folder, llm_api, installation,        trtllm-build backend's flag and rule tables;
+       model_semantics                                          config_json: a model config's bounds;
                                                                 model_folder: confinement, tokenizer check;
                                                                 llm_api: the LLM-API backend's TorchLlmArgs;
+                                                                installation: what --version reports;
                                                                 model_semantics: what a config's fields compute)
     2  resolve, plan, hostcheck, migrate                        every rule, the memory plan, the host check, the
                                                                 trtllm-build -> llm-api migration report
@@ -38,9 +40,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "trtpipe"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "settings", "atomic", "versions", "names", "datafiles", "hostfacts", "disk", "chained"),
+    ("errors", "settings", "atomic", "versions", "names", "datafiles", "hostfacts", "disk", "chained", "shipped"),
     ("toolchain", "gpu", "quant", "spec", "spec_loader", "trtllm_build", "config_json", "model_folder", "llm_api",
-     "model_semantics"),
+     "installation", "model_semantics"),
     ("resolve", "plan", "hostcheck", "migrate"),
     ("store", "results", "build_record", "build_report"),
     ("checkpoint", "engine", "reference", "serving"),

@@ -10,7 +10,6 @@ Errors: a `TrtpipeError` prints as one line, `error: <what>; <fix>[; <hint>]` (t
 from __future__ import annotations
 
 import sys
-from typing import Optional
 
 import typer
 
@@ -25,7 +24,7 @@ from trtpipe.commands import release as release_commands
 from trtpipe.commands import report as report_commands
 from trtpipe.commands import serving as serving_commands
 from trtpipe.commands import store as store_commands
-from trtpipe.errors import Interrupted, TrtpipeError
+from trtpipe.errors import Interrupted, TrtpipeError, UsageError
 
 # Registration order is help order within a panel; panels appear in order of first use.
 AREAS = (
@@ -43,14 +42,6 @@ AREAS = (
 )
 
 
-def _version(value: bool) -> None:
-    if value:
-        from trtpipe import __version__
-
-        typer.echo(f"trtpipe {__version__}")
-        raise typer.Exit(0)
-
-
 def make_app() -> typer.Typer:
     app = typer.Typer(
         name="trtpipe",
@@ -60,13 +51,28 @@ def make_app() -> typer.Typer:
         add_completion=False,
     )
 
-    @app.callback()
+    # invoke_without_command: `trtpipe --version [--json]` runs the root alone (an eager --version could not see
+    # a --json that follows it); no_args_is_help still answers a bare `trtpipe`.
+    @app.callback(invoke_without_command=True)
     def _root(
-        version: Optional[bool] = typer.Option(
-            None, "--version", callback=_version, is_eager=True, help="Print trtpipe's version and exit."
+        version: bool = typer.Option(
+            False, "--version", help="Print trtpipe's version, the pinned toolchains (TensorRT-LLM versions) and "
+                                     "where its data is read from, and exit."
         ),
+        as_json: bool = typer.Option(False, "--json", help="With --version: print it as JSON on stdout."),
     ) -> None:
         """Hugging Face checkpoint -> TensorRT-LLM engine -> Triton deployment, reproducibly."""
+        if version:
+            from trtpipe.commands.version import print_installation
+            from trtpipe.installation import describe_installation
+
+            info = describe_installation()
+            print_installation(info, as_json=as_json)
+            raise typer.Exit(info.problem.exit_code if info.problem is not None else 0)
+        if as_json:
+            # `trtpipe --json build ...` would otherwise drop the flag silently: each command has its own.
+            raise UsageError("--json before a command is only for --version",
+                             fix="put --json after the command's name, e.g. trtpipe check --json")
 
     for area in AREAS:
         area.register(app)

@@ -32,7 +32,8 @@ def load_table(path: Path, what: str, list_key: str, model: type[Item]) -> list[
     except FileNotFoundError:
         raise MissingCapability(
             f"{what} {path} is missing",
-            fix="install trtpipe from a checkout with `pip install -e .`, or set TRTPIPE_BUILD_CONFIGS to its build_configs/",
+            fix="reinstall trtpipe (its wheel carries build_configs/), restore the file from git in a checkout, "
+                "or set TRTPIPE_BUILD_CONFIGS to a complete build_configs/ folder",
         ) from None
     except yaml.YAMLError as exc:
         raise IntegrityError(f"{what} {path} is not valid YAML: {exc}", path=str(path),

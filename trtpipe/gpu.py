@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from trtpipe.errors import InvalidInput, NotFound, TrtpipeError
-from trtpipe.settings import build_configs_dir
+from trtpipe.shipped import build_configs_dir
 
 Architecture = Literal["ampere", "ada", "hopper", "blackwell"]
 

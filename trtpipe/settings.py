@@ -23,7 +23,8 @@ VARIABLES: dict[str, str] = {
     "TRTPIPE_HOME": "the workspace: artifact store, results, channels, audit trail, build records "
                     "(default: the user cache dir, e.g. ~/.cache/trtpipe)",
     "TRTPIPE_STORE": "the default for --store: a store directory, or a remote build cache URL (oci://HOST/REPO)",
-    "TRTPIPE_BUILD_CONFIGS": "the build_configs/ folder to read (default: the one beside the package)",
+    "TRTPIPE_BUILD_CONFIGS": "the build_configs/ folder to read (default: the one trtpipe ships; trtpipe --version "
+                             "names the folder in use)",
     "TRTPIPE_REGISTRY_USERNAME": "registry user name (with TRTPIPE_REGISTRY_PASSWORD; else the Docker config)",
     "TRTPIPE_REGISTRY_PASSWORD": "registry password or token",
     "TRTPIPE_REGISTRY_INSECURE": "comma-separated registry hosts reached over plain HTTP (loopback always is)",
@@ -141,17 +142,6 @@ class Settings:
 def from_env() -> Settings:
     """The settings of the current environment (read now; nothing is cached)."""
     return Settings.from_env()
-
-
-def build_configs_dir(settings: Settings | None = None) -> Path:
-    """The `build_configs/` folder: $TRTPIPE_BUILD_CONFIGS if set, else the one beside the package
-    (`trtpipe.toolchain.build_configs_dir` documents why)."""
-    import trtpipe
-
-    override = (settings if settings is not None else from_env()).build_configs
-    if override is not None:
-        return override.resolve()
-    return Path(trtpipe.__file__).resolve().parent.parent / "build_configs"
 
 
 def url_scheme(text: str | None) -> str | None:

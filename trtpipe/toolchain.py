@@ -1,8 +1,8 @@
 """Pinned toolchains: which TensorRT-LLM release goes with which TensorRT, CUDA, PyTorch ... and container.
 
-The table lives in `build_configs/toolchains.yaml` (one copy, user-facing). It is located relative to the
-package (`<repo>/build_configs/`), which holds for a source checkout and the editable install; a caller may
-pass another path. A fact that could not be confirmed is `null` in the file (None here), never guessed.
+The table lives in `build_configs/toolchains.yaml` (one copy, user-facing), found by `trtpipe.shipped` (the
+package's copy in a wheel, the repository's in a checkout, or $TRTPIPE_BUILD_CONFIGS); a caller may pass
+another path. A fact that could not be confirmed is `null` in the file (None here), never guessed.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trtpipe.datafiles import load_table
 from trtpipe.errors import TrtpipeError
+# Re-exported: tests and older callers import it from here; trtpipe.shipped owns the answer.
+from trtpipe.shipped import build_configs_dir as build_configs_dir
 
 # trtllm-build (the engine path this tool drives) and the C++ Triton backend were removed after the 1.2 line
 # (TensorRT-LLM PRs #15763, #15767, #15907, #15918). Lines after it offer only the LLM-API backend; trtpipe pins
@@ -25,17 +27,6 @@ REMOVAL_REASON = (
     "TensorRT-LLM removed `trtllm-build` and the C++ Triton backend after the 1.2 line (PRs #15763, #15767, "
     "#15907, #15918), so trtpipe pins stable toolchains up to 1.2.x only"
 )
-
-
-def build_configs_dir() -> Path:
-    """The `build_configs/` folder: $TRTPIPE_BUILD_CONFIGS if set, else the one beside the package.
-
-    The single copy lives in the repository (a source checkout or the editable install `pip install -e .`
-    both see it beside `trtpipe/`); the variable points a non-editable install at a checkout's copy.
-    """
-    from trtpipe.settings import build_configs_dir as chosen
-
-    return chosen()
 
 
 class TrtllmBuildBackend(BaseModel):

@@ -18,7 +18,7 @@ symlink target):
   - how the spec's paths resolved: each path field's text and where it led ($HOME and symlinks move it);
   - every path the spec names, and the model, tokenizer and config.json locations resolve used;
   - every file of the trtpipe package (code, the quantization table, shipped data), of the build_configs/
-    folder in use ($TRTPIPE_BUILD_CONFIGS or the one beside the package) and of the triton_repo/
+    folder in use ($TRTPIPE_BUILD_CONFIGS or the shipped one, trtpipe.shipped) and of the triton_repo/
     templates;
   - the Python version and the site-packages folders on sys.path (an install or removal changes their
     mtime): the installed versions a key or a record reads;
@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 from trtpipe import build_record, hostfacts
 from trtpipe.atomic import write_text_atomically
 from trtpipe.build_report import BuildReport, StagePrinter, StageReport
-from trtpipe.settings import build_configs_dir
+from trtpipe.shipped import build_configs_dir, package_dir
 from trtpipe.store.digest_cache import RACY_WINDOW_NS
 
 if TYPE_CHECKING:
@@ -119,11 +119,10 @@ def _tree(root: str) -> dict[str, Fingerprint | None]:
 
 def _roots() -> dict[str, str]:
     """Where the code, the tables and the templates a build reads are, as this process finds them."""
-    import trtpipe
     from trtpipe.serving.templates import TEMPLATE_ROOT
 
     return {
-        "trtpipe": os.path.dirname(os.path.realpath(trtpipe.__file__)),
+        "trtpipe": os.path.realpath(package_dir()),
         "build_configs": os.path.realpath(build_configs_dir()),
         "templates": os.path.realpath(TEMPLATE_ROOT),
     }

@@ -26,13 +26,13 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from trtpipe.errors import InvalidInput, UsageError
+from trtpipe.shipped import data_file
 
 ARCHITECTURES = ("llama", "qwen2", "mistral")
 
@@ -58,7 +58,7 @@ LEARNING_RATE = 3e-3
 
 def shipped_text_path() -> Path:
     """The team-written text shipped with trtpipe (tokenizer training and default calibration data)."""
-    return Path(str(resources.files("trtpipe") / "data" / "calibration.txt"))
+    return data_file("calibration.txt")
 
 
 def shipped_paragraphs() -> list[str]:

@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     from trtpipe.checkpoint.convert import convert_checkpoint
     from trtpipe.errors import InvalidInput, TrtpipeError
     from trtpipe.resolve import resolve
+    from trtpipe.shipped import package_dir
     from trtpipe.spec_loader import load_spec
     from trtpipe.versions import installed_version
 
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     versions = ", ".join(f"{name} {installed_version(name) or 'not installed'}"
                          for name in ("nvidia-modelopt", "transformers", "torch"))
     print(f"[trtpipe] converting on {args.device} with trtpipe {trtpipe.__version__} from "
-          f"{Path(trtpipe.__file__).parent}, {versions}", file=sys.stderr, flush=True)
+          f"{package_dir()}, {versions}", file=sys.stderr, flush=True)
     try:
         resolved = resolve(load_spec(args.spec))
         if not args.out.is_dir():

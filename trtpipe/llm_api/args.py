@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trtpipe.datafiles import read_yaml
 from trtpipe.errors import IntegrityError, InvalidInput
-from trtpipe.toolchain import build_configs_dir
+from trtpipe.shipped import build_configs_dir
 
 FieldKind = Literal["int", "float", "bool", "str", "choice", "int_list", "config", "object"]
 FACTORY = "<factory>"

@@ -24,8 +24,9 @@ from filelock import FileLock
 from trtpipe.errors import UsageError
 from trtpipe.release.report_data import DEFAULT_TOLERANCE_PCT, BenchRow, ReportData, Version, gather
 from trtpipe.settings import Settings
+from trtpipe.shipped import data_file
 
-TEMPLATE = Path(__file__).resolve().parents[1] / "data" / "report" / "release.html.j2"
+TEMPLATE = data_file("report", "release.html.j2")
 REPORT_FILES = ("index.html", "report.json")
 MARKER = ".trtpipe-report"  # says the folder is a report trtpipe may replace
 

@@ -91,7 +91,7 @@ class Contract(BaseModel):
 
 
 def contract_path(layout: str = INFLIGHT_BATCHER_LLM) -> Path:
-    from trtpipe.toolchain import build_configs_dir
+    from trtpipe.shipped import build_configs_dir
 
     return build_configs_dir() / contract_file(layout)
 

@@ -183,7 +183,7 @@ class EngineFacts(BaseModel):
 
 
 def parameter_path() -> Path:
-    from trtpipe.toolchain import build_configs_dir
+    from trtpipe.shipped import build_configs_dir
 
     return build_configs_dir() / PARAMETER_FILE
 

@@ -10,9 +10,11 @@ import re
 from pathlib import Path
 
 from trtpipe.errors import InternalError, MissingCapability
+from trtpipe.shipped import triton_repo_dir
 
-# triton_repo/ sits beside the trtpipe package in the source tree (editable install).
-TEMPLATE_ROOT = Path(__file__).resolve().parents[2] / "triton_repo"
+# The shipped triton_repo/ (trtpipe.shipped: inside the package in a wheel, beside it in a checkout). A module
+# constant so a test can point it at a copy.
+TEMPLATE_ROOT = triton_repo_dir()
 
 PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
 
@@ -37,7 +39,7 @@ def template_root(layout: str = "inflight_batcher_llm") -> Path:
     if not (root / first / "config.pbtxt").is_file():
         raise MissingCapability(
             f"Triton templates not found under {root}",
-            fix="install trtpipe from its source tree (pip install -e .) so triton_repo/ is present",
+            fix="reinstall trtpipe (its wheel carries triton_repo/), or restore triton_repo/ in the checkout from git",
         )
     return root
 

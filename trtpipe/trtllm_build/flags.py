@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trtpipe.datafiles import read_yaml
 from trtpipe.errors import IntegrityError
-from trtpipe.toolchain import build_configs_dir
+from trtpipe.shipped import build_configs_dir
 
 
 def flags_dir() -> Path:

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from trtpipe import quant
 from trtpipe.datafiles import read_yaml
 from trtpipe.errors import IntegrityError
-from trtpipe.toolchain import build_configs_dir
+from trtpipe.shipped import build_configs_dir
 
 Effect = Literal["refuse", "override"]
 Stage = Literal["build", "spec", "serving"]

@@ -18,13 +18,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-import trtpipe
 from trtpipe.engine.executors.base import ConversionJob, ExecutorResult, conversion_failure, failure_from_log
 from trtpipe.engine.executors.base import timed_out as timed_out_error
 from trtpipe.engine.executors.local import CONVERSION_ENV
 from trtpipe.errors import InvalidInput, MissingCapability
+from trtpipe.shipped import build_configs_dir, package_dir
 from trtpipe.spec import DEFAULT_TIMEOUT_S
-from trtpipe.toolchain import build_configs_dir
 
 CHECKPOINT_MOUNT = "/trtpipe/checkpoint"
 ENGINE_MOUNT = "/trtpipe/engine"
@@ -205,7 +204,7 @@ def container_spec(
 
 def trtpipe_source_dirs() -> tuple[Path, Path]:
     """(this trtpipe package, its build_configs folder): what a conversion container mounts of trtpipe."""
-    return Path(trtpipe.__file__).resolve().parent, build_configs_dir()
+    return package_dir().resolve(), build_configs_dir()
 
 
 def conversion_container_spec(

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import trtpipe
 from trtpipe.engine.executors.base import (
     ConversionJob,
     ExecutorResult,
@@ -24,6 +23,7 @@ from trtpipe.engine.executors.base import (
 )
 from trtpipe.errors import MissingCapability
 from trtpipe.gpu import probe_host
+from trtpipe.shipped import package_dir
 from trtpipe.spec import DEFAULT_TIMEOUT_S
 from trtpipe.versions import TENSORRT_DISTRIBUTIONS, TRTLLM_DISTRIBUTIONS, installed_version, versions_match
 
@@ -159,7 +159,7 @@ class LocalExecutor:
         """The child's environment: ours, with THIS trtpipe first on PYTHONPATH (the child converts with
         the code that computed the key), offline Hugging Face, and cuBLAS's reproducible workspace."""
         env = dict(os.environ if self.env is None else self.env)
-        source_root = str(Path(trtpipe.__file__).resolve().parent.parent)
+        source_root = str(package_dir().resolve().parent)
         env["PYTHONPATH"] = os.pathsep.join([source_root, *filter(None, [env.get("PYTHONPATH")])])
         env.update(CONVERSION_ENV)
         return env
