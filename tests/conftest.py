@@ -52,6 +52,36 @@ def example_model_dir(tmp_path_factory: pytest.TempPathFactory, request: pytest.
     return get
 
 
+# The tiny example model with one semantic field changed each (trtpipe.model_semantics; issue 30's test models).
+SEMANTIC_VARIANTS = {
+    "mistral-window": {"arch": "mistral", "variant": {"sliding_window": 32}},
+    "llama3-rope": {"arch": "llama", "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+    "vocab-1001": {"arch": "llama", "variant": {"vocab_size": 1001}},
+    "mha-head-dim": {"arch": "llama", "variant": {"head_dim": 32, "num_kv_heads": 4}},
+    "qwen2-tied": {"arch": "qwen2", "tied": True},
+}
+
+
+@pytest.fixture(scope="session")
+def semantic_model(tmp_path_factory: pytest.TempPathFactory):
+    """semantic_model(name) -> the HF folder of a SEMANTIC_VARIANTS model, written once per session."""
+    from trtpipe.checkpoint.example_model import Variant, write_example_model
+
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            recipe = dict(SEMANTIC_VARIANTS[name])
+            variant = Variant(**recipe.pop("variant", {}))
+            out = tmp_path_factory.mktemp("semantics") / name
+            write_example_model(out, variant=variant, **recipe)
+            made[name] = out
+        return made[name]
+
+    return get
+
+
 @pytest.fixture
 def trtpipe_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An isolated artifact store for one test."""

@@ -13,43 +13,20 @@ import pytest
 import torch
 
 from trtpipe import model_semantics
-from trtpipe.checkpoint.example_model import Variant, write_example_model
 from trtpipe.reference.parity import check_parity, hf_greedy
 from trtpipe.reference.runtime import ReferenceModel
 
 pytestmark = pytest.mark.timeout(900)
 
-WINDOW = 32
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 64}
+WINDOW = 32  # the mistral-window model's (tests/conftest.py SEMANTIC_VARIANTS)
 # fp16 tolerance, as tests/reference/test_fp16_parity.py states it: both sides compute in float32 from the same fp16
 # weights (summation order and RoPE table rounding only); measured below 1e-3 there, 1e-2 is the margin.
 FP16_REL_ERROR = 1e-2
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory):
-    made: dict[str, Path] = {}
-
-    def get(name: str) -> Path:
-        if name not in made:
-            out = tmp_path_factory.mktemp("semantics") / name
-            if name == "mistral-window":
-                write_example_model(out, arch="mistral", variant=Variant(sliding_window=WINDOW))
-            elif name == "llama3-rope":
-                write_example_model(out, arch="llama", rope_scaling=LLAMA3_ROPE)
-            elif name == "vocab-1001":
-                write_example_model(out, arch="llama", variant=Variant(vocab_size=1001))
-            elif name == "mha-head-dim":
-                write_example_model(out, arch="llama", variant=Variant(head_dim=32, num_kv_heads=4))
-            elif name == "qwen2-tied":
-                write_example_model(out, arch="qwen2", tied=True)
-            else:
-                raise KeyError(name)
-            made[name] = out
-        return made[name]
-
-    return get
+def models(semantic_model):
+    return semantic_model
 
 
 def _convert(model_dir: Path, out: Path, algo: str = "none", *, tp: int = 1, group_size: int = 128) -> Path:

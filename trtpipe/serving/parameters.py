@@ -27,7 +27,7 @@ PARAMETER_FILE = "triton_contracts/tensorrtllm_parameters.yaml"
 
 BackendType = Literal["string", "bool", "int32", "uint32", "uint64", "float", "int_list", "device_lists",
                       "int_list_list"]
-PythonType = Literal["relative_path", "bool_exact", "int", "model_name"]
+PythonType = Literal["relative_path", "bool_exact", "int", "int_list", "model_name"]
 
 _INT = re.compile(r"[+-]?\d+")
 _UINT = re.compile(r"\+?\d+")
@@ -411,6 +411,8 @@ def check_python_model(table: ParameterTable, model: str, params: dict[str, str]
                 int(value or 0)
             except ValueError:
                 problem, fix = f"{value!r} is not an integer (the model fails to initialize)", "write an integer"
+        elif row.type == "int_list" and (_int_list(value) is None or any(i <= 0 for i in _int_list(value) or [])):
+            problem, fix = f"{value!r} is not a comma list of positive integers", "write e.g. \"4096\" or \"32,512\""
         elif row.type == "relative_path" and (not value or Path(value).is_absolute() or ".." in Path(value).parts):
             problem, fix = f"{value!r} is not a path inside the model folder", f'write a relative path, e.g. "{row.default}"'
         elif row.type == "model_name" and models and value not in models:

@@ -240,6 +240,26 @@ class _Checker:
                          f"{config.max_batch_size} exceeds the engine's max_batch_size {engine_batch}",
                          f"set triton.max_batch_size <= {engine_batch} and publish again")
 
+    def check_semantics(self) -> None:
+        """What the model computes and its checkpoint does not carry (trtpipe.model_semantics), as the manifest
+        recorded it at publish: the attention window tensorrt_llm is given, the vocabulary preprocessing bans past."""
+        engine = (self.manifest or {}).get("engine") or {}
+        wanted = {
+            ("tensorrt_llm", "max_attention_window_size"): engine.get("max_attention_window_size"),
+            ("preprocessing", "vocab_size"): engine.get("vocab_size"),
+            ("preprocessing", "padded_vocab_size"): engine.get("padded_vocab_size"),
+        }
+        for (model, key), value in wanted.items():
+            config = self.configs.get(model)
+            if value is None or config is None:
+                continue  # published before trtpipe recorded it
+            written = self.param(config, key)
+            if written != str(value):
+                self.add(model, f"parameters.{key}",
+                         f"is {written!r} but the engine's is {str(value)!r} (trtpipe.json engine.{key}): the served "
+                         "model would not compute what the model does",
+                         f'set it to "{value}" (publish the repository again)')
+
     def check_target(self, limits: dict[str, Any]) -> None:
         if self.manifest is None:
             return
@@ -499,6 +519,7 @@ def validate_repository(repo: Path) -> list[ValidationIssue]:
     checker.check_parameters(limits)
     checker.check_logits(limits)
     checker.check_target(limits)
+    checker.check_semantics()
     checker.check_tokenizers()
     checker.check_toolchain(limits)
     checker.check_contract()
