@@ -170,3 +170,32 @@ def test_the_mistral_7b_example_plans_with_its_4096_window() -> None:
     assert model_semantics.window_parameter(resolved.model_config, 16384) == "4096"
     full_plan_sequences = plan.kv_tokens // 16384
     assert plan.sequences_at_max_seq_len >= 3 * full_plan_sequences  # 4096 of 16384 tokens kept per layer
+
+
+def test_every_semantic_field_says_how_each_backend_keeps_it() -> None:
+    for row in model_semantics.TABLE:
+        assert set(row.handling) == set(model_semantics.BACKENDS), row.field
+        assert all(h.where for h in row.handling.values()), row.field
+
+
+def test_fp8_kv_scales_at_their_floor_are_said(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """ModelOpt floors calibrated KV scales at 1.0; on the tiny model every one lands there, and the summary says so."""
+    from trtpipe.checkpoint.convert import convert_checkpoint, kv_scale_notes
+    from trtpipe.resolve import resolve
+    from trtpipe.spec_loader import load_spec
+
+    spec = tmp_path / "kv.yaml"
+    spec.write_text(f"model: {{path: {json.dumps(str(tiny_llama_dir))}, dtype: float16}}\n"
+                    "target: {gpu: cpu-reference}\nquantization: {algo: fp8, kv_cache: fp8, calibration: {samples: 8}}\n")
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    summary = convert_checkpoint(resolve(load_spec(spec)), out, show_progress=False)
+    assert summary.notes and "all 1.0" in summary.notes[0]
+    # The note follows the scales: one scale off the floor and it is gone.
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(out / "rank0.safetensors"))
+    name = next(k for k in tensors if k.endswith("kv_cache_scaling_factor"))
+    tensors[name] = tensors[name] * 2
+    save_file(tensors, str(out / "rank0.safetensors"))
+    assert kv_scale_notes(out) == []

@@ -79,7 +79,8 @@ def test_llm_api_matches_the_reference(tmp_path: Path, tiny_llama_dir: Path, llm
     from tensorrt_llm import LLM, SamplingParams
 
     from trtpipe.serving.llmapi import publish_llmapi_repository
-    from trtpipe.serving.smoke import ParityReference, reference_llmapi_greedy
+    from trtpipe.reference.parity import ParityReference
+    from trtpipe.serving.smoke import reference_llmapi_greedy
 
     artifact = llmapi_artifact("llama", "none", "auto")
     repo = publish_llmapi_repository(_resolved(tmp_path, tiny_llama_dir, _catalog_gpu()), artifact,

@@ -118,7 +118,7 @@ def test_smoke_with_parity_passes(server, fresh_export: Path) -> None:
     assert result.passed, [c for c in result.checks if not c.passed]
     assert result.model == "tensorrt_llm"
     assert {c.name for c in result.checks} == {"live", "ready", "models_ready", "metadata", "generate", "stream",
-                                               "deployment", "unary", "stop", "parity"}
+                                               "deployment", "unary", "stop", "parity", "model-parity"}
     assert result.parity["compared"] == "text" and result.parity["mismatches"] == 0
     assert all(row["triton"] for row in result.parity["rows"])
     assert result.served["engine_digest"] == DIGEST

@@ -53,7 +53,8 @@ def test_generate_and_stream_agree(triton_server, model: str) -> None:
 
 
 def test_parity_with_reference_runtime(triton_server, example_repo: Path) -> None:
-    from trtpipe.serving.smoke import ParityReference, reference_greedy
+    from trtpipe.reference.parity import ParityReference
+    from trtpipe.serving.smoke import reference_greedy
 
     expected = reference_greedy(ParityReference(engine_dir=example_repo / "tensorrt_llm" / "1",
                                                 tokenizer_dir=example_repo / "preprocessing" / "tokenizer"),
