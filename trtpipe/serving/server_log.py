@@ -1,0 +1,75 @@
+"""Where a served tritonserver's own log goes, whether it outlives the server, and following it to a stream.
+
+tritonserver (or the Triton container's `docker run` client) writes its log to a file, always: the start-up
+wait and the watchdog read its tail (a port clash, the last error). By default that file is in the server's
+private work folder, removed on a clean exit and kept, and named, when the server failed. `serve` can also:
+
+- write it to a file the user names (appended to by a restart of the same serve; never removed);
+- keep the default file after a clean exit too (`keep`), e.g. when a smoke test failed against the server;
+- follow it: copy each line, as it is written, to a stream (serve's stderr, so a CI log shows it live).
+
+A server that answered requests with errors (Triton's `nv_inference_request_failure`, read before it is
+stopped) has its log kept as well: serve cannot see why a client failed (a smoke's wrong answer is not a
+failed request), but it can see that the server refused or failed requests.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+FOLLOW_POLL_S = 0.2  # how often the follower looks for new lines (product code: no event to wait on for a file)
+
+
+@dataclass(frozen=True)
+class ServerLog:
+    """How serve treats its server's log. `path`: the file the log goes to (None: the server's work folder);
+    `keep`: keep the log after a clean exit too; `follow`: a stream each new line is copied to."""
+
+    path: Path | None = None
+    keep: bool = False
+    follow: TextIO | None = None
+
+
+class LogFollower:
+    """Copy what is appended to `path` from `offset` on to `stream`, line by line, until `stop()`, which
+    copies what is left first."""
+
+    def __init__(self, path: Path, stream: TextIO, offset: int = 0) -> None:
+        self.path = path
+        self.stream = stream
+        self.offset = offset
+        self.partial = b""
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="trtpipe-serve-log", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopping.wait(FOLLOW_POLL_S):
+            self._copy()
+        self._copy(final=True)
+
+    def _copy(self, final: bool = False) -> None:
+        try:
+            with open(self.path, "rb") as log_file:
+                log_file.seek(self.offset)
+                data = log_file.read()
+        except OSError:
+            return  # removed with its work folder: nothing more will come
+        self.offset += len(data)
+        pieces = (self.partial + data).split(b"\n")
+        rest = pieces.pop()  # after the last newline: a line not finished yet (b"" when the data ends with one)
+        if final and rest:
+            pieces.append(rest)
+            rest = b""
+        self.partial = rest
+        for line in pieces:
+            self.stream.write(line.decode("utf-8", "replace") + "\n")
+        if pieces:
+            self.stream.flush()
+
+    def stop(self, timeout: float = 10) -> None:
+        self.stopping.set()
+        self.thread.join(timeout)
