@@ -28,7 +28,10 @@ soon as a slower one ended. What then happens is the policy's `restart`: "no" (t
 and raises `CheckFailed` (exit 1), so an orchestrator sees the failure and restarts what it runs;
 "on-failure" restarts tritonserver on the same serving directory and the same ports, at most
 `max_restarts` times, waiting `backoff_s`, then twice as long each time (at most `BACKOFF_MAX_S`);
-every step is an event (`ServerReady`, `ServerUnhealthy`, `ServerRestarting`) the caller prints.
+every step is an event the caller prints: `ServerReady`, `ServerUnhealthy`, `ServerRestarting`, `ServerRestarted`,
+and `ServerStopped` last (where the last server's log is, and whether and why it is kept: trtpipe.serving.server_log).
+With a ready file, serve writes it before each ready/restarted event and removes it when it stops
+(trtpipe.serving.ready_file).
 
 Each probe is a request the server counts: with the default interval, one per text model every 10 s.
 """
