@@ -157,7 +157,7 @@ def test_the_container_path_waits_checks_identity_and_restarts_a_killed_stub(cpu
         restarting = events.get(timeout=60)
         assert restarting.event == "restarting" and restarting.restart == 1
         again = events.get(timeout=300)
-        assert again.event == "ready" and again.restarts == 1 and again.pid != ready.pid, (again, failure)
+        assert again.event == "restarted" and again.restarts == 1 and again.pid != ready.pid, (again, failure)
         assert again.grpc_url == ready.grpc_url and again.serving_dir == ready.serving_dir
         assert again.repository_digest == ready.repository_digest
         assert len([c for c in standin.calls() if c[0] == "run"]) == 2  # the same container command, again

@@ -86,9 +86,9 @@ HINTS: tuple[Hint, ...] = (
     Hint(NotFound, "or give one with `trtpipe publish SPEC --engine DIR --tokenizer DIR`", _what("tokenizer")),
     Hint(NotFound, "promote the artifact wanted with `trtpipe promote REF --to {ref}`", _what("earlier digest"),
          example={"ref": "prod"}),
-    Hint(GateRefused, "`trtpipe smoke URL --record REPO` and `trtpipe bench URL --record REPO` record them "
-                      "(against the server serving it); `trtpipe promote {digest} --to {channel} --force --reason "
-                      "TEXT` overrides", _only_missing,
+    Hint(GateRefused, "`trtpipe smoke URL --parity SPEC --record REPO` (smoke and parity) and `trtpipe bench URL "
+                      "--record REPO` record them, against the server serving it; `trtpipe promote {digest} --to "
+                      "{channel} --force --reason TEXT` overrides", _only_missing,
          example={"digest": "sha256:" + "a" * 64, "channel": "prod"}),
     Hint(GateRefused, "`trtpipe results show {digest}` lists what was recorded; `trtpipe promote {digest} --to "
                       "{channel} --force --reason TEXT` overrides",

@@ -75,14 +75,15 @@ def print_json(data: Any) -> None:
 
 # --------------------------------------------------------------------------- refusals
 def refusal_json(err: TrtpipeError, line: str, hint: str | None) -> dict[str, Any]:
-    """The JSON object a refused command prints on stdout with --json: `ok` false, the error (its type, the
-    line stderr got, message, fix, hint, exit code and its typed fields) and its verdicts (a gate refusal's
-    gates, a failed build's diagnoses ...; None where the error has none)."""
+    """The JSON object a refused command prints on stdout with --json: `ok` false, the exit code, the error (its
+    type, `stderr`: the line stderr got, message, fix, hint, and `fields`: the typed fields its type carries, such
+    as a spec error's file, line and field) and its verdicts (a gate refusal's gates, a failed build's diagnoses;
+    None where the error has none)."""
     return {
         "ok": False,
         "exit_code": err.exit_code,
-        "error": {"type": type(err).__name__, "line": line, "message": err.message, "fix": err.fix, "hint": hint,
-                  **err.fields()},
+        "error": {"type": type(err).__name__, "stderr": line, "message": err.message, "fix": err.fix, "hint": hint,
+                  "fields": err.fields()},
         "verdicts": err.verdicts(),
     }
 
@@ -147,8 +148,14 @@ def render_table(title: str | None, columns: Sequence[str], rows: Sequence[Seque
     while grid > 1 and sum(floor[:grid]) + gap * (grid - 1) > width:
         grid -= 1
     budget = width - gap * (grid - 1)
-    fitted = natural[:grid] if sum(natural[:grid]) <= budget else _fit(natural[:grid], floor[:grid], budget)
-    indent = fitted[0] + gap if grid > 1 else gap
+    if grid == 1:  # one column left: as wide as the line (a longer word then stands alone on its line)
+        fitted = [min(natural[0], width)]
+    elif sum(natural[:grid]) <= budget:
+        fitted = natural[:grid]
+    else:
+        fitted = _fit(natural[:grid], floor[:grid], budget)
+    # Fields below a row start under its second column, unless the first takes more than half the line.
+    indent = fitted[0] + gap if grid > 1 and fitted[0] + gap <= width // 2 else gap
     lines = _wrap(_plain(title), width) if title else []
     for number, row in enumerate(cells):
         wrapped = [_wrap(cell, column_width) for cell, column_width in zip(row[:grid], fitted)]
@@ -159,11 +166,17 @@ def render_table(title: str | None, columns: Sequence[str], rows: Sequence[Seque
         if number == 0:
             continue  # the header row names only the grid's columns; the others name themselves below
         for name, value in zip(cells[0][grid:], row[grid:]):
-            if value:
-                label = f"{name}: "
-                more = _wrap(value, width - indent - len(label))
-                lines.append(" " * indent + label + more[0])
-                lines += [" " * (indent + len(label)) + line for line in more[1:]]
+            if not value:
+                continue
+            label = f"{name}: "
+            room = width - indent - len(label)
+            if _longest_word(value) > room:  # a word too long to stand beside its label: the value below, unindented
+                lines.append((" " * indent if indent + len(label) <= width else "") + label.rstrip())
+                lines += _wrap(value, width)
+                continue
+            more = _wrap(value, room)
+            lines.append(" " * indent + label + more[0])
+            lines += [" " * (indent + len(label)) + line for line in more[1:]]
     return lines + (_wrap(_plain(caption), width) if caption else [])
 
 

@@ -482,13 +482,13 @@ def _stopped(handle: TritonServerHandle, *, failed: bool, restarts: int, failure
              asked: bool) -> ServerStopped:
     kept = handle.log_kept() and handle.log_path.exists()
     why = None
-    if kept:
-        if handle.log_chosen:
-            why = "a log file was named"
-        elif failed or restarts:
+    if kept:  # the first reason that holds, most telling first
+        if failed or restarts:
             why = "the server failed"
         elif failures:
-            why = f"the server answered {failures} request{'s' if failures != 1 else ''} with an error"
+            why = f"the server counted {failures} failed request{'s' if failures != 1 else ''}"
+        elif handle.log_chosen:
+            why = "a log file was named"
         elif asked:
             why = "asked to keep it"
         else:
