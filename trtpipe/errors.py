@@ -46,11 +46,11 @@ class TrtpipeError(Exception):
 
     def fields(self) -> dict[str, object]:
         """The typed fields a subclass carries (file, field, channel, digest ...), for a JSON refusal: every
-        attribute set on the error that is plain data, but the message and fix (said apart) and the verdicts."""
+        public attribute set on the error that is plain data, but the message and fix (said apart)."""
         plain = (str, int, float, bool, type(None))
         found: dict[str, object] = {}
         for name, value in vars(self).items():
-            if name in ("message", "fix", "exit_code") or name.startswith("_") or name == "verdict_list":
+            if name in ("message", "fix", "exit_code") or name.startswith("_"):
                 continue
             if isinstance(value, plain) or (isinstance(value, list) and all(isinstance(v, plain) for v in value)):
                 found[name] = value
@@ -142,7 +142,7 @@ class MissingCapability(TrtpipeError):
 class GateRefused(TrtpipeError):
     """A promotion gate did not pass for the artifact being promoted. `failed`: the gates not passed;
     `missing`: those of them with no result recorded (the rest have results that did not pass);
-    `verdict_list`: every gate's verdict (gate, status, detail), passed ones included."""
+    `verdicts()`: every gate's verdict (gate, status, detail), passed ones included."""
 
     def __init__(self, message: str, *, channel: str, digest: str, failed: list[str], fix: str | None = None,
                  missing: list[str] | None = None, verdicts: list[dict[str, object]] | None = None) -> None:
@@ -150,11 +150,11 @@ class GateRefused(TrtpipeError):
         self.digest = digest
         self.failed = list(failed)
         self.missing = list(missing or [])
-        self.verdict_list = list(verdicts or [])
+        self._verdicts = list(verdicts or [])
         super().__init__(message, fix=fix)
 
     def verdicts(self) -> list[object] | None:
-        return list(self.verdict_list)
+        return list(self._verdicts)
 
 
 class Untrusted(TrtpipeError):

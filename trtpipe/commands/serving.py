@@ -108,11 +108,11 @@ def serve_command(
                                 "own error line and exit code when it cannot start. Its output and the server's "
                                 "log go to --log-file (default: READY_FILE.log); `trtpipe serve-stop READY_FILE` "
                                 "stops it."),
-    log_file: Optional[str] = typer.Option(None, "--log-file", help="Write tritonserver's own log to FILE "
-                                           "(emptied when serve starts, appended to by a restart, always kept), or "
-                                           "'-' to stream it to stderr as it is written. Default: a temporary file, "
-                                           "removed after a clean exit unless --keep-log; kept (and named) when "
-                                           "anything failed."),
+    log_file: Optional[str] = typer.Option(None, "--log-file", help="Append tritonserver's own log to FILE "
+                                           "(always kept; a --detach serve starts it empty and adds its own "
+                                           "output), or '-' to stream it to stderr as it is written. Default: a "
+                                           "temporary file, removed after a clean exit unless --keep-log; kept "
+                                           "(and named) when anything failed."),
     keep_log: bool = typer.Option(False, "--keep-log", help="Keep the server's log after a clean exit too (the "
                                   "stopped event and line say where)."),
     as_json: Annotated[bool, json_option(

@@ -4,7 +4,7 @@ tritonserver (or the Triton container's `docker run` client) writes its log to a
 wait and the watchdog read its tail (a port clash, the last error). By default that file is in the server's
 private work folder, removed on a clean exit and kept, and named, when the server failed. `serve` can also:
 
-- write it to a file the user names (appended to by a restart of the same serve; never removed);
+- append it to a file the user names (never removed; each server reads back only its own part of it);
 - keep the default file after a clean exit too (`keep`), e.g. when a smoke test failed against the server;
 - follow it: copy each line, as it is written, to a stream (serve's stderr, so a CI log shows it live).
 

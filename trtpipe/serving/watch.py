@@ -405,8 +405,7 @@ def serve_watched(
     if ready_file is not None:
         remove_ready_file(ready_file)  # an earlier run's: a waiter must never take it for this one
     if server_log.path is not None:
-        server_log.path.parent.mkdir(parents=True, exist_ok=True)
-        server_log.path.write_bytes(b"")  # one serve, one log (a restart appends to it)
+        server_log.path.parent.mkdir(parents=True, exist_ok=True)  # appended to: each server reads its own part
     handle = start_server(repo, host=host, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
                           start_timeout=start_timeout, launcher=launcher, log_path=server_log.path)
     handle.keep_log = handle.keep_log or server_log.keep
