@@ -320,6 +320,14 @@ def test_a_ready_file_is_removed_only_by_the_serve_that_wrote_it(tmp_path: Path)
     assert caught.value.one_line().startswith(f"{path} is not a serve ready file")
 
 
+def test_a_serve_refused_before_it_starts_leaves_no_stale_ready_file(example_repo: Path, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    ready_file = tmp_path / "serve.json"
+    ready_file.write_text('{"grpc_url": "127.0.0.1:1"}')  # an earlier run's
+    assert main(["serve", str(example_repo), "--ready-file", str(ready_file), "--restart", "always"]) == 2
+    assert "--restart must be no or on-failure" in capsys.readouterr().err and not ready_file.exists()
+
+
 @pytest.mark.parametrize("args,expected", [
     (["--detach"], "--detach needs --ready-file"),
     (["--detach", "--ready-file", "F", "--log-file", "-"], "--log-file - streams to serve's stderr"),

@@ -135,6 +135,10 @@ def serve_command(
                            max_restarts=max_restarts, probe_interval=probe_interval, probe_timeout=probe_timeout,
                            ready_file=ready_file, log_file=log_file, keep_log=keep_log, policy=trust_policy,
                            store=store)
+    if ready_file is not None:
+        from trtpipe.serving.ready_file import remove_ready_file
+
+        remove_ready_file(ready_file)  # an earlier run's, before anything can fail: never taken for this one's
     if detach:
         _serve_detached(request, as_json, print_only)
         return
@@ -191,6 +195,7 @@ DETACH_MARGIN_S = 120
 
 
 def _serve_detached(request: ServeRequest, as_json: bool, print_only: bool) -> None:
+    """`serve --detach`: the same serve in the background (trtpipe.serving.detach), and its ready file printed."""
     from trtpipe.serving.detach import default_log_file, start_detached
 
     if print_only:
