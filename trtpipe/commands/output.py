@@ -141,6 +141,8 @@ def render_table(title: str | None, columns: Sequence[str], rows: Sequence[Seque
     (left out where the cell is empty)."""
     cells = [[_plain(c) for c in columns], *[[_plain(c) for c in row] for row in rows]]
     count = len(columns)
+    if count == 0:
+        return (_wrap(_plain(title), width) if title else []) + (_wrap(_plain(caption), width) if caption else [])
     natural = [max(len(row[i]) for row in cells) for i in range(count)]
     floor = [max(_longest_word(row[i]) for row in cells) for i in range(count)]
     gap = len(COLUMN_GAP)

@@ -35,30 +35,28 @@ class ServerLog:
 
 class LogFollower:
     """Copy what is appended to `path` from `offset` on to `stream`, line by line, until `stop()`, which
-    copies what is left first."""
+    copies what is left first. The file is held open from the start, so the last lines of a server whose work
+    folder is removed as it stops are still read."""
 
     def __init__(self, path: Path, stream: TextIO, offset: int = 0) -> None:
-        self.path = path
         self.stream = stream
-        self.offset = offset
         self.partial = b""
+        self.source = open(path, "rb")  # noqa: SIM115 - held for the follower's life, closed by its thread
+        self.source.seek(offset)
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="trtpipe-serve-log", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
-        while not self.stopping.wait(FOLLOW_POLL_S):
-            self._copy()
-        self._copy(final=True)
+        try:
+            while not self.stopping.wait(FOLLOW_POLL_S):
+                self._copy()
+            self._copy(final=True)
+        finally:
+            self.source.close()
 
     def _copy(self, final: bool = False) -> None:
-        try:
-            with open(self.path, "rb") as log_file:
-                log_file.seek(self.offset)
-                data = log_file.read()
-        except OSError:
-            return  # removed with its work folder: nothing more will come
-        self.offset += len(data)
+        data = self.source.read()
         pieces = (self.partial + data).split(b"\n")
         rest = pieces.pop()  # after the last newline: a line not finished yet (b"" when the data ends with one)
         if final and rest:
