@@ -17,16 +17,11 @@ trtpipe build "$SPEC"
 REPO=$(trtpipe build "$SPEC" --json | python -c 'import json,sys; print(json.load(sys.stdin)["repository_path"])')
 trtpipe validate "$REPO"
 
-SERVE_JSON=$(mktemp)
-trtpipe serve "$REPO" --json > "$SERVE_JSON" &
-SERVER=$!
-trap 'kill -TERM $SERVER 2>/dev/null; wait $SERVER 2>/dev/null; rm -f "$SERVE_JSON"' EXIT
-for _ in $(seq 1 240); do
-  [ -s "$SERVE_JSON" ] && break
-  kill -0 $SERVER 2>/dev/null || { echo "error: trtpipe serve exited before it was ready" >&2; exit 1; }
-  sleep 0.5
-done
-GRPC=$(python -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["grpc_url"])' "$SERVE_JSON")
+READY=$(mktemp -d)/serve.json
+# Returns once the server is ready and reports the repository's digest (or fails with serve's own line and code).
+trtpipe serve "$REPO" --detach --ready-file "$READY"
+trap 'trtpipe serve-stop "$READY" >/dev/null' EXIT
+GRPC=$(python -c 'import json,sys; print(json.load(open(sys.argv[1]))["grpc_url"])' "$READY")
 trtpipe smoke "$GRPC" --parity "$SPEC" --record "$REPO"
 echo
 echo "Done. Repository: $REPO"

@@ -24,6 +24,7 @@ from trtpipe.commands import release as release_commands
 from trtpipe.commands import report as report_commands
 from trtpipe.commands import serving as serving_commands
 from trtpipe.commands import store as store_commands
+from trtpipe.commands.output import CommandOutput, print_refusal
 from trtpipe.errors import Interrupted, TrtpipeError, UsageError
 
 # Registration order is help order within a panel; panels appear in order of first use.
@@ -83,9 +84,22 @@ def error_line(err: TrtpipeError) -> str:
     """What the CLI prints for an error: one line, with the command hint its type and fields call for."""
     from trtpipe.commands.hints import hint_for
 
-    hint = hint_for(err)
+    return _line(err, hint_for(err))
+
+
+def _line(err: TrtpipeError, hint: str | None) -> str:
     line = err.one_line() if isinstance(err, Interrupted) else f"error: {err.one_line()}"
     return f"{line}; {hint}" if hint else line
+
+
+def refuse(err: TrtpipeError, output: CommandOutput | None) -> int:
+    """Report a refusal the one way every command does (its line on stderr; with --json a JSON object on
+    stdout too: trtpipe.commands.output.print_refusal) and return its exit code."""
+    from trtpipe.commands.hints import hint_for
+
+    hint = hint_for(err)
+    print_refusal(err, _line(err, hint), hint, output)
+    return err.exit_code
 
 
 INTERRUPTED = "interrupted: nothing half-written (every write is to a temporary place, then renamed)"
@@ -94,23 +108,20 @@ EXIT_INTERRUPTED = 130
 
 def main(argv: list[str] | None = None) -> int:
     app = make_app()
+    output = CommandOutput()  # the command's --json sets it (trtpipe.commands.output.json_option)
     try:
         # standalone_mode=False: click returns typer.Exit codes instead of calling sys.exit.
-        result = app(args=argv, standalone_mode=False)
+        result = app(args=argv, standalone_mode=False, obj=output)
     except TrtpipeError as err:
-        print(error_line(err), file=sys.stderr)
-        return err.exit_code
+        return refuse(err, output)
     except OSError as err:
         # The filesystem said no (permission, read-only, no space, not a directory): name the path.
         from trtpipe.disk import disk_full, disk_full_error
 
         if disk_full(err):
-            full = disk_full_error(err, err.filename)
-            print(error_line(full), file=sys.stderr)
-            return full.exit_code
+            return refuse(disk_full_error(err, err.filename), output)
         where = f"{err.filename}: " if err.filename else ""
-        print(f"error: {where}{err.strerror or err}; check the path and its permissions", file=sys.stderr)
-        return 1
+        return refuse(TrtpipeError(f"{where}{err.strerror or err}", fix="check the path and its permissions"), output)
     except KeyboardInterrupt:
         print(INTERRUPTED, file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -123,9 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         from trtpipe.disk import disk_full, disk_full_error
 
         if disk_full(exc):  # SQLite's "database or disk is full", safetensors' "os error 28", outside a build
-            full = disk_full_error(exc, None)
-            print(error_line(full), file=sys.stderr)
-            return full.exit_code
+            return refuse(disk_full_error(exc, None), output)
         # Usage errors (missing argument, bad option value): typer raises its click exception
         # types (vendored inside typer since 0.29), which all carry `show()` and `exit_code`.
         show = getattr(exc, "show", None)

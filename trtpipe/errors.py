@@ -13,6 +13,8 @@ Exit codes: `EXIT_CODES` below, one table for the whole CLI (the README prints t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 # exit code -> what it means, for the whole CLI (README's table is checked against this).
 EXIT_CODES: dict[int, str] = {
@@ -41,6 +43,24 @@ class TrtpipeError(Exception):
     def one_line(self) -> str:
         text = self.message if not self.fix else f"{self.message}; {self.fix}"
         return " ".join(text.split())
+
+    def fields(self) -> dict[str, object]:
+        """The typed fields a subclass carries (file, field, channel, digest ...), for a JSON refusal: every
+        public attribute set on the error that is plain data, but the message and fix (said apart)."""
+        plain = (str, int, float, bool, type(None))
+        found: dict[str, object] = {}
+        for name, value in vars(self).items():
+            if name in ("message", "fix", "exit_code") or name.startswith("_"):
+                continue
+            if isinstance(value, plain) or (isinstance(value, list) and all(isinstance(v, plain) for v in value)):
+                found[name] = value
+            elif isinstance(value, Path):
+                found[name] = str(value)
+        return found
+
+    def verdicts(self) -> list[object] | None:
+        """The judgments that made this error, where it has them (a gate refusal's gates); None otherwise."""
+        return None
 
 
 class InvalidInput(TrtpipeError):
@@ -95,6 +115,16 @@ class NotFound(InvalidInput):
         super().__init__(message, fix=fix)
 
 
+class WrongAddress(UsageError):
+    """An address that is not the kind the command needs (an HTTP URL, or Triton's HTTP or metrics port, where
+    gRPC host:port is asked for). `grpc_address`: the right one, when it could be found."""
+
+    def __init__(self, message: str, *, address: str, grpc_address: str | None = None, fix: str | None = None) -> None:
+        self.address = address
+        self.grpc_address = grpc_address
+        super().__init__(message, fix=fix)
+
+
 class AccessDenied(InvalidInput):
     """A service refused the credentials given (or none were found): fix the credentials."""
 
@@ -110,13 +140,21 @@ class MissingCapability(TrtpipeError):
 
 
 class GateRefused(TrtpipeError):
-    """A promotion gate did not pass for the artifact being promoted."""
+    """A promotion gate did not pass for the artifact being promoted. `failed`: the gates not passed;
+    `missing`: those of them with no result recorded (the rest have results that did not pass);
+    `verdicts()`: every gate's verdict (gate, status, detail), passed ones included."""
 
-    def __init__(self, message: str, *, channel: str, digest: str, failed: list[str], fix: str | None = None) -> None:
+    def __init__(self, message: str, *, channel: str, digest: str, failed: list[str], fix: str | None = None,
+                 missing: list[str] | None = None, verdicts: list[dict[str, object]] | None = None) -> None:
         self.channel = channel
         self.digest = digest
         self.failed = list(failed)
+        self.missing = list(missing or [])
+        self._verdicts = list(verdicts or [])
         super().__init__(message, fix=fix)
+
+    def verdicts(self) -> list[object] | None:
+        return list(self._verdicts)
 
 
 class Untrusted(TrtpipeError):
@@ -162,6 +200,19 @@ class CheckFailed(TrtpipeError):
     def __init__(self, message: str, *, check: str, fix: str | None = None) -> None:
         self.check = check
         super().__init__(message, fix=fix)
+
+
+class DetachedServeFailed(TrtpipeError):
+    """A serve started in the background exited before it was ready: its own error line (`message`, which
+    carries its fix and hint) and exit code; `log` holds its output and its server's log."""
+
+    def __init__(self, message: str, *, exit_code: int, log: str, serve_pid: int) -> None:
+        self.log = log
+        self.serve_pid = serve_pid
+        super().__init__(message, exit_code=exit_code)
+
+    def one_line(self) -> str:
+        return f"{super().one_line()} (serve's output and its server's log: {self.log})"
 
 
 class DiskFull(TrtpipeError):

@@ -37,6 +37,7 @@ VARIABLES: dict[str, str] = {
     "TRTPIPE_POLICY": "the trust policy file (YAML) pull, serve, build and promote enforce when --policy is not given",
     "TRTPIPE_DOCKER": "the container runtime executable GPU serve runs the Triton container with (default: docker on "
                       "PATH)",
+    "COLUMNS": "the width tables wrap to when stdout is not a terminal (a pipe, a CI log): at least 120 columns",
 }
 
 
@@ -97,6 +98,7 @@ class Settings:
     signing_key: str | None = field(default=None, repr=False)  # a path or PEM text: never in a repr or a log
     policy: Path | None = None
     docker: str | None = None  # the container runtime's executable (a name on PATH or a path)
+    columns: int | None = None  # the shell's COLUMNS: how wide a table may be outside a terminal (None: not set)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -124,6 +126,7 @@ class Settings:
             signing_key=text("TRTPIPE_SIGNING_KEY"),
             policy=path("TRTPIPE_POLICY"),
             docker=text("TRTPIPE_DOCKER"),
+            columns=_positive_int(text("COLUMNS")),
         )
 
     def default_home(self) -> Path:
@@ -137,6 +140,15 @@ class Settings:
     def docker_config_file(self) -> Path:
         base = self.docker_config
         return base / "config.json" if base is not None else Path.home() / ".docker" / "config.json"
+
+
+def _positive_int(value: str | None) -> int | None:
+    """An integer above 0, else None (a shell's COLUMNS can be anything; a bad one is as good as unset)."""
+    try:
+        number = int(value) if value is not None else None
+    except ValueError:
+        return None
+    return number if number is not None and number > 0 else None
 
 
 def from_env() -> Settings:

@@ -157,7 +157,7 @@ def test_the_container_path_waits_checks_identity_and_restarts_a_killed_stub(cpu
         restarting = events.get(timeout=60)
         assert restarting.event == "restarting" and restarting.restart == 1
         again = events.get(timeout=300)
-        assert again.event == "ready" and again.restarts == 1 and again.pid != ready.pid, (again, failure)
+        assert again.event == "restarted" and again.restarts == 1 and again.pid != ready.pid, (again, failure)
         assert again.grpc_url == ready.grpc_url and again.serving_dir == ready.serving_dir
         assert again.repository_digest == ready.repository_digest
         assert len([c for c in standin.calls() if c[0] == "run"]) == 2  # the same container command, again
@@ -250,3 +250,71 @@ def test_no_container_runtime_or_no_daemon_is_exit_3(gpu_repo: tuple[Path, str],
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("error: no Docker daemon reachable to run nvcr.io/nvidia/tritonserver:26.04")
     assert "Cannot connect to the Docker daemon" in line
+
+
+# --------------------------------------------------------------------------- issue 23: waited for and logged the same
+def test_the_container_path_writes_the_ready_file_streams_its_log_and_says_where_it_is(
+        cpu_home: tuple[Path, Path], standin: Standin, tmp_path: Path) -> None:
+    """The ready file, the named log with the container's output, the follower and the stopped event, through the
+    Triton container's launcher (the stand-in runs the CPU server from the docker argv)."""
+    import io
+
+    from trtpipe.serving.container import ContainerTriton
+    from trtpipe.serving.publish import read_manifest
+    from trtpipe.serving.server import container_image
+    from trtpipe.serving.server_log import ServerLog
+    from trtpipe.serving.watch import serve_watched
+
+    _home, repo = cpu_home
+    manifest = read_manifest(repo)
+    launcher = ContainerTriton(runtime=str(standin.runtime), manifest=manifest, what="the Triton container")
+    ready_file, log = tmp_path / "serve.json", tmp_path / "triton.log"
+    followed = io.StringIO()
+    events: queue.Queue = queue.Queue()
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            serve_watched(repo, on_event=events.put, stop=stop, start_timeout=240, launcher=launcher,
+                          policy=WatchPolicy(probe_interval_s=0), ready_file=ready_file,
+                          server_log=ServerLog(path=log, follow=followed))
+        except BaseException as err:  # noqa: BLE001 - what the test is about
+            failure.append(err)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        ready = events.get(timeout=300)
+        assert ready.event == "ready", (ready, failure)
+        on_file = json.loads(ready_file.read_text())
+        assert on_file["container"] == container_image(manifest) and on_file["pid"] == ready.pid
+        assert on_file["repository_digest"] == _entry_digest(repo) and on_file["log"] == str(log)
+    finally:
+        stop.set()
+        thread.join(timeout=120)
+    assert not thread.is_alive() and failure == []
+    stopped = events.get(timeout=10)
+    assert (stopped.event, stopped.failed, stopped.log, stopped.log_kept) == ("stopped", False, str(log), True)
+    assert not ready_file.exists()
+    # What the container's client printed is in the named log, and was followed as it came.
+    assert "successfully loaded 'ensemble'" in log.read_text() and "successfully loaded 'ensemble'" in followed.getvalue()
+
+
+def test_a_detached_gpu_serve_whose_container_fails_returns_its_line_and_exit_code(
+        gpu_repo: tuple[Path, str], standin: Standin, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo, _digest = gpu_repo
+    monkeypatch.setenv("TRTPIPE_DOCKER", str(standin.runtime))
+    monkeypatch.setenv("STANDIN_MODE", "fail")
+    ready_file = tmp_path / "serve.json"
+    grpc, http, metrics = _free_ports()
+    done = subprocess.run([sys.executable, "-m", "trtpipe.cli", "serve", str(repo), "--detach", "--ready-file",
+                           str(ready_file), "--grpc-port", grpc, "--http-port", http, "--metrics-port", metrics,
+                           "--start-timeout", "300"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1 and done.stdout == "", done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("error: the Triton container nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3 did not "
+                           f"become ready on {repo} (the Triton container ")
+    log = tmp_path / "serve.json.log"
+    assert line.endswith(f"(serve's output and its server's log: {log})")
+    assert "stand-in failure" in log.read_text() and not ready_file.exists()

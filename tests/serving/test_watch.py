@@ -101,12 +101,19 @@ class Served:
                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.events: queue.Queue[dict] = queue.Queue()
         self.stderr: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True).start()
+        self.refusal = ""
+        self.readers = [threading.Thread(target=self._read, daemon=True),
+                        threading.Thread(target=lambda: self.stderr.extend(self.proc.stderr), daemon=True)]
+        for reader in self.readers:
+            reader.start()
 
     def _read(self) -> None:
         for line in self.proc.stdout:
-            self.events.put(json.loads(line))
+            item = json.loads(line)
+            if "event" in item:
+                self.events.put(item)
+            else:  # a refusal: the JSON object that ends stdout when serve fails
+                self.refusal = line
 
     def next_event(self, timeout: float) -> dict:
         try:
@@ -116,8 +123,17 @@ class Served:
 
     def wait(self, timeout: float) -> int:
         code = self.proc.wait(timeout=timeout)
-        time.sleep(0.2)  # let the reader threads drain
+        for reader in self.readers:  # both pipes are at their end once the process is gone: drained
+            reader.join(timeout=60)
         return code
+
+    def error_line(self) -> str:
+        """serve's one error line: exactly one, and its last line on stderr (where, with --json, the events are
+        also printed as text)."""
+        lines = "".join(self.stderr).strip().splitlines()
+        errors = [line for line in lines if line.startswith("error: ")]
+        assert len(errors) == 1 and lines[-1] == errors[0], lines
+        return errors[0]
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -235,17 +251,21 @@ def test_serve_exits_1_in_one_line_when_a_stub_is_killed_under_bench(home_copy: 
             if unhealthy["kind"] == "stub-died":
                 assert unhealthy["pid"] == stub_pid
             assert unhealthy["action"] == "exit"
+            stopped = served.next_event(REPORT_DEADLINE_S + 30)
             assert served.wait(REPORT_DEADLINE_S + 30) == 1
         assert bench.returncode == 1  # its requests failed, and it said so
     finally:
         served.close()
-    lines = "".join(served.stderr).strip().splitlines()
-    assert len(lines) == 1, lines
+    line = served.error_line()
     if unhealthy["kind"] == "stub-died":
-        assert lines[0].startswith("error: model tensorrt_llm: its Python backend process (pid ")
-        assert "was killed by SIGKILL" in lines[0]
-    assert "the server was stopped" in lines[0]
-    assert "`trtpipe serve REPO --restart on-failure`" in lines[0] and "Traceback" not in lines[0]
+        assert line.startswith("error: model tensorrt_llm: its Python backend process (pid ")
+        assert "was killed by SIGKILL" in line
+    assert "the server was stopped" in line
+    assert "`trtpipe serve REPO --restart on-failure`" in line and "Traceback" not in line
+    # The last event says the server is gone, and where its log is kept, and why.
+    assert (stopped["event"], stopped["failed"], stopped["log_kept"]) == ("stopped", True, True), stopped
+    assert stopped["log"] == unhealthy["log"] and stopped["why_kept"] == "the server failed"
+    assert json.loads(served.refusal)["ok"] is False  # and stdout ends with the refusal as JSON
     assert _gone(ready["pid"]) and not [p for p in _group(ready["pid"]) if not _gone(p)]  # server and stubs gone
     assert not Path(ready["serving_dir"]).exists()
     assert Path(unhealthy["log"]).is_file()  # the failed server's log is kept, and named
@@ -276,7 +296,7 @@ def test_serve_restarts_on_failure_and_answers_again_then_gives_up(home_copy: tu
             assert restarting["event"] == "restarting" and restarting["restart"] == 1
             assert restarting["max_restarts"] == 1 and restarting["delay_s"] == 1.0
             again = served.next_event(240)
-        assert again["event"] == "ready" and again["restarts"] == 1 and again["pid"] != first["pid"]
+        assert again["event"] == "restarted" and again["restarts"] == 1 and again["pid"] != first["pid"]
         # Same address, same serving directory: clients keep their URL.
         assert again["grpc_url"] == first["grpc_url"] and again["serving_dir"] == first["serving_dir"]
         assert TritonLLMClient(again["grpc_url"], timeout=60).generate(PROMPT, 4, top_k=1).output_token_ids
@@ -355,7 +375,7 @@ def test_serve_notices_a_stuck_stub_by_its_probes(home_copy: tuple[Path, Path]) 
         assert served.wait(REPORT_DEADLINE_S + 30) == 1
     finally:
         served.close()
-    (line,) = "".join(served.stderr).strip().splitlines()
+    line = served.error_line()
     assert line.startswith("error: model tensorrt_llm: 2 probes in a row failed, the last: ")
     assert _gone(stub.pid)  # the stopped stub went with its server
 
@@ -371,7 +391,7 @@ def test_serve_exits_1_when_tritonserver_itself_dies(home_copy: tuple[Path, Path
         assert served.wait(REPORT_DEADLINE_S + 30) == 1
     finally:
         served.close()
-    (line,) = "".join(served.stderr).strip().splitlines()
+    line = served.error_line()
     assert line.startswith(f"error: tritonserver (pid {ready['pid']}) was killed by SIGKILL")
     assert "CUDA" not in line  # not the CPU-only noise of its log, which says nothing about a kill
 

@@ -172,6 +172,9 @@ def bench(
     slo_limits = Slo.parse(slo, option="--slo")
     if dataset is not None and not dataset.is_file():
         raise UsageError(f"--dataset: {dataset} does not exist", fix="pass a JSONL file with one {\"prompt\": ...} per line")
+    from trtpipe.serving.address import check_grpc_address
+
+    url = check_grpc_address(url)  # an http:// URL or Triton's HTTP port: one line naming the gRPC port
     workspace = open_workspace(store)
     recording = None
     if record is not None:

@@ -9,11 +9,11 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
-from trtpipe.commands.output import JsonOption, print_table
+from trtpipe.commands.output import JsonOption, json_option, print_table
 from trtpipe.errors import UsageError
 
 EXAMPLE_HELP = (
@@ -93,7 +93,8 @@ def convert_command(
     spec_path: Path = typer.Argument(..., metavar="SPEC", help="Build spec (YAML)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="Checkpoint folder to create."),
     force: bool = typer.Option(False, "--force", help="Replace --out if it is not empty."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON on stdout (files, bytes, time, memory, digests)."),
+    as_json: Annotated[bool, json_option("Print the summary as JSON on stdout (files, bytes, time, memory, digests); "
+                                         "a refusal is a JSON object there too.")] = False,
 ) -> None:
     from trtpipe.checkpoint.convert import convert_checkpoint
     from trtpipe.resolve import resolve

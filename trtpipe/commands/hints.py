@@ -24,6 +24,7 @@ from trtpipe.errors import (
     TimedOut,
     TrtpipeError,
     Untrusted,
+    WrongAddress,
 )
 
 
@@ -65,6 +66,12 @@ def _server_start_timed_out(err: TrtpipeError) -> bool:
     return getattr(err, "operation", None) == "tritonserver start"
 
 
+def _only_missing(err: TrtpipeError) -> bool:
+    """A promotion refused only for results not recorded yet (none recorded that failed)."""
+    failed = list(getattr(err, "failed", []))
+    return bool(failed) and set(failed) <= set(getattr(err, "missing", []))
+
+
 def _is_channel(err: TrtpipeError) -> bool:
     return str(getattr(err, "resource", "")).startswith("channel ")
 
@@ -79,9 +86,12 @@ HINTS: tuple[Hint, ...] = (
     Hint(NotFound, "or give one with `trtpipe publish SPEC --engine DIR --tokenizer DIR`", _what("tokenizer")),
     Hint(NotFound, "promote the artifact wanted with `trtpipe promote REF --to {ref}`", _what("earlier digest"),
          example={"ref": "prod"}),
-    Hint(GateRefused, "record results for exactly {digest} with `trtpipe smoke URL --record REPO` and "
-                      "`trtpipe bench URL --record REPO`, or override with "
-                      "`trtpipe promote {digest} --to {channel} --force --reason TEXT`",
+    Hint(GateRefused, "`trtpipe smoke URL --parity SPEC --record REPO` (smoke and parity) and `trtpipe bench URL "
+                      "--record REPO` record them, against the server serving it; `trtpipe promote {digest} --to "
+                      "{channel} --force --reason TEXT` overrides", _only_missing,
+         example={"digest": "sha256:" + "a" * 64, "channel": "prod"}),
+    Hint(GateRefused, "`trtpipe results show {digest}` lists what was recorded; `trtpipe promote {digest} --to "
+                      "{channel} --force --reason TEXT` overrides",
          example={"digest": "sha256:" + "a" * 64, "channel": "prod"}),
     Hint(Conflict, "see what moved it with `trtpipe history --channel CHANNEL` and promote again", _is_channel),
     Hint(IntegrityError, "check the store and restore damaged artifacts with `trtpipe cache verify --repair`",
@@ -100,6 +110,8 @@ HINTS: tuple[Hint, ...] = (
     Hint(TimedOut, "give it longer with `trtpipe serve REPO --start-timeout SECONDS`", _server_start_timed_out),
     Hint(DiskFull, "free space in the store with `trtpipe cache gc --max-size SIZE`, or keep the store on a larger "
                    "disk with `trtpipe build SPEC --store DIR`"),
+    Hint(WrongAddress, "`trtpipe serve REPO --ready-file FILE` writes a server's gRPC address (grpc_url) for "
+                       "CI steps to read", lambda err: not getattr(err, "grpc_address", None)),
     Hint(AccessDenied, "registry credentials: TRTPIPE_REGISTRY_USERNAME and TRTPIPE_REGISTRY_PASSWORD, or "
                        "`docker login HOST`"),
 )

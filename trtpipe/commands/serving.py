@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import shlex
 import signal
+import sys
 import threading
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
+from pydantic import BaseModel
 
-from trtpipe.commands.output import JsonOption, StoreOption, open_workspace, print_table
+from trtpipe.commands.output import JsonOption, StoreOption, json_option, open_workspace, print_table
 from trtpipe.commands.trust_options import PolicyOption, load_policy_option
 from trtpipe.errors import NotFound, UsageError
 
@@ -43,6 +45,44 @@ def validate_command(
         raise typer.Exit(1)
 
 
+class ServeRequest(BaseModel):
+    """What `serve` was asked, as options: enough to run the same serve again in the background (`--detach`)."""
+
+    repo: Path
+    grpc_port: Optional[int] = None
+    http_port: Optional[int] = None
+    metrics_port: Optional[int] = None
+    start_timeout: float = 120
+    restart: str = "no"
+    max_restarts: int = 3
+    probe_interval: float = 10
+    probe_timeout: float = 30
+    ready_file: Optional[Path] = None
+    log_file: Optional[str] = None  # a path, or "-" for stderr
+    keep_log: bool = False
+    policy: Optional[Path] = None
+    store: Optional[str] = None
+
+    def foreground_argv(self, *, ready_file: Path, log_file: Path) -> list[str]:
+        """The same serve in the foreground, writing `ready_file` and logging to `log_file` (for `--detach`)."""
+        argv = [sys.executable, "-m", "trtpipe.cli", "serve", str(self.repo.resolve()),
+                "--start-timeout", f"{self.start_timeout:g}", "--restart", self.restart,
+                "--max-restarts", str(self.max_restarts), "--probe-interval", f"{self.probe_interval:g}",
+                "--probe-timeout", f"{self.probe_timeout:g}", "--ready-file", str(ready_file.resolve()),
+                "--log-file", str(log_file.resolve())]
+        for flag, port in (("--grpc-port", self.grpc_port), ("--http-port", self.http_port),
+                           ("--metrics-port", self.metrics_port)):
+            if port is not None:
+                argv += [flag, str(port)]
+        if self.keep_log:
+            argv.append("--keep-log")
+        if self.policy is not None:
+            argv += ["--policy", str(self.policy.resolve())]
+        if self.store is not None:
+            argv += ["--store", self.store]
+        return argv
+
+
 def serve_command(
     repo: Path = typer.Argument(..., help="A published Triton model repository."),
     print_only: bool = typer.Option(False, "--print", help="Print the server command instead of running it."),
@@ -59,8 +99,25 @@ def serve_command(
                                          "each text model (0: none); two failed in a row make the server "
                                          "unhealthy. Processes are checked every 0.5 s."),
     probe_timeout: float = typer.Option(30, "--probe-timeout", help="Seconds a probe's requests may take, together."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON line per event on stdout: the server's "
-                                 "addresses once ready (the first line), then unhealthy / restarting / ready."),
+    ready_file: Optional[Path] = typer.Option(None, "--ready-file", help="Write FILE (JSON: grpc_url, http_url, "
+                                              "metrics_url, pid, repository_digest, log, serve_pid ...) atomically once "
+                                              "the server is ready and reports the repository's digest; rewritten "
+                                              "after a restart, removed when serve stops (an old one first)."),
+    detach: bool = typer.Option(False, "--detach", help="Run serve in the background (needs --ready-file) and "
+                                "return once the server is ready (exit 0, the ready file written), or with serve's "
+                                "own error line and exit code when it cannot start. Its output and the server's "
+                                "log go to --log-file (default: READY_FILE.log); `trtpipe serve-stop READY_FILE` "
+                                "stops it."),
+    log_file: Optional[str] = typer.Option(None, "--log-file", help="Append tritonserver's own log to FILE "
+                                           "(always kept; a --detach serve starts it empty and adds its own "
+                                           "output), or '-' to stream it to stderr as it is written. Default: a "
+                                           "temporary file, removed after a clean exit unless --keep-log; kept "
+                                           "(and named) when anything failed."),
+    keep_log: bool = typer.Option(False, "--keep-log", help="Keep the server's log after a clean exit too (the "
+                                  "stopped event and line say where)."),
+    as_json: Annotated[bool, json_option(
+        "Print one JSON line per event on stdout: ready (the server's addresses, the first line), unhealthy, "
+        "restarting, restarted, stopped; a refusal as a JSON object. The same events as text go to stderr.")] = False,
     trust_policy: PolicyOption = None,
     store: StoreOption = None,
 ) -> None:
@@ -71,27 +128,40 @@ def serve_command(
     model is and it reports that digest over gRPC. serve watches it: the server's (or the container
     client's) and every model's backend process, and a real probe request; when it cannot serve, serve
     says why in one line and exits 1, or restarts it (--restart on-failure). With a trust policy the
-    repository must carry a signature by a key the policy trusts (its code runs in the server)."""
+    repository must carry a signature by a key the policy trusts (its code runs in the server).
+    In CI: `trtpipe serve REPO --detach --ready-file serve.json` returns once it can be used."""
+    request = ServeRequest(repo=_existing_dir(repo), grpc_port=grpc_port, http_port=http_port,
+                           metrics_port=metrics_port, start_timeout=start_timeout, restart=restart,
+                           max_restarts=max_restarts, probe_interval=probe_interval, probe_timeout=probe_timeout,
+                           ready_file=ready_file, log_file=log_file, keep_log=keep_log, policy=trust_policy,
+                           store=store)
+    if ready_file is not None:
+        from trtpipe.serving.ready_file import remove_ready_file
+
+        remove_ready_file(ready_file)  # an earlier run's, before anything can fail: never taken for this one's
+    if detach:
+        _serve_detached(request, as_json, print_only)
+        return
     from trtpipe.serving.publish import read_manifest
     from trtpipe.serving.server import container_name, docker_command
+    from trtpipe.serving.server_log import ServerLog
     from trtpipe.serving.serving_dir import prepare
     from trtpipe.serving.watch import WatchPolicy, serve_watched
 
-    repo = _existing_dir(repo)
     workspace = open_workspace(store)
     trust = load_policy_option(trust_policy, workspace.settings)
     if trust is not None:
         from trtpipe.release.trust import require_trusted_folder
 
-        require_trusted_folder(repo, trust, home=workspace.root, action="serve")
-    manifest = read_manifest(repo)
+        require_trusted_folder(request.repo, trust, home=workspace.root, action="serve")
+    manifest = read_manifest(request.repo)
     launcher = None
     if not manifest.get("reference"):
         # The container's ports default to upstream's (8001 gRPC, 8000 HTTP, 8002 metrics).
         grpc_port, http_port, metrics_port = grpc_port or 8001, http_port or 8000, metrics_port or 8002
         if print_only:
             # For someone else to run: a kept serving directory, one per digest (trtpipe does not own that server).
-            serving = prepare(repo, kept=True)
+            serving = prepare(request.repo, kept=True)
             typer.echo(shlex.join(docker_command(serving.path, manifest, grpc_port=grpc_port, http_port=http_port,
                                                  metrics_port=metrics_port,
                                                  name=container_name(serving.repository_digest, grpc_port))))
@@ -106,45 +176,107 @@ def serve_command(
         raise UsageError(f"--restart must be no or on-failure, got {restart!r}")
     policy = WatchPolicy(probe_interval_s=probe_interval, probe_timeout_s=probe_timeout, restart=restart,  # type: ignore[arg-type]
                          max_restarts=max_restarts)
+    server_log = ServerLog(path=None if log_file in (None, "-") else Path(log_file).resolve(), keep=keep_log,
+                           follow=sys.stderr if log_file == "-" else None)
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        serve_watched(repo, on_event=lambda event: _print_serve_event(event, repo, as_json), stop=stop, policy=policy,
-                      grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port, start_timeout=start_timeout,
-                      launcher=launcher)
+        serve_watched(request.repo, on_event=lambda event: _print_serve_event(event, request.repo, as_json),
+                      stop=stop, policy=policy, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
+                      start_timeout=start_timeout, launcher=launcher, ready_file=ready_file, server_log=server_log)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
+# Seconds a detached serve may take beyond its --start-timeout: validation, the serving directory, the identity
+# check, and Python's own start, on a loaded machine.
+DETACH_MARGIN_S = 120
+
+
+def _serve_detached(request: ServeRequest, as_json: bool, print_only: bool) -> None:
+    """`serve --detach`: the same serve in the background (trtpipe.serving.detach), and its ready file printed."""
+    from trtpipe.serving.detach import default_log_file, start_detached
+
+    if print_only:
+        raise UsageError("--detach runs the server; --print only prints its command", fix="give one of them")
+    if request.ready_file is None:
+        raise UsageError("--detach needs --ready-file: the file that says where the server is and which serve to "
+                         "stop", fix="add --ready-file serve.json")
+    if request.log_file == "-":
+        raise UsageError("--log-file - streams to serve's stderr, which a detached serve does not have",
+                         fix="give --log-file a file, or leave it out (READY_FILE.log)")
+    log_file = (Path(request.log_file) if request.log_file else default_log_file(request.ready_file)).resolve()
+    ready = start_detached(request.foreground_argv(ready_file=request.ready_file, log_file=log_file),
+                           ready_file=request.ready_file, log_file=log_file,
+                           deadline_s=request.start_timeout + DETACH_MARGIN_S)
+    if as_json:
+        typer.echo(ready.model_dump_json())
+        return
+    typer.echo(f"serving {request.repo} in the background (serve pid {ready.serve_pid}, "
+               f"{'container client' if ready.container else 'tritonserver'} pid {ready.pid})")
+    typer.echo(f"  digest  {ready.repository_digest or 'none (not a stored artifact)'} (reported by the server)")
+    typer.echo(f"  gRPC    {ready.grpc_url}\n  HTTP    {ready.http_url}\n  metrics {ready.metrics_url}")
+    typer.echo(f"  ready file {request.ready_file}; log {log_file}")
+    typer.echo(f"`trtpipe serve-stop {request.ready_file}` stops it.")
+
+
+def serve_stop_command(
+    ready_file: Path = typer.Argument(..., help="The ready file a serve wrote (serve --ready-file)."),
+    timeout: float = typer.Option(60, "--timeout", help="Seconds to wait for serve to stop its server and exit."),
+    as_json: JsonOption = False,
+) -> None:
+    """Stop the serve a ready file names (SIGTERM) and wait until it has stopped its server and exited."""
+    from trtpipe.serving.detach import stop_detached
+
+    stopped = stop_detached(ready_file, timeout=timeout)
+    if as_json:
+        typer.echo(stopped.model_dump_json())
+    elif stopped.was_running:
+        typer.echo(f"stopped serve pid {stopped.serve_pid} in {stopped.seconds:.1f}s; server log: {stopped.log}")
+    else:
+        typer.echo(f"serve pid {stopped.serve_pid} was not running (its stale ready file was removed); server log: "
+                   f"{stopped.log}")
+
+
 def _print_serve_event(event: object, repo: Path, as_json: bool) -> None:
-    from trtpipe.serving.watch import ServerReady, ServerRestarting, ServerUnhealthy
+    """One JSON line per event on stdout with --json (and the text on stderr); else the text, the banner on
+    stdout and the rest on stderr."""
+    from trtpipe.serving.watch import ServerReady, ServerRestarted, ServerRestarting, ServerStopped, ServerUnhealthy
 
     if as_json:
         typer.echo(event.model_dump_json())  # type: ignore[attr-defined]
-        return
-    if isinstance(event, ServerReady) and event.restarts == 0:
+    text = not as_json  # the banner's stream: stdout without --json, stderr with it
+    if isinstance(event, ServerRestarted):
+        typer.echo(f"serving again after restart {event.restarts} of {event.watch['max_restarts']} "
+                   f"({'container client' if event.container else 'tritonserver'} pid {event.pid}, gRPC {event.grpc_url}, "
+                   f"log {event.log})", err=True)
+    elif isinstance(event, ServerReady):
         watch = event.watch
         probes = (f"a one-token probe every {watch['probe_interval_s']:g}s" if watch["probe_interval_s"] else "no probes")
         on_failure = ("restart (at most {0})".format(watch["max_restarts"]) if watch["restart"] == "on-failure"
                       else "stop and exit 1")
-        typer.echo(f"serving {repo} (models: {', '.join(event.models)})")
-        typer.echo(f"  digest  {event.repository_digest or 'none (not a stored artifact)'} (reported by the server)")
+        lines = [f"serving {repo} (models: {', '.join(event.models)})",
+                 f"  digest  {event.repository_digest or 'none (not a stored artifact)'} (reported by the server)"]
         if event.container:
-            typer.echo(f"  container {event.container}")
-        typer.echo(f"  gRPC    {event.grpc_url}\n  HTTP    {event.http_url}\n  metrics {event.metrics_url}")
-        typer.echo(f"  served from {event.serving_dir} (removed when the server stops)")
-        typer.echo(f"  log     {event.log}")
-        typer.echo(f"  watch   processes every {watch['liveness_interval_s']:g}s, {probes}; when it cannot serve: {on_failure}")
-        typer.echo("Ctrl-C stops it.")
-    elif isinstance(event, ServerReady):
-        typer.echo(f"serving again after restart {event.restarts} of {event.watch['max_restarts']} "
-                   f"({'container client' if event.container else 'tritonserver'} pid {event.pid}, gRPC {event.grpc_url}, log {event.log})")
+            lines.append(f"  container {event.container}")
+        lines += [f"  gRPC    {event.grpc_url}\n  HTTP    {event.http_url}\n  metrics {event.metrics_url}",
+                  f"  served from {event.serving_dir} (removed when the server stops)",
+                  f"  log     {event.log}",
+                  f"  watch   processes every {watch['liveness_interval_s']:g}s, {probes}; when it cannot serve: {on_failure}",
+                  "Ctrl-C (SIGINT) or SIGTERM stops it."]
+        typer.echo("\n".join(lines), err=not text)
     elif isinstance(event, ServerUnhealthy) and event.action == "restart":
         # With action "exit" the error line that follows says it (one line, not two).
         typer.echo(f"unhealthy: {event.detail}", err=True)
     elif isinstance(event, ServerRestarting):
         typer.echo(f"restarting the server ({event.restart} of {event.max_restarts}) in {event.delay_s:g}s", err=True)
+    elif isinstance(event, ServerStopped):
+        if event.log_kept:
+            typer.echo(f"stopped; the server log is kept at {event.log} ({event.why_kept})", err=True)
+        else:
+            typer.echo("stopped; the server log was removed (a clean exit; --keep-log or --log-file FILE keeps it)",
+                       err=True)
 
 
 def smoke_command(
@@ -168,6 +300,9 @@ def smoke_command(
         raise UsageError(f"--model {model!r} is not a text model", fix="use ensemble or tensorrt_llm_bls")
     if parity is not None and not parity.is_file():
         raise UsageError(f"--parity {parity}: no such spec file", fix="pass the build spec YAML")
+    from trtpipe.serving.address import check_grpc_address
+
+    url = check_grpc_address(url)  # an http:// URL or Triton's HTTP port: one line naming the gRPC port
     target = None
     workspace = open_workspace(store)
     if record is not None:
@@ -199,4 +334,5 @@ def register(app: typer.Typer) -> None:
     """Add this area's commands to the trtpipe app."""
     app.command("validate", rich_help_panel="Serve")(validate_command)
     app.command("serve", rich_help_panel="Serve")(serve_command)
+    app.command("serve-stop", rich_help_panel="Serve")(serve_stop_command)
     app.command("smoke", rich_help_panel="Serve")(smoke_command)

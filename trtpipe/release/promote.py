@@ -213,6 +213,17 @@ def _gate_summary(gates: list[GateResult]) -> str:
     return ", ".join(f"{g.gate} {g.status} ({g.detail})" for g in gates)
 
 
+def _refusal_fix(failed: list[GateResult], missing: list[str]) -> str:
+    """What to change for a refused promotion, said once: results to record where they are missing; where
+    recorded results did not pass (a failed smoke, a regression), recording more is not the fix."""
+    not_passed = [g.gate for g in failed if g.gate not in missing]
+    if not not_passed:
+        return f"record {', '.join(missing)} results for exactly this digest"
+    fix = (f"the results recorded for {', '.join(not_passed)} did not pass: fix the candidate and build a new one, "
+           "or promote another digest")
+    return fix + (f"; {', '.join(missing)} still need results" if missing else "")
+
+
 def promote(
     home: Path,
     ref: str,
@@ -285,10 +296,11 @@ def promote(
         if failed and not force:
             append_audit(home, key=key, at=now_iso(), who=who, action="refused", from_digest=now_digest, to_digest=art.digest,
                          reason=None, detail="gates not met: " + ", ".join(f"{g.gate} {g.status}" for g in failed), **common)
+            missing = [g.gate for g in failed if g.status == "missing"]
             raise GateRefused(
                 f"refused to promote {art.digest} to {channel} of {scope}: gates not met: {_gate_summary(failed)}",
-                channel=channel, digest=art.digest, failed=[g.gate for g in failed],
-                fix="record passing results for exactly this digest",
+                channel=channel, digest=art.digest, failed=[g.gate for g in failed], missing=missing,
+                verdicts=[g.model_dump() for g in gate_results], fix=_refusal_fix(failed, missing),
             )
         if now_digest == art.digest:
             return PromotionOutcome(channel, art.model, art.target, now_digest, art.digest, "unchanged", gate_results, gates_source, None)

@@ -212,6 +212,25 @@ def last_error(log_text: str) -> str | None:
     return errors[-1] if errors else None
 
 
+FAILURE_METRIC = re.compile(r"^nv_inference_request_failure\{[^}]*\} (\S+)$", re.MULTILINE)
+
+
+def failed_requests(metrics_url: str, *, timeout: float = 5) -> int | None:
+    """The sum of Triton's `nv_inference_request_failure` counters at `metrics_url` (Prometheus text), or None
+    when it cannot be read."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=timeout) as response:  # noqa: S310 - our own loopback port
+            text = response.read().decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return None
+    try:
+        return int(sum(float(value) for value in FAILURE_METRIC.findall(text)))
+    except ValueError:
+        return None
+
+
 def listening_ports(pid: int) -> set[int]:
     """The TCP ports process `pid` listens on (empty when it cannot be read)."""
     try:
@@ -250,7 +269,9 @@ class TritonServerHandle:
         self.log_path = log_path
         self.shm_prefix = shm_prefix
         self.models = models
-        self.keep_log = False  # set when the server failed: its log outlives a clean exit then
+        self.keep_log = False  # set when the server failed (or serve was asked to): its log outlives a clean exit then
+        self.log_chosen = False  # the log is a file the caller named: appended to by a restart, never removed
+        self.log_offset = 0  # where this server's part of its log starts (a named log holds earlier servers' too)
         self.launcher: Launcher | None = None  # what started it (a restart starts the same way)
 
     @property
@@ -297,10 +318,19 @@ class TritonServerHandle:
         return set(self.ports) <= listening_ports(self.pid)
 
     def log_tail(self, lines: int = 20) -> str:
+        """The last `lines` lines this server wrote to its log (not an earlier server's, in a named log)."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            with open(self.log_path, "rb") as log_file:
+                log_file.seek(self.log_offset)
+                text = log_file.read().decode("utf-8", "replace")
         except OSError:
             return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def failed_requests(self, timeout: float = 5) -> int | None:
+        """Requests the server answered with an error so far, from its metrics (`nv_inference_request_failure`,
+        every model and reason); None when the metrics cannot be read (the server is gone)."""
+        return failed_requests(self.metrics_url, timeout=timeout)
 
     def kill(self) -> None:
         """Kill the server at once (SIGKILL), as a crash would. Its stubs are reaped by `stop()`."""
@@ -361,10 +391,17 @@ class TritonServerHandle:
             except OSError:
                 pass
         shutil.rmtree(self.work_dir / "backends", ignore_errors=True)
-        if self.process.returncode == 0 and not self.keep_log and self.log_path.parent == self.work_dir:
-            shutil.rmtree(self.work_dir, ignore_errors=True)  # a clean exit: the log is not needed
+        if self.log_path.parent != self.work_dir or (self.process.returncode is not None and not self.log_kept()):
+            # Nothing left to keep there: the log is elsewhere, or this was a clean exit nobody asked to keep.
+            shutil.rmtree(self.work_dir, ignore_errors=True)
         if self.serving is not None and not self.alive():
             self.serving.remove()
+
+    def log_kept(self) -> bool:
+        """Whether the log outlives the server: a log the caller named, one asked to be kept, or the log of a
+        server that failed or exited with an error."""
+        return (self.log_chosen or self.keep_log or self.log_path.parent != self.work_dir
+                or self.process.returncode not in (0, None))
 
     def __enter__(self) -> TritonServerHandle:
         return self
@@ -533,6 +570,7 @@ def _start(serving: Any, *, launcher: Launcher, host: str, start_timeout: float,
         shm_prefix = f"trtpipe_{os.getpid()}_{uuid.uuid4().hex[:8]}_"
         cmd = launcher.command(serving, host, chosen, work_dir, shm_prefix)  # type: ignore[arg-type]
         with open(server_log, "ab") as log_file:
+            offset = log_file.tell()  # a named log: this server's lines start here
             process = subprocess.Popen(
                 cmd, env=launcher.environment(), stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,  # a Ctrl-C in the terminal reaches us, and we stop it cleanly
@@ -542,6 +580,7 @@ def _start(serving: Any, *, launcher: Launcher, host: str, start_timeout: float,
         handle = launcher.handle(process, cmd, host, chosen, work_dir, Path(server_log),  # type: ignore[arg-type]
                                  shm_prefix, models)
         handle.launcher = launcher
+        handle.log_chosen, handle.log_offset = log_path is not None, offset
         why = _wait_ready(handle, time.monotonic() + start_timeout)
         if why is None:
             mismatch = _identity_mismatch(handle, serving)
@@ -607,8 +646,10 @@ def restart_server(handle: TritonServerHandle, *, start_timeout: float) -> Trito
     try:
         if launcher is None:
             launcher = LocalTriton.here()
-        return _start(serving, launcher=launcher, host=handle.host, start_timeout=start_timeout, ports=handle.ports,
-                      log_path=None)
+        restarted = _start(serving, launcher=launcher, host=handle.host, start_timeout=start_timeout,
+                           ports=handle.ports, log_path=handle.log_path if handle.log_chosen else None)
+        restarted.keep_log = handle.keep_log  # asked for, or the server before it failed: this one's is kept too
+        return restarted
     except BaseException:
         handle.serving = serving
         raise

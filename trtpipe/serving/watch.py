@@ -28,7 +28,10 @@ soon as a slower one ended. What then happens is the policy's `restart`: "no" (t
 and raises `CheckFailed` (exit 1), so an orchestrator sees the failure and restarts what it runs;
 "on-failure" restarts tritonserver on the same serving directory and the same ports, at most
 `max_restarts` times, waiting `backoff_s`, then twice as long each time (at most `BACKOFF_MAX_S`);
-every step is an event (`ServerReady`, `ServerUnhealthy`, `ServerRestarting`) the caller prints.
+every step is an event the caller prints: `ServerReady`, `ServerUnhealthy`, `ServerRestarting`, `ServerRestarted`,
+and `ServerStopped` last (where the last server's log is, and whether and why it is kept: trtpipe.serving.server_log).
+With a ready file, serve writes it before each ready/restarted event and removes it when it stops
+(trtpipe.serving.ready_file).
 
 Each probe is a request the server counts: with the default interval, one per text model every 10 s.
 """
@@ -47,6 +50,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from trtpipe.errors import CheckFailed, TrtpipeError, UsageError
+from trtpipe.serving.ready_file import remove_ready_file, write_ready_file
 from trtpipe.serving.server import (
     UNHEALTHY_STOP_S,
     Launcher,
@@ -56,6 +60,7 @@ from trtpipe.serving.server import (
     restart_server,
     start_server,
 )
+from trtpipe.serving.server_log import LogFollower, ServerLog
 
 TICK_S = 0.5
 BACKOFF_MAX_S = 30.0
@@ -125,6 +130,25 @@ class ServerReady(BaseModel):
                    container=getattr(handle, "image", None))
 
 
+class ServerRestarted(ServerReady):
+    """Ready again after a restart (`restarts` says which): the same addresses, a new process."""
+
+    event: Literal["restarted"] = "restarted"  # type: ignore[assignment]
+
+
+class ServerStopped(BaseModel):
+    """serve has stopped its server: asked to (`failed` false), or because it could not serve. `log`: the last
+    server's log, `log_kept` whether it is still there and `why_kept` why (`trtpipe.serving.server_log`)."""
+
+    event: Literal["stopped"] = "stopped"
+    failed: bool
+    restarts: int
+    log: str
+    log_kept: bool
+    why_kept: str | None = None
+    failed_requests: int | None = None  # what the last server counted (nv_inference_request_failure); None: unread
+
+
 class ServerUnhealthy(BaseModel):
     event: Literal["unhealthy"] = "unhealthy"
     kind: Literal["server-exited", "stub-died", "probe-failed", "restart-failed"]
@@ -145,7 +169,7 @@ class ServerRestarting(BaseModel):
     reason: str
 
 
-ServeEvent = ServerReady | ServerUnhealthy | ServerRestarting
+ServeEvent = ServerReady | ServerRestarted | ServerUnhealthy | ServerRestarting | ServerStopped
 
 
 # --- the stub processes -------------------------------------------------------------------------------
@@ -368,21 +392,35 @@ def serve_watched(
     metrics_port: int | None = None,
     start_timeout: float = 120,
     launcher: Launcher | None = None,
+    ready_file: Path | None = None,
+    server_log: ServerLog = ServerLog(),
 ) -> None:
     """Serve `repo` until `stop` is set, watching the server (module docstring). Returns when stopped;
     raises CheckFailed when the server cannot serve and the policy allows no (more) restarts. `launcher`: how the
     server starts (default: what the repository's manifest asks for: tritonserver here for cpu-reference, the
-    Triton container for a GPU target; trtpipe.serving.server.launcher_for)."""
+    Triton container for a GPU target; trtpipe.serving.server.launcher_for). `ready_file`: written when the server
+    is ready and after each restart, removed when serve stops (trtpipe.serving.ready_file). `server_log`: where
+    the server's log goes, whether it is kept, and a stream it is followed to (trtpipe.serving.server_log).
+    Every server started is stopped before this returns or raises, and a `stopped` event says where its log is."""
+    if ready_file is not None:
+        remove_ready_file(ready_file)  # an earlier run's: a waiter must never take it for this one
+    if server_log.path is not None:
+        server_log.path.parent.mkdir(parents=True, exist_ok=True)  # appended to: each server reads its own part
     handle = start_server(repo, host=host, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
-                          start_timeout=start_timeout, launcher=launcher)
+                          start_timeout=start_timeout, launcher=launcher, log_path=server_log.path)
+    handle.keep_log = handle.keep_log or server_log.keep
+    follower = _follow(handle, server_log)
     restarts = 0
+    failed = True  # until serve returns because it was asked to stop
+    failures: int | None = None
     try:
         # The stubs are taken before anyone hears the server is ready: nothing a client does first goes unseen.
         watchdog = Watchdog(handle, policy)
-        on_event(ServerReady.of(handle, policy, restarts))
+        _announce(ServerReady.of(handle, policy, restarts), on_event, ready_file)
         while True:
             problem = watch(watchdog, stop)
             if problem is None:
+                failed = False
                 return
             while True:  # restart until one comes up, or no restart is left
                 again = policy.restart == "on-failure" and restarts < policy.max_restarts
@@ -398,16 +436,64 @@ def serve_watched(
                 on_event(ServerRestarting(restart=restarts, max_restarts=policy.max_restarts, delay_s=delay,
                                           reason=problem.detail))
                 if stop.wait(delay):
+                    failed = False
                     return
                 try:
                     handle = restart_server(handle, start_timeout=start_timeout)
                     break
                 except TrtpipeError as err:
                     problem = Problem("restart-failed", f"tritonserver did not come back: {err.one_line()}")
+            _stop_following(follower)
+            follower = _follow(handle, server_log)
             watchdog = Watchdog(handle, policy)
-            on_event(ServerReady.of(handle, policy, restarts))
+            _announce(ServerRestarted.of(handle, policy, restarts), on_event, ready_file)
     finally:
+        if handle.alive():
+            failures = handle.failed_requests()  # before the server goes: what it answered with errors
+            if failures:
+                handle.keep_log = True
         handle.stop()
+        _stop_following(follower)
+        if ready_file is not None:
+            remove_ready_file(ready_file, serve_pid=os.getpid())
+        on_event(_stopped(handle, failed=failed, restarts=restarts, failures=failures, asked=server_log.keep))
+
+
+def _announce(event: ServerReady, on_event: Callable[[ServeEvent], None], ready_file: Path | None) -> None:
+    """The ready file first (a waiter on it may act at once), then the event."""
+    if ready_file is not None:
+        write_ready_file(ready_file, event)
+    on_event(event)  # type: ignore[arg-type]
+
+
+def _follow(handle: TritonServerHandle, server_log: ServerLog) -> LogFollower | None:
+    if server_log.follow is None:
+        return None
+    return LogFollower(handle.log_path, server_log.follow, offset=handle.log_offset)
+
+
+def _stop_following(follower: LogFollower | None) -> None:
+    if follower is not None:
+        follower.stop()
+
+
+def _stopped(handle: TritonServerHandle, *, failed: bool, restarts: int, failures: int | None,
+             asked: bool) -> ServerStopped:
+    kept = handle.log_kept() and handle.log_path.exists()
+    why = None
+    if kept:  # the first reason that holds, most telling first
+        if failed or restarts:
+            why = "the server failed"
+        elif failures:
+            why = f"the server counted {failures} failed request{'s' if failures != 1 else ''}"
+        elif handle.log_chosen:
+            why = "a log file was named"
+        elif asked:
+            why = "asked to keep it"
+        else:
+            why = f"the server exited with code {handle.process.returncode}"
+    return ServerStopped(failed=failed, restarts=restarts, log=str(handle.log_path), log_kept=kept, why_kept=why,
+                         failed_requests=failures)
 
 
 def _gave_up(problem: Problem, policy: WatchPolicy, restarts: int, handle: TritonServerHandle) -> CheckFailed:

@@ -46,6 +46,10 @@ class BuildFailed(TrtpipeError):
         self.diagnoses = diagnoses or []
         super().__init__(message, fix=fix)
 
+    def verdicts(self) -> list[object] | None:
+        """The doctor's diagnoses of the failed build's log (pattern, cause, fix, the line it matched)."""
+        return [d.model_dump() if hasattr(d, "model_dump") else d for d in self.diagnoses]
+
 
 class ConversionJob(BaseModel):
     """One checkpoint conversion for an executor to run (trtpipe.engine.convert_entry).
