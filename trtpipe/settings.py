@@ -36,6 +36,8 @@ VARIABLES: dict[str, str] = {
     "TRTPIPE_POLICY": "the trust policy file (YAML) pull, serve, build and promote enforce when --policy is not given",
     "TRTPIPE_DOCKER": "the container runtime executable GPU serve runs the Triton container with (default: docker on "
                       "PATH)",
+    "TRTPIPE_MIN_BENCH_RUNS": "the fewest recorded bench runs of a digest a bench gate judges (default 3; every run "
+                              "counts)",
 }
 
 
@@ -96,6 +98,7 @@ class Settings:
     signing_key: str | None = field(default=None, repr=False)  # a path or PEM text: never in a repr or a log
     policy: Path | None = None
     docker: str | None = None  # the container runtime's executable (a name on PATH or a path)
+    min_bench_runs_text: str | None = None  # as set; `min_bench_runs()` checks it where a gate needs it
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -123,7 +126,21 @@ class Settings:
             signing_key=text("TRTPIPE_SIGNING_KEY"),
             policy=path("TRTPIPE_POLICY"),
             docker=text("TRTPIPE_DOCKER"),
+            min_bench_runs_text=text("TRTPIPE_MIN_BENCH_RUNS"),
         )
+
+    def min_bench_runs(self) -> int:
+        """TRTPIPE_MIN_BENCH_RUNS as a whole number >= 1 (default 3); a UsageError naming it otherwise.
+        Checked where a gate needs it, so a bad value does not stop commands that judge no gate."""
+        from trtpipe.errors import UsageError
+
+        if self.min_bench_runs_text is None:
+            return 3
+        text = self.min_bench_runs_text.strip()
+        if not text.isdigit() or int(text) < 1:
+            raise UsageError(f"TRTPIPE_MIN_BENCH_RUNS={self.min_bench_runs_text!r} is not a whole number of runs >= 1",
+                             fix="set it to 3 or more (a regression can be decided from 3 runs of each digest), or unset it")
+        return int(text)
 
     def default_home(self) -> Path:
         """Where the workspace lives when nothing else says: $TRTPIPE_HOME, else the user cache dir."""
