@@ -270,7 +270,9 @@ def compare(shared: SharedChannel, local: list[dict[str, Any]], local_problems: 
     mine = set(_written(shared))
     for number, (ours, theirs) in enumerate(zip(local, copy.records), start=1):
         if ours.get("hash") != theirs.get("hash"):
-            if ours.get("hash") in mine:
+            # Lost to the open race only if everything from here on is this workspace's own last write: a
+            # record confirmed by a later read (which adopted records after it) was there then.
+            if all(r.get("hash") in mine for r in local[number - 1:]):
                 why = (f"record {number}, which this workspace wrote and read back ({ours.get('action')} at {ours.get('at')}), "
                        f"is not there: another writer's copy replaced it ({theirs.get('action')} by {theirs.get('who')} at "
                        f"{theirs.get('at')}; the registry has no atomic tag update), or the trail was rewritten from there")
