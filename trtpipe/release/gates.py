@@ -294,7 +294,8 @@ def _compare(gate: str, metric: str, max_pct: float, ours: list[tuple[ResultReco
     which = "new/old" if metric != THROUGHPUT_METRIC else "old/new"
     said = (f"{metric}: {found.m} runs vs {found.n} in channel, medians {_fmt(ours_median)} vs {_fmt(theirs_median)}; "
             f"ratio {which} {_fmt(math.exp(found.estimate))}, {1 - 2 * ALPHA:.0%} interval {_fmt(math.exp(found.low))}.."
-            f"{_fmt(math.exp(found.high))}, limit {_fmt(math.exp(tolerance))} ({max_pct:g}% worse)")
+            f"{_fmt(math.exp(found.high))}, " + (f"limit {_fmt(math.exp(tolerance))} ({max_pct:g}% worse)" if math.isfinite(tolerance)
+                                                  else f"no limit ({max_pct:g}% worse allows any drop)"))
     if found.high <= tolerance:
         return GateResult(gate=gate, status="passed", evidence=evidence, detail=f"{said}: within it")
     if found.low > tolerance:

@@ -37,7 +37,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from trtpipe.chained import GENESIS
-from trtpipe.errors import Conflict, GateRefused, IntegrityError, NotFound, UsageError
+from trtpipe.errors import Conflict, GateRefused, IntegrityError, NotFound, TrtpipeError, UsageError
 from trtpipe.release.audit import AuditRecord, append_audit, read_audit
 from trtpipe.release.channels import ChannelPointer, ChannelScope, ChannelStore, check_name, now_iso
 from trtpipe.release.gates import DEFAULT_MIN_RUNS, GateResult, evaluate_gates
@@ -323,7 +323,7 @@ def _move_shared(home: Path, shared: SharedChannel, remote: RemoteCache, key: Re
                                                        f"moved ({err.one_line() if hasattr(err, 'one_line') else err})"}
             try:
                 append_shared(shared, remote, key, lambda records: [aborted] if records and records[-1].hash == record.hash else [])
-            except Exception:  # the registry is away: the trail's last word stands, the tag is moved later
+            except TrtpipeError:  # the registry is away: the trail's last word stands, the tag is moved later
                 pass
             project_pointer(home, shared)
             raise
@@ -582,12 +582,15 @@ def rollback(home: Path, channel: str, *, model: str | None = None, target: str 
 def channel_states(home: Path) -> list[dict[str, Any]]:
     """Each channel with its digest, where it lives, who set it, the depth of its rollback history,
     and what the trail says it should hold (`trail_digest`; `agrees` False when they differ)."""
+    from trtpipe.release.trail import channel_records
+
     audit = read_audit(home)
+    moves = [r for _, r in channel_records(home) if r.action in ("promote", "force-promote", "rollback")]
     disagreeing = {d.cid: d for d in disagreements(home, audit)}
     out = []
     for pointer in ChannelStore(home).all():
-        last = next((r for r in reversed(audit) if r.channel == pointer.channel and r.model == pointer.model and r.target == pointer.target
-                     and r.action in ("promote", "force-promote", "rollback")), None)
+        last = next((r for r in reversed(moves) if r.channel == pointer.channel and r.model == pointer.model
+                     and r.target == pointer.target), None)
         out.append({
             "channel": pointer.channel, "model": pointer.model, "target": pointer.target, "digest": pointer.digest,
             "ref": pointer.ref, "set_at": pointer.set_at, "set_by": pointer.set_by,

@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from trtpipe.atomic import write_text_atomically
 from trtpipe.chained import ChainedLog, HeadKey, chained_line, head_bytes_of, head_document, scan_bytes, signature_verifies
-from trtpipe.errors import Conflict, IntegrityError, TagMoved
+from trtpipe.errors import Conflict, IntegrityError, TagMoved, TrtpipeError
 from trtpipe.release.audit import AuditRecord
 from trtpipe.store.remote import RemoteCache
 
@@ -246,10 +246,9 @@ def standing(shared: SharedChannel, remote: RemoteCache | None, key: HeadKey | N
                                                f"({fetch_error or 'no registry'})"], local)
     try:
         copy = read_registry(remote, shared, key)
-    except Exception as err:  # a registry error of any kind: said, never a traceback
-        why = err.one_line() if hasattr(err, "one_line") else f"{type(err).__name__}: {err}"
+    except TrtpipeError as err:  # unreachable, refused, not a trail: said, never a traceback
         return Standing(shared, "unreadable", [f"{remote.url}:{shared.tag}: the registry's copy of the channel trail could "
-                                               f"not be read ({why})"], local)
+                                               f"not be read ({err.one_line()})"], local)
     return compare(shared, local, local_problems, copy, remote.url)
 
 
@@ -315,7 +314,7 @@ def adopt(shared: SharedChannel, found: Standing, remote_url: str, *, mine: list
     source = shared.source()
     written = [*(source.written if source else []), *mine][-WRITTEN_KEPT:]
     log = shared.log
-    changed = log.path.exists() is False or log.path.read_bytes() != copy.log or log.head_bytes() != copy.head_raw
+    changed = not log.path.exists() or log.path.read_bytes() != copy.log or log.head_bytes() != copy.head_raw
     if changed:
         log.path.parent.mkdir(parents=True, exist_ok=True)
         log.replace(copy.log, copy.head_raw)

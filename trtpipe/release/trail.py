@@ -360,10 +360,14 @@ def trail_verdict(home: Path, key: ReleaseKey | None = None, settings: Settings 
     try:
         for shared in shared_channels(home):
             if registry:
-                found = shared_standing(shared, settings, key)
-                if found.consistent and found.registry is not None and not found.registry.legacy:
+                try:
+                    remote: RemoteCache | None = open_shared_remote(shared, settings)
+                    found = standing(shared, remote, key)
+                except TrtpipeError as err:
+                    remote, found = None, standing(shared, None, key, fetch_error=err.one_line())
+                if remote is not None and found.consistent and found.registry is not None and not found.registry.legacy:
                     state = replay(found.records()).pointers.get(shared.cid)
-                    problem = channel_tag_problem(open_shared_remote(shared, settings), shared.cid, state)
+                    problem = channel_tag_problem(remote, shared.cid, state)
                     if problem:
                         found.problems.append(problem)
             else:
