@@ -272,3 +272,25 @@ def test_a_write_overwritten_after_its_read_back_is_reported_as_such(two_workspa
     code, problems = laptop.verify()
     assert code == 1 and any("record 2, which this workspace wrote and read back" in p and "another writer's copy replaced it" in p
                              for p in problems), problems
+
+
+def test_a_channel_tag_that_cannot_be_moved_leaves_an_aborted_record_and_the_channel_where_it_was(
+        two_workspaces, monkeypatch) -> None:
+    from trtpipe.errors import RemoteError
+
+    laptop, runner, url, refs = two_workspaces
+    assert laptop.run("promote", refs[0]["ref"], "--to", CHANNEL)[0] == 0
+
+    def refuse(self, pinned, tag):
+        raise RemoteError(f"registry: put manifest {tag}: HTTP 503 Service Unavailable", remote=url)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(oci.OciRemote, "point_tag", refuse)
+        code, _, err = runner.run("promote", refs[1]["ref"], "--to", CHANNEL)
+    assert code == 1 and "503" in err
+    _, records = registry_trail(url)
+    assert [(r["action"], r.get("undoes")) for r in records] == [("promote", None), ("promote", None), ("aborted", 2)]
+    assert channel_tag_digest(url) == refs[0]["artifact_digest"]
+    for workspace in (laptop, runner):
+        assert workspace.verify() == (0, [])
+        assert workspace.pointer() == refs[0]["artifact_digest"]

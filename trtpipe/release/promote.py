@@ -25,10 +25,19 @@ Concurrency: the channel's digest is read before the gates are checked (the regr
 against it) and is the expected "from" of a compare-and-swap done under the release lock. If another
 promotion moved the channel in between, this one fails with a `conflict` audit record and changes
 nothing. `expect_from` makes the expected digest explicit (CI passes what it tested against).
+
+Shared channels: promoting a registry artifact makes the channel shared through that registry
+(`trtpipe.release.shared_trail`): the channel's state is what the registry's trail of it says (caught up
+first), the move is appended there by compare-and-swap on the trail's tag (a lost race retried while the
+channel still holds the expected digest, a `conflict` when it does not), then the channel tag moves and
+the pointer is written from the adopted trail. Refusals and conflicts stay in the workspace trail.
+
+`dry_run`: everything up to the verdicts (catching up read only), nothing written or recorded.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -270,12 +279,10 @@ def _seed(home: Path, shared: SharedChannel, found: Standing) -> list[dict[str, 
     if not moves:
         return []
     if found.registry is not None and found.registry.legacy:
-        import json as _json
-
         from trtpipe.release.audit import trail_log
 
         try:
-            head = _json.loads(found.registry.head)
+            head = json.loads(found.registry.head)
         except ValueError:
             head = {}
         problems = trail_log(home).check_copy(head if isinstance(head, dict) else {}, f"in the registry ({found.registry.where})")
@@ -317,13 +324,20 @@ def _move_shared(home: Path, shared: SharedChannel, remote: RemoteCache, key: Re
         try:
             move_channel_tag(remote, tag_ref, shared.model, shared.target, shared.channel)
         except Exception as err:
-            aborted = {**{k: v for k, v in fields.items() if k in ("who", "channel", "model", "target", "ref")},
-                       "at": now_iso(), "action": "aborted", "from_digest": record.to_digest, "to_digest": record.from_digest,
-                       "undoes": record.seq, "detail": f"record {record.seq} did not complete: the registry tag could not be "
-                                                       f"moved ({err.one_line() if hasattr(err, 'one_line') else err})"}
+            aborted = _record_fields({
+                **{k: v for k, v in fields.items() if k in ("who", "channel", "model", "target", "ref")},
+                "at": now_iso(), "action": "aborted", "from_digest": record.to_digest, "to_digest": record.from_digest,
+                "undoes": record.seq, "detail": f"record {record.seq} did not complete: the registry tag could not be "
+                                                f"moved ({err.one_line() if hasattr(err, 'one_line') else err})"})
+
+            def abort_if_last(records: list[AuditRecord]) -> list[dict[str, Any]]:
+                if not records or records[-1].hash != record.hash:  # another move came after: it stands
+                    raise _ChannelMoved(None)
+                return [aborted]
+
             try:
-                append_shared(shared, remote, key, lambda records: [aborted] if records and records[-1].hash == record.hash else [])
-            except TrtpipeError:  # the registry is away: the trail's last word stands, the tag is moved later
+                append_shared(shared, remote, key, abort_if_last)
+            except (TrtpipeError, _ChannelMoved):  # the trail's last word stands; the next move puts the tag right
                 pass
             project_pointer(home, shared)
             raise
