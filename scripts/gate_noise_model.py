@@ -57,7 +57,7 @@ def main() -> None:
                 look += 1
                 if verdict != "open" or len(new) >= CAP:
                     break
-                more = min(runs_to_decide(found, tau) or 3, CAP - len(new))
+                more = min(runs_to_decide(new, old, tau) or CAP, CAP - len(new))
                 new += [draw(ratio) for _ in range(more)]
                 old += [draw(1.0) for _ in range(more)]
             final[verdict] += 1

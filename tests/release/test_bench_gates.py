@@ -9,7 +9,7 @@ concurrency 2, 24 requests) gave a log-spread of 0.33-0.39 and 4 of 30 pairs pas
 
 The gate's error rates under it (bench_stats' Mann-Whitney bounds, 95 % each side, tolerance 2x), following the
 gate's advice on how many runs to add: an equal candidate ends passed 99.9 % of the time, a 3x slower one ends
-refused 99.2 % of the time (README's table, `scripts/gate_noise_model.py`: simulated from this model, not from
+refused 99.3 % of the time (README's table, `scripts/gate_noise_model.py`: simulated from this model, not from
 these seeds).
 So 20 seeded reruns: >= 19 passes expected of the equal one, 20 refusals of the 3x one.
 """

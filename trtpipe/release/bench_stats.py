@@ -80,7 +80,6 @@ class Shift:
     high: float  # one-sided (1 - alpha) upper bound (+inf: none)
     m: int
     n: int
-    spread: float  # the noise's scale on the log scale (pooled MAD * 1.4826; what a sample size is estimated from)
 
 
 def shift(worse_candidate: list[float], worse_incumbent: list[float], alpha: float = ALPHA) -> Shift:
@@ -94,21 +93,7 @@ def shift(worse_candidate: list[float], worse_incumbent: list[float], alpha: flo
     k = bound_rank(m, n, alpha)
     low = diffs[k - 1] if k else -math.inf
     high = diffs[len(diffs) - k] if k else math.inf
-    return Shift(estimate, low, high, m, n, pooled_spread([worse_candidate, worse_incumbent]))
-
-
-def pooled_spread(samples: list[list[float]]) -> float:
-    """The noise scale of log figures: the median absolute deviation from each sample's own median, pooled,
-    times 1.4826 (a normal's sd); robust to stalls and to failed runs (infinite values)."""
-    deviations: list[float] = []
-    for sample in samples:
-        if len(sample) < 2:
-            continue
-        centre = median(sample)
-        deviations.extend(abs(v - centre) if not math.isinf(v) else math.inf for v in sample)
-    if not deviations:
-        return math.inf
-    return 1.4826 * median(deviations)
+    return Shift(estimate, low, high, m, n)
 
 
 def median(values: list[float]) -> float:
@@ -119,27 +104,30 @@ def median(values: list[float]) -> float:
     return (ordered[mid - 1] + ordered[mid]) / 2  # oriented values are finite or +inf: never inf - inf
 
 
-def runs_to_decide(found: Shift, threshold: float, alpha: float = ALPHA) -> int | None:
-    """About how many more runs of EACH digest would bring the bound on the far side of `threshold` from
-    the estimate (None: cannot say, e.g. the estimate sits on the threshold or the spread is unknown).
-    From the normal approximation of the Hodges-Lehmann interval: half-width ~ z * spread * sqrt(1/m + 1/n)
-    * 1.05 (its efficiency); an estimate, not a promise: every run counts, whatever it shows."""
-    gap = abs(found.estimate - threshold)
-    if not math.isfinite(gap) or gap == 0 or not math.isfinite(found.spread) or found.spread == 0:
-        return None
-    z = 1.6448536269514722 if abs(alpha - 0.05) < 1e-12 else _z(alpha)
-    per_side = 2 * (z * found.spread * 1.05 / gap) ** 2  # runs of each, for sqrt(2/n) * ... = gap
-    need = max(3, math.ceil(per_side))
-    return max(1, need - min(found.m, found.n))
+PROJECTED_STEPS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 60, 80, 100)
 
 
-def _z(alpha: float) -> float:
-    # The (1 - alpha) quantile of the standard normal, by bisection (only for a non-default alpha).
-    low, high = 0.0, 10.0
-    for _ in range(80):
-        mid = (low + high) / 2
-        if 0.5 * math.erfc(mid / math.sqrt(2)) > alpha:
-            low = mid
-        else:
-            high = mid
-    return (low + high) / 2
+def runs_to_decide(worse_candidate: list[float], worse_incumbent: list[float], threshold: float,
+                   alpha: float = ALPHA) -> int | None:
+    """About how many more runs of EACH digest would decide (one bound on the far side of `threshold`), if the
+    new runs look like the old: each sample is extended by runs at its own empirical quantiles (its spread,
+    its stalls and failures in the same proportion) and judged again; the fewest added that decide, from
+    `PROJECTED_STEPS`. None: not even 100 more would (the estimate sits at the threshold). An estimate, not a
+    promise: every run counts, whatever it shows."""
+    for added in PROJECTED_STEPS:
+        found = shift(_extended(worse_candidate, added), _extended(worse_incumbent, added), alpha)
+        if found.high <= threshold or found.low > threshold:
+            return added
+    return None
+
+
+def _extended(sample: list[float], added: int) -> list[float]:
+    ordered = sorted(sample)
+    out = list(sample)
+    for j in range(added):
+        position = (j + 0.5) / added * (len(ordered) - 1)
+        low = int(math.floor(position))
+        high = min(low + 1, len(ordered) - 1)
+        a, b = ordered[low], ordered[high]
+        out.append(a if a == b or math.isinf(b) else a + (b - a) * (position - low))
+    return out

@@ -26,7 +26,7 @@ more to record. The noise model and the interval are `trtpipe.release.bench_stat
   after more runs, the chances add up at worst (two looks: 10 %), and only near the tolerance, where
   no rule can tell. Under the noise of a loaded 2-core host (README: "Gates that noise cannot flip";
   `scripts/gate_noise_model.py`), following the gate's own advice on how many runs to add, a candidate
-  equal to the incumbent ends passed in 99.9 % of cases and a 3x slower one ends refused in 99.2 %.
+  equal to the incumbent ends passed in 99.9 % of cases and a 3x slower one ends refused in 99.3 %.
 
 Bench `data` is read in the shape `trtpipe bench --record` stores (`runs[].aggregates`, seconds), or
 flat (`ttft_p99_ms`, `tpot_p99_ms`, `e2e_p99_ms`, `output_tokens_per_s`, also under `summary`,
@@ -40,7 +40,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from trtpipe.release.bench_stats import ALPHA, Shift, median, runs_to_decide, shift
+from trtpipe.release.bench_stats import ALPHA, PROJECTED_STEPS, Shift, median, runs_to_decide, shift
 from trtpipe.results import ResultRecord
 from trtpipe.spec import CPU_REFERENCE, ChannelGates
 
@@ -281,7 +281,8 @@ def _regression(
 def _compare(gate: str, metric: str, max_pct: float, ours: list[tuple[ResultRecord, float]],
              theirs: list[tuple[ResultRecord, float]]) -> GateResult:
     tolerance = tolerance_of(metric, max_pct)
-    found: Shift = shift([_worse_log(v, metric) for _, v in ours], [_worse_log(v, metric) for _, v in theirs])
+    new_logs, old_logs = [_worse_log(v, metric) for _, v in ours], [_worse_log(v, metric) for _, v in theirs]
+    found: Shift = shift(new_logs, old_logs)
     ours_median, theirs_median = median([v for _, v in ours]), median([v for _, v in theirs])
     evidence = {
         "metric": metric, "statistic": "Hodges-Lehmann ratio with Mann-Whitney bounds", "alpha_each_side": ALPHA,
@@ -300,9 +301,10 @@ def _compare(gate: str, metric: str, max_pct: float, ours: list[tuple[ResultReco
         return GateResult(gate=gate, status="passed", evidence=evidence, detail=f"{said}: within it")
     if found.low > tolerance:
         return GateResult(gate=gate, status="failed", evidence=evidence, detail=f"{said}: regressed beyond it")
-    more = runs_to_decide(found, tolerance) or 3
-    return GateResult(gate=gate, status="inconclusive", more_runs=more, evidence=evidence,
-                      detail=f"{said}: the interval straddles the limit, so more runs must decide")
+    more = runs_to_decide(new_logs, old_logs, tolerance)
+    why = "so more runs must decide" if more is not None else "and sits on it: even 100 more runs of each may not decide"
+    return GateResult(gate=gate, status="inconclusive", more_runs=more or PROJECTED_STEPS[-1], evidence=evidence,
+                      detail=f"{said}: the interval straddles the limit, {why}")
 
 
 def _finite(value: float) -> float | None:
