@@ -193,7 +193,7 @@ def _slo_gate(slo: str, limit: float, runs: list[ResultRecord], target: str, min
         if runs:
             return GateResult(gate=gate, status="missing", detail=f"no bench run on {target} carries {metric}")
         return GateResult(gate=gate, status="missing", more_runs=min_runs,
-                          detail=f"no bench result recorded for this digest on {target} ({min_runs} runs needed)")
+                          detail=f"no bench result recorded for this digest on {target}; {min_runs} runs needed")
     if len(figures) < min_runs:
         return _too_few(gate, "this digest", len(figures), min_runs, target)
     values = [v for _, v in figures]
