@@ -82,13 +82,87 @@ class Scan:
     size: int = 0  # bytes up to and including the last newline
 
 
+def scan_bytes(data: bytes, where: str) -> Scan:
+    """Parse and check the chain of a log's bytes (`where` names it in problems): a log read from a file
+    or fetched from elsewhere (a registry's copy) is checked by the same rules."""
+    cut = data.rfind(b"\n") + 1
+    out = Scan(tail=data[cut:], size=cut)
+    prev, expected_seq = GENESIS, 1
+    for number, raw in enumerate(data[:cut].split(b"\n")[:-1], start=1):
+        at = f"{where}:{number}"
+        if not raw.strip():
+            out.problems.append(f"{at}: an empty line (the file was edited)")
+            continue
+        try:
+            fields = json.loads(raw)
+            if not isinstance(fields, dict):
+                raise ValueError
+        except ValueError:
+            out.problems.append(f"{at}: not a JSON record (the file was edited)")
+            prev = "?"
+            expected_seq += 1
+            continue
+        if fields.get("prev_hash") != prev:
+            out.problems.append(f"{at}: chain broken (prev_hash does not match the record before it: "
+                                "a record was removed, inserted or reordered)")
+        if record_hash(fields) != fields.get("hash"):
+            out.problems.append(f"{at}: record hash mismatch (the record was edited)")
+        if fields.get("seq") != expected_seq:
+            out.problems.append(f"{at}: sequence {fields.get('seq')} where {expected_seq} was expected")
+        prev = str(fields.get("hash"))
+        expected_seq = fields["seq"] + 1 if isinstance(fields.get("seq"), int) else expected_seq + 1
+        out.records.append(fields)
+    return out
+
+
+def chained_line(records: list[dict[str, Any]], fields: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """The record `fields` becomes when appended after `records` (its seq, prev_hash and hash), and its line."""
+    prev = records[-1]["hash"] if records else GENESIS
+    body = {**fields, "seq": len(records) + 1, "prev_hash": prev}
+    body["hash"] = record_hash(body)
+    return body, json.dumps(body, sort_keys=True, ensure_ascii=False).encode("utf-8") + b"\n"
+
+
+def signed_part(log_name: str, records: int, last_hash: str) -> bytes:
+    """What a head's signature covers: the log's name, its record count and its last hash."""
+    return canonical({"log": log_name, "records": records, "hash": last_hash})
+
+
+def head_document(log_name: str, records: list[dict[str, Any]], key: HeadKey | None) -> dict[str, Any]:
+    """The head anchoring `records` (signed when `key` can sign)."""
+    last = records[-1]["hash"] if records else GENESIS
+    head: dict[str, Any] = {"log": log_name, "records": len(records), "hash": last, "key_id": None, "signature": None}
+    if key is not None and key.can_sign:
+        head["key_id"] = key.key_id
+        head["signature"] = base64.b64encode(key.sign(signed_part(log_name, len(records), last))).decode("ascii")
+    return head
+
+
+def head_bytes_of(head: dict[str, Any]) -> bytes:
+    return (json.dumps(head, indent=2, sort_keys=True) + "\n").encode("utf-8")
+
+
+def signature_verifies(head: dict[str, Any], key: HeadKey) -> bool:
+    """Whether `head` carries `key`'s valid signature over what it anchors."""
+    if head.get("key_id") != key.key_id or not isinstance(head.get("records"), int) or not isinstance(head.get("hash"), str):
+        return False
+    try:
+        raw = base64.b64decode(str(head.get("signature") or ""), validate=True)
+    except ValueError:
+        return False
+    return key.verify(signed_part(str(head.get("log")), head["records"], head["hash"]), raw)
+
+
 class ChainedLog:
     """One chained log file and its head."""
 
-    def __init__(self, path: Path, *, what: str) -> None:
+    def __init__(self, path: Path, *, what: str, log_name: str | None = None) -> None:
         self.path = Path(path)
         self.what = what  # "audit trail", "result log": for messages
         self.head_path = self.path.with_name(self.path.name.removesuffix(".jsonl") + ".head.json")
+        # What the head names (and, with a key, signs) as the log it anchors: the file name, unless the log
+        # has an identity of its own (a channel's trail is the same log in every workspace and the registry).
+        self.log_name = log_name or self.path.name
 
     # ------------------------------------------------------------------ reading
 
@@ -101,34 +175,7 @@ class ChainedLog:
         except OSError as err:
             raise IntegrityError(f"{self.path}: the {self.what} cannot be read ({err.strerror or err})",
                                  path=str(self.path), fix="make it readable by this user") from None
-        cut = data.rfind(b"\n") + 1
-        out = Scan(tail=data[cut:], size=cut)
-        prev, expected_seq = GENESIS, 1
-        for number, raw in enumerate(data[:cut].split(b"\n")[:-1], start=1):
-            where = f"{self.path}:{number}"
-            if not raw.strip():
-                out.problems.append(f"{where}: an empty line (the file was edited)")
-                continue
-            try:
-                fields = json.loads(raw)
-                if not isinstance(fields, dict):
-                    raise ValueError
-            except ValueError:
-                out.problems.append(f"{where}: not a JSON record (the file was edited)")
-                prev = "?"
-                expected_seq += 1
-                continue
-            if fields.get("prev_hash") != prev:
-                out.problems.append(f"{where}: chain broken (prev_hash does not match the record before it: "
-                                    "a record was removed, inserted or reordered)")
-            if record_hash(fields) != fields.get("hash"):
-                out.problems.append(f"{where}: record hash mismatch (the record was edited)")
-            if fields.get("seq") != expected_seq:
-                out.problems.append(f"{where}: sequence {fields.get('seq')} where {expected_seq} was expected")
-            prev = str(fields.get("hash"))
-            expected_seq = fields["seq"] + 1 if isinstance(fields.get("seq"), int) else expected_seq + 1
-            out.records.append(fields)
-        return out
+        return scan_bytes(data, str(self.path))
 
     def read_head(self) -> dict[str, Any] | None:
         try:
@@ -147,7 +194,7 @@ class ChainedLog:
         return head
 
     def _signed_part(self, records: int, last_hash: str) -> bytes:
-        return canonical({"log": self.path.name, "records": records, "hash": last_hash})
+        return signed_part(self.log_name, records, last_hash)
 
     def verify(self, key: HeadKey | None = None) -> list[str]:
         """Every problem with the log and its head (empty: intact). With `key`, the head must carry a
@@ -173,8 +220,8 @@ class ChainedLog:
             return [f"{self.head_path}: not a valid head (edited)"]
         problems: list[str] = []
         anchored, anchored_hash = head["records"], head["hash"]
-        if head.get("log") not in (None, self.path.name):
-            problems.append(f"{self.head_path}: is the head of {head.get('log')}, not of {self.path.name}")
+        if head.get("log") not in (None, self.log_name):
+            problems.append(f"{self.head_path}: is the head of {head.get('log')}, not of {self.log_name}")
         if anchored > n:
             gone = "emptied or deleted" if n == 0 else "shortened"
             problems.append(f"{self.path}: {gone}: the head anchors {anchored} records, the log holds {n} "
@@ -207,8 +254,8 @@ class ChainedLog:
         the log must still hold the records it anchored, unchanged (with `key`, its signature must verify)."""
         scan = self.scan()
         records, last = head.get("records"), head.get("hash")
-        if not isinstance(records, int) or not isinstance(last, str) or head.get("log") != self.path.name:
-            return [f"{where}: not a head of {self.path.name}"]
+        if not isinstance(records, int) or not isinstance(last, str) or head.get("log") != self.log_name:
+            return [f"{where}: not a head of {self.log_name}"]
         problems: list[str] = []
         n = len(scan.records)
         if records > n:
@@ -318,10 +365,7 @@ class ChainedLog:
         return [repair]
 
     def _write(self, scan: Scan, fields: dict[str, Any]) -> dict[str, Any]:
-        prev = scan.records[-1]["hash"] if scan.records else GENESIS
-        body = {**fields, "seq": len(scan.records) + 1, "prev_hash": prev}
-        body["hash"] = record_hash(body)
-        line = json.dumps(body, sort_keys=True, ensure_ascii=False).encode("utf-8") + b"\n"
+        body, line = chained_line(scan.records, fields)
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, line)
@@ -333,10 +377,12 @@ class ChainedLog:
         return body
 
     def _write_head(self, scan: Scan, key: HeadKey | None) -> None:
-        last = scan.records[-1]["hash"] if scan.records else GENESIS
-        head: dict[str, Any] = {"log": self.path.name, "records": len(scan.records), "hash": last,
-                                "key_id": None, "signature": None}
-        if key is not None and key.can_sign:
-            head["key_id"] = key.key_id
-            head["signature"] = base64.b64encode(key.sign(self._signed_part(len(scan.records), last))).decode("ascii")
-        write_text_atomically(self.head_path, json.dumps(head, indent=2, sort_keys=True) + "\n", mode=0o644)
+        write_text_atomically(self.head_path, head_bytes_of(head_document(self.log_name, scan.records, key)).decode("utf-8"),
+                              mode=0o644)
+
+    def replace(self, data: bytes, head: bytes) -> None:
+        """Replace the log and its head with a copy kept elsewhere (a registry's, already checked by the
+        caller, who holds `lock()`): each file atomically, the log first, so a crash in between leaves a
+        head behind its log (reported by `verify`), never a head anchoring records the log lacks."""
+        write_text_atomically(self.path, data.decode("utf-8"), mode=0o644)
+        write_text_atomically(self.head_path, head.decode("utf-8"), mode=0o644)

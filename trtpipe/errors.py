@@ -186,6 +186,11 @@ class Conflict(TrtpipeError):
         super().__init__(message, fix=fix)
 
 
+class TagMoved(Conflict):
+    """A registry tag no longer names what it named when it was read (another writer moved it first):
+    the compare of a compare-and-swap failed, and nothing was moved."""
+
+
 class RemoteError(TrtpipeError):
     """A remote service (a registry) is unreachable or answered with an error."""
 

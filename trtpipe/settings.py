@@ -38,6 +38,8 @@ VARIABLES: dict[str, str] = {
     "TRTPIPE_DOCKER": "the container runtime executable GPU serve runs the Triton container with (default: docker on "
                       "PATH)",
     "COLUMNS": "the width tables wrap to when stdout is not a terminal (a pipe, a CI log): at least 120 columns",
+    "TRTPIPE_MIN_BENCH_RUNS": "the fewest recorded bench runs of a digest a bench gate judges (default 3; every run "
+                              "counts)",
 }
 
 
@@ -99,6 +101,7 @@ class Settings:
     policy: Path | None = None
     docker: str | None = None  # the container runtime's executable (a name on PATH or a path)
     columns: int | None = None  # the shell's COLUMNS: how wide a table may be outside a terminal (None: not set)
+    min_bench_runs_text: str | None = None  # as set; `min_bench_runs()` checks it where a gate needs it
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -127,7 +130,21 @@ class Settings:
             policy=path("TRTPIPE_POLICY"),
             docker=text("TRTPIPE_DOCKER"),
             columns=_positive_int(text("COLUMNS")),
+            min_bench_runs_text=text("TRTPIPE_MIN_BENCH_RUNS"),
         )
+
+    def min_bench_runs(self) -> int:
+        """TRTPIPE_MIN_BENCH_RUNS as a whole number >= 1 (default 3); a UsageError naming it otherwise.
+        Checked where a gate needs it, so a bad value does not stop commands that judge no gate."""
+        from trtpipe.errors import UsageError
+
+        if self.min_bench_runs_text is None:
+            return 3
+        text = self.min_bench_runs_text.strip()
+        if not text.isdigit() or int(text) < 1:
+            raise UsageError(f"TRTPIPE_MIN_BENCH_RUNS={self.min_bench_runs_text!r} is not a whole number of runs >= 1",
+                             fix="set it to 3 or more (a regression can be decided from 3 runs of each digest), or unset it")
+        return int(text)
 
     def default_home(self) -> Path:
         """Where the workspace lives when nothing else says: $TRTPIPE_HOME, else the user cache dir."""

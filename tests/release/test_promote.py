@@ -100,34 +100,45 @@ def test_results_of_another_digest_do_not_count(isolated_home, store_entry, cli)
 
 
 def test_gates_stored_with_the_artifact_bench_and_regression(isolated_home, store_entry, cli) -> None:
+    """Bench gates judge every recorded run: 3 runs of each digest at least, the median against an SLO, and the
+    candidate's runs against the channel's (an interval of the ratio against the tolerance). The figures here
+    carry 1 % of noise (no stalls), so each verdict is sure; re-benching the slower candidate once, luckily, does
+    not flip its refusal."""
     gates = {"prod": {"smoke": True, "parity": True, "bench": {"ttft_p99_ms": 200, "min_output_tokens_per_s": 50}, "max_regression_pct": 10}}
     base = store_entry(isolated_home, "f6" * 8, seed="f", gates=gates)
     cand = store_entry(isolated_home, "a7" * 8, seed="g", gates=gates)
     log = ResultsLog(isolated_home)
     code, _, err = cli("promote", base.digest, "--to", "prod")
     assert code == 1
-    for gate in ("smoke missing", "parity missing", "bench missing"):
+    for gate in ("smoke missing", "parity missing", "bench.ttft_p99_ms missing", "bench.min_output_tokens_per_s missing"):
         assert gate in err
     for entry, ttft in ((base, 100.0), (cand, 130.0)):
         log.record(entry.digest, "smoke", True, {})
         log.record(entry.digest, "parity", True, {"max_abs_logit_diff": 0.0})
         log.record(entry.digest, "bench", True, {"ttft_p99_ms": ttft, "output_tokens_per_s": 80.0}, gpu_class="cpu-reference")
+    code, _, err = cli("promote", base.digest, "--to", "prod")
+    assert code == 1 and "1 bench run(s) of this digest on cpu-reference, 3 needed" in err and "record 2 more bench run(s)" in err
+    for entry, ttft in ((base, 100.0), (cand, 130.0)):
+        for noise in (0.99, 1.01):
+            log.record(entry.digest, "bench", True, {"ttft_p99_ms": ttft * noise, "output_tokens_per_s": 80.0 * noise},
+                       gpu_class="cpu-reference")
     code, out, err = cli("promote", base.digest, "--to", "prod", "--json")
     assert code == 0, err
     assert json.loads(out)["gates_source"] == "artifact"
-    # 130 ms vs 100 ms in prod: 30 % worse, limit 10 %.
+    # 130 ms vs 100 ms in prod: 30 % worse (its 90 % interval 1.27..1.33), limit 10 %.
     code, _, err = cli("promote", cand.digest, "--to", "prod")
-    assert code == 1 and "regression.ttft_p99_ms failed" in err
-    log.record(cand.digest, "bench", True, {"ttft_p99_ms": 105.0, "output_tokens_per_s": 79.0}, gpu_class="cpu-reference")
+    assert code == 1 and "regression.ttft_p99_ms failed" in err and "regressed beyond it" in err
+    log.record(cand.digest, "bench", True, {"ttft_p99_ms": 95.0, "output_tokens_per_s": 81.0}, gpu_class="cpu-reference")
     code, _, err = cli("promote", cand.digest, "--to", "prod")
-    assert code == 0, err
+    assert code == 1 and "regression.ttft_p99_ms" in err and "regression.ttft_p99_ms passed" not in err
     # A bench result from another GPU class does not satisfy the target's gate.
     other = store_entry(isolated_home, "b8" * 8, seed="h", gates=gates)
     log.record(other.digest, "smoke", True, {})
     log.record(other.digest, "parity", True, {})
-    log.record(other.digest, "bench", True, {"ttft_p99_ms": 1.0, "output_tokens_per_s": 999.0}, gpu_class="h100-sxm")
+    for _ in range(3):
+        log.record(other.digest, "bench", True, {"ttft_p99_ms": 1.0, "output_tokens_per_s": 999.0}, gpu_class="h100-sxm")
     code, _, err = cli("promote", other.digest, "--to", "prod")
-    assert code == 1 and "bench missing" in err
+    assert code == 1 and "bench.ttft_p99_ms missing" in err
 
 
 def test_spec_option_is_only_a_check_against_the_artifact(isolated_home, store_entry, cli, tmp_path) -> None:
@@ -251,14 +262,15 @@ def test_only_results_of_exactly_the_repository_digest_count(isolated_home, stor
     log.record(engine.digest, "smoke", True, {})
     log.record(engine.digest, "bench", True, bench_summary, gpu_class="cpu-reference")
     code, _, err = cli("promote", "repository/" + repo.key, "--to", "prod")
-    assert code == 1 and "smoke missing" in err and "bench missing" in err
+    assert code == 1 and "smoke missing" in err and "bench.ttft_p99_ms missing" in err
     log.record(repo.digest, "smoke", True, {})
-    log.record(repo.digest, "bench", True, bench_summary, gpu_class="cpu-reference")
+    for _ in range(3):
+        log.record(repo.digest, "bench", True, bench_summary, gpu_class="cpu-reference")
     code, _, err = cli("promote", "repository/" + repo.key, "--to", "prod")
-    # Worst P99 across the sweep (610 ms) is over the 500 ms SLO.
+    # Worst P99 across the sweep (610 ms) is over the 500 ms SLO, in the median of the 3 runs.
     assert code == 1 and "bench.ttft_p99_ms failed" in err and "610" in err
+    # Benching again at the one level that meets it (120 ms) adds a run; the median of all 4 still fails.
     bench_summary["runs"] = bench_summary["runs"][:1]
     log.record(repo.digest, "bench", True, bench_summary, gpu_class="cpu-reference")
     code, out, err = cli("promote", "repository/" + repo.key, "--to", "prod", "--json")
-    assert code == 0, err
-    assert json.loads(out)["to_digest"] == repo.digest
+    assert code == 1 and "bench.ttft_p99_ms failed" in err and "median of 4 runs 610" in err

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from trtpipe.release.audit import read_audit
+from trtpipe.release.trail import channel_records
 from trtpipe.results import ResultsLog
 from trtpipe.store import oci
 
@@ -132,20 +133,23 @@ def test_promote_registry_artifact_moves_channel_tag_and_rolls_back(registry_env
     code, _, err = cli("rollback", "prod")
     assert code == 0, err
     assert tag_digest(client, "flow/channels", tag) == refs[0]["oci_digest"]
-    assert [r.action for r in read_audit(home, channel="prod")] == ["promote", "promote", "rollback"]
+    # The channel is shared through the registry: its moves are in its trail there (and this workspace's copy).
+    assert [(trail, r.action) for trail, r in channel_records(home, channel="prod")] == [
+        ("trail.tiny-llama.cpu-reference.prod", a) for a in ("promote", "promote", "rollback")]
+    assert read_audit(home, channel="prod") == []  # the workspace trail keeps what happened only here
     # Channels are addressable by tag too: promoting "the current prod" to another channel works.
     code, out, err = cli("promote", url + ":" + tag, "--to", "stable", "--json")
     assert code == 0, err
     assert json.loads(out)["to_digest"] == refs[0]["artifact_digest"]
 
 
-def test_the_registry_keeps_the_trail_head_so_a_local_rewrite_shows(registry_env, store_entry, cli, tmp_path) -> None:
-    """Promoting a registry artifact keeps the trail's head beside the channel tag: a trail shortened,
-    or rewritten with its local head to match, no longer agrees with the registry's copy."""
+def test_a_rewrite_of_the_adopted_trail_disagrees_with_the_registrys(registry_env, store_entry, cli, tmp_path) -> None:
+    """Promoting a registry artifact keeps the channel's trail in the registry: this workspace's adopted copy,
+    shortened or rewritten with its head to match, no longer agrees with the registry's."""
     import os
 
     from trtpipe.chained import record_hash
-    from trtpipe.release.audit import audit_path
+    from trtpipe.release.shared_trail import SharedChannel
     from trtpipe.release.trail import verify_trail
 
     home = Path(os.environ["TRTPIPE_HOME"])
@@ -159,29 +163,32 @@ def test_the_registry_keeps_the_trail_head_so_a_local_rewrite_shows(registry_env
         ResultsLog(home).record(entry.digest, "smoke", True, {})
     for ref in refs:
         assert cli("promote", ref, "--to", "prod")[0] == 0
-    mirrored = json.loads(oci.OciRemote(url).get_trail_head("trail.tiny-llama.cpu-reference.prod"))
-    local_head = audit_path(home).with_name("audit.head.json")
-    assert mirrored == json.loads(local_head.read_text())
+    copy = oci.OciRemote(url).get_channel_trail("trail.tiny-llama.cpu-reference.prod")
+    log = SharedChannel(home, "tiny-llama", "cpu-reference", "prod").log
+    assert copy is not None and copy.log == log.path.read_bytes() and copy.head == log.head_path.read_bytes()
     code, out, _ = cli("channels", "--verify")
     assert code == 0, out
-    # Rewrite the whole trail consistently (chain and local head): only the registry's copy shows it.
-    saved = audit_path(home).read_text(), local_head.read_text()
+    # Rewrite the adopted copy consistently (chain and its head): only the registry's copy shows it.
+    saved = log.path.read_text(), log.head_path.read_text()
     records = [json.loads(line) for line in saved[0].splitlines()]
     records[0]["who"] = "someone-else"
     for i, record in enumerate(records):
         if i:
             record["prev_hash"] = records[i - 1]["hash"]
         record["hash"] = record_hash(record)
-    audit_path(home).write_text("".join(json.dumps(r) + "\n" for r in records))
+    log.path.write_text("".join(json.dumps(r) + "\n" for r in records))
     head = json.loads(saved[1])
     head["hash"] = records[-1]["hash"]
-    local_head.write_text(json.dumps(head))
+    log.head_path.write_text(json.dumps(head))
     assert verify_trail(home) == []  # no key, no registry: undetectable
     code, out, _ = cli("channels", "--verify")
-    assert code == 1 and "rewritten" in out and "registry" in out
-    # Shortened with its local head to match: the registry's copy anchors more records.
-    audit_path(home).write_text("".join(line + "\n" for line in saved[0].splitlines()[:1]))
-    head.update(records=1, hash=json.loads(saved[0].splitlines()[0])["hash"])
-    local_head.write_text(json.dumps(head))
+    assert code == 1 and "rewritten: record 1 differs" in out and "trail.tiny-llama.cpu-reference.prod" in out
+    # Longer than the registry's, with its head to match: the registry's trail holds fewer (shortened there).
+    extra = {**records[-1], "seq": 3, "prev_hash": json.loads(saved[0].splitlines()[-1])["hash"]}
+    extra["hash"] = record_hash(extra)
+    log.path.write_text(saved[0] + json.dumps(extra) + "\n")
+    head.update(records=3, hash=extra["hash"])
+    log.head_path.write_text(json.dumps(head))
     code, out, _ = cli("channels", "--verify", "--json")
-    assert code == 1 and any("shortened" in p and "registry" in p for p in json.loads(out)["audit_problems"])
+    assert code == 1 and any("shortened: the registry's trail holds 2 records, this workspace adopted 3" in p
+                             for p in json.loads(out)["audit_problems"])

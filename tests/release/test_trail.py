@@ -241,8 +241,9 @@ def test_hand_recorded_results_count_only_where_the_policy_allows_and_then_as_fo
     gates = {"dev": {"smoke": True, "bench": {"ttft_p99_ms": 200}}}
     benched = store_entry(isolated_home, "e6" * 8, seed="g", gates=gates)
     ResultsLog(isolated_home).record(benched.digest, "smoke", True, {})
-    assert cli("results", "record", benched.digest, "--kind", "bench", "--passed", "--gpu-class", "cpu-reference",
-               "--data", '{"ttft_p99_ms": 150}')[0] == 0
+    for _ in range(3):  # the fewest runs a bench gate judges
+        assert cli("results", "record", benched.digest, "--kind", "bench", "--passed", "--gpu-class", "cpu-reference",
+                   "--data", '{"ttft_p99_ms": 150}')[0] == 0
     code, out, err = cli("promote", benched.digest, "--to", "dev", "--json")
     assert code == 0, err
     assert json.loads(out)["action"] == "force-promote"

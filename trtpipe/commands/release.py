@@ -32,6 +32,8 @@ def promote_command(
     model: Optional[str] = typer.Option(None, "--model", help="Model name (default: from the artifact's manifest)."),
     target: Optional[str] = typer.Option(None, "--target", help="Target GPU (default: from the artifact's manifest)."),
     expect_from: Optional[str] = typer.Option(None, "--expect-from", help="Refuse unless the channel is now at this digest ('none' = empty)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Judge the gates as a promotion would and show the verdicts; "
+                                 "change and record nothing (exit 1 when it would be refused)."),
     store: StoreOption = None,
     policy: PolicyOption = None,
     as_json: JsonOption = False,
@@ -46,16 +48,21 @@ def promote_command(
     outcome = promote(
         workspace.root, ref, to, force=force, reason=reason, spec_path=spec, model=model, target=target,
         expect_from=UNSET if expect_from is None else expect_from, settings=workspace.settings,
-        policy=load_policy_option(policy, workspace.settings),
+        policy=load_policy_option(policy, workspace.settings), dry_run=dry_run,
     )
     if as_json:
         _print_json(outcome.as_dict())
-        return
-    verb = {"unchanged": "already at", "force-promote": "force-promoted to", "promote": "promoted to"}[outcome.action]
-    typer.echo(f"{outcome.model}/{outcome.target} {outcome.channel}: {outcome.from_digest or '-'} -> {outcome.to_digest} ({verb} {outcome.channel})")
-    for gate in outcome.gates:
-        typer.echo(f"  {gate.gate:<28} {gate.status:<8} {gate.detail}")
-    typer.echo(f"  gates from: {outcome.gates_source}" + (f"; registry tag: {outcome.tag}" if outcome.tag else ""))
+    else:
+        verb = {"unchanged": "already at", "force-promote": "force-promoted to", "promote": "promoted to",
+                "would-promote": "dry run: would be promoted to", "would-force-promote": "dry run: would be force-promoted to",
+                "would-refuse": "dry run: would be refused by"}[outcome.action]
+        typer.echo(f"{outcome.model}/{outcome.target} {outcome.channel}: {outcome.from_digest or '-'} -> {outcome.to_digest} ({verb} {outcome.channel})")
+        for gate in outcome.gates:
+            typer.echo(f"  {gate.gate:<28} {gate.status:<12} {gate.detail}")
+        typer.echo(f"  gates from: {outcome.gates_source}" + (f"; registry tag: {outcome.tag}" if outcome.tag else "")
+                   + (f"; trail: {outcome.trail}" if outcome.trail else ""))
+    if outcome.action == "would-refuse":
+        raise typer.Exit(1)
 
 
 def rollback_command(
@@ -82,19 +89,23 @@ def channels_command(
                                 "with a key) and every pointer against the trail; non-zero exit on any problem."),
     public_key: Optional[Path] = typer.Option(None, "--public-key", help="Release public key (PEM) the trail's head must "
                                               "be signed by (default: the TRTPIPE_SIGNING_KEY setting's)."),
-    registry: bool = typer.Option(True, "--registry/--no-registry", help="With --verify: also check the trail against the "
-                                  "copies of its head the registry keeps beside each channel tag."),
+    registry: bool = typer.Option(True, "--registry/--no-registry", help="Read each shared channel's trail from its registry "
+                                  "(catching up when this workspace is behind); with --verify also check it against this "
+                                  "workspace's copy and each channel tag against its trail."),
     store: StoreOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Show every channel: model, target, digest, who set it, and what it rolls back to."""
-    from trtpipe.release.promote import channel_states
-    from trtpipe.release.trail import release_key, verify_trail
+    from trtpipe.release.promote import catch_up, channel_states
+    from trtpipe.release.trail import release_key, trail_verdict
 
     workspace = open_workspace(store)
     home = workspace.root
-    problems = verify_trail(home, release_key(workspace.settings, public_key), workspace.settings,
+    if registry:
+        catch_up(home, workspace.settings)  # a shared channel shows what its registry trail says now
+    verdict = trail_verdict(home, release_key(workspace.settings, public_key), workspace.settings,
                             registry=registry) if verify else None
+    problems = verdict.problems if verdict is not None else None
     try:
         states = channel_states(home)
     except TrtpipeError:
@@ -102,7 +113,7 @@ def channels_command(
             raise
         states = []
     if as_json:
-        _print_json({"channels": states, "audit_problems": problems})
+        _print_json({"channels": states, "audit_problems": problems, "notes": verdict.notes if verdict else []})
     else:
         print_table(
             f"channels in {home}",
@@ -112,7 +123,9 @@ def channels_command(
               s["set_at"][:19].replace("T", " "),
               (s["last_action"] or "-") + (f": {s['last_reason']}" if s["last_reason"] else "")] for s in states],
         )
-        if problems is not None:
+        if verdict is not None:
+            for note in verdict.notes:
+                typer.echo(f"note: {note}")
             typer.echo("audit chain: intact" if not problems else "audit chain BROKEN:\n  " + "\n  ".join(problems))
     if problems:
         raise typer.Exit(1)

@@ -270,10 +270,9 @@ def register(app: typer.Typer) -> None:
 
 
 def _channel_history(home: Path, channel: str, json_out: bool) -> None:
-    from trtpipe.release.audit import read_audit
+    from trtpipe.release.trail import channel_records
 
-    records = read_audit(home, channel=channel)
-    rows = [r.model_dump(mode="json") for r in records]
+    rows = [{**r.model_dump(mode="json"), "trail": trail} for trail, r in channel_records(home, channel=channel)]
     rows.reverse()  # the audit trail is oldest first; history reads newest first
     if json_out:
         typer.echo(json.dumps(rows, indent=2))

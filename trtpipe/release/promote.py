@@ -25,21 +25,36 @@ Concurrency: the channel's digest is read before the gates are checked (the regr
 against it) and is the expected "from" of a compare-and-swap done under the release lock. If another
 promotion moved the channel in between, this one fails with a `conflict` audit record and changes
 nothing. `expect_from` makes the expected digest explicit (CI passes what it tested against).
+
+Shared channels: promoting a registry artifact makes the channel shared through that registry
+(`trtpipe.release.shared_trail`): the channel's state is what the registry's trail of it says (caught up
+first), the move is appended there by compare-and-swap on the trail's tag (a lost race retried while the
+channel still holds the expected digest, a `conflict` when it does not), then the channel tag moves and
+the pointer is written from the adopted trail. Refusals and conflicts stay in the workspace trail.
+
+`dry_run`: everything up to the verdicts (catching up read only), nothing written or recorded.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from trtpipe.errors import Conflict, GateRefused, IntegrityError, NotFound, UsageError
+from trtpipe.chained import GENESIS
+from trtpipe.errors import Conflict, GateRefused, IntegrityError, NotFound, TrtpipeError, UsageError
 from trtpipe.release.audit import AuditRecord, append_audit, read_audit
 from trtpipe.release.channels import ChannelPointer, ChannelScope, ChannelStore, check_name, now_iso
-from trtpipe.release.trail import ReleaseKey, apply, disagreements, publish_channel, reconcile, release_key
-from trtpipe.release.gates import GateResult, evaluate_gates
+from trtpipe.release.gates import DEFAULT_MIN_RUNS, GateResult, evaluate_gates
+from trtpipe.release.shared_trail import SharedChannel, Standing, channel_tag, require_consistent, shared_channel, \
+    shared_channels, standing
+from trtpipe.release.shared_trail import append as append_shared
+from trtpipe.release.trail import MOVES, ReleaseKey, apply, disagreements, move_channel_tag, open_shared_remote, \
+    project_pointer, reconcile, release_key, replay, same_pointer, settle_shared, shared_standing
 from trtpipe.release.policy import TrustPolicy
 from trtpipe.release.trust import require_trusted_digest
 from trtpipe.results import ResultRecord, ResultsLog, current_user, normalize_digest
@@ -69,11 +84,13 @@ class PromotionOutcome:
     target: str
     from_digest: str | None
     to_digest: str
-    action: str  # promote | force-promote | unchanged
+    action: str  # promote | force-promote | unchanged; with dry_run: would-promote | would-force-promote | would-refuse
     gates: list[GateResult]
     gates_source: str
     audit: AuditRecord | None
     tag: str | None = None
+    trail: str | None = None  # the registry copy of the channel's trail the record is in (None: the workspace trail)
+    dry_run: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -87,6 +104,9 @@ class PromotionOutcome:
             "gates_source": self.gates_source,
             "tag": self.tag,
             "audit_seq": self.audit.seq if self.audit else None,
+            "trail": self.trail,
+            "dry_run": self.dry_run,
+            "more_runs": max((g.more_runs for g in self.gates if g.more_runs and not g.passed), default=None),
         }
 
 
@@ -203,25 +223,126 @@ def _hand_allowed(policy: TrustPolicy | None, settings: Settings | None, channel
 # --------------------------------------------------------------------------- promote
 
 
-def channel_tag(model: str, target: str, channel: str) -> str:
-    """The remote tag that follows a channel: `<model>.<target>.<channel>`, at most 128 characters (the
-    names are plain, `check_name`, so it is a valid OCI tag as it is)."""
-    return f"{model}.{target}.{channel}"[:128]
-
-
 def _gate_summary(gates: list[GateResult]) -> str:
     return ", ".join(f"{g.gate} {g.status} ({g.detail})" for g in gates)
 
 
-def _refusal_fix(failed: list[GateResult], missing: list[str]) -> str:
-    """What to change for a refused promotion, said once: results to record where they are missing; where
-    recorded results did not pass (a failed smoke, a regression), recording more is not the fix."""
-    not_passed = [g.gate for g in failed if g.gate not in missing]
-    if not not_passed:
-        return f"record {', '.join(missing)} results for exactly this digest"
-    fix = (f"the results recorded for {', '.join(not_passed)} did not pass: fix the candidate and build a new one, "
-           "or promote another digest")
-    return fix + (f"; {', '.join(missing)} still need results" if missing else "")
+def _refusal_fix(failed: list[GateResult]) -> str:
+    """What to do about the gates that did not pass, each said once."""
+    wants: list[str] = []
+    if any(g.status == "missing" and not g.gate.startswith(("bench", "regression")) for g in failed):
+        wants.append("record the missing smoke or parity results for exactly this digest")
+    more = max((g.more_runs or 0 for g in failed if g.gate.startswith(("bench", "regression"))), default=0)
+    if more:
+        which = "of each digest compared" if any(g.gate.startswith("regression") and g.more_runs for g in failed) else "of it"
+        wants.append(f"record {'about ' if any(g.status == 'inconclusive' for g in failed) else ''}{more} more bench run(s) "
+                     f"{which} (every run counts; the gates judge all of them)")
+    if any(g.status == "failed" for g in failed):
+        wants.append("fix what failed or regressed (benching again cannot flip a verdict on all runs), "
+                     "or override with a recorded reason")
+    return "; ".join(wants) or "record passing results for exactly this digest"
+
+
+class _ChannelMoved(Exception):
+    """The channel's trail no longer says what the move was decided on (another writer moved it)."""
+
+    def __init__(self, now: ChannelPointer | None) -> None:
+        super().__init__()
+        self.now = now
+
+
+def _shared_target(home: Path, art: ResolvedArtifact, scope: ChannelScope, channel: str,
+                   settings: Settings | None) -> tuple[SharedChannel | None, RemoteCache | None]:
+    """The channel's shared trail and its registry, when the channel is (or, promoting a registry artifact,
+    becomes) shared; (None, None) for a channel of this workspace alone."""
+    found = shared_channel(home, scope.model, scope.target, channel)
+    if found is None:
+        if art.remote is None or art.ref is None:
+            return None, None
+        return SharedChannel(Path(home), scope.model, scope.target, channel), art.remote
+    remote = open_shared_remote(found, settings)
+    if art.remote is None or art.remote.url != remote.url:
+        raise UsageError(
+            f"channel {channel} of {scope} is shared through {remote.url}; {art.ref or art.digest} is not an artifact there",
+            fix=f"push the artifact to {remote.url} and promote that reference",
+        )
+    return found, remote
+
+
+def _seed(home: Path, shared: SharedChannel, found: Standing) -> list[dict[str, Any]]:
+    """The first write of a channel's shared trail starts with this workspace's earlier moves of it (kept in
+    the workspace trail before trails were shared), so its rollback history is not lost; a head-only copy
+    the registry kept must first agree with the workspace trail."""
+    if found.state not in ("new", "legacy") or shared.log.path.exists():
+        return []
+    moves = [r for r in read_audit(home) if (r.model, r.target, r.channel) == shared.cid and r.action in (*MOVES, "aborted")]
+    if not moves:
+        return []
+    if found.registry is not None and found.registry.legacy:
+        from trtpipe.release.audit import trail_log
+
+        try:
+            head = json.loads(found.registry.head)
+        except ValueError:
+            head = {}
+        problems = trail_log(home).check_copy(head if isinstance(head, dict) else {}, f"in the registry ({found.registry.where})")
+        if problems:
+            raise IntegrityError(f"{problems[0]}; nothing changed", path=found.registry.where,
+                                 fix="promote from the workspace whose trail the registry's copy anchors: it starts the "
+                                     "channel's shared trail")
+    renumbered: dict[int, int] = {}
+    out = []
+    for number, record in enumerate(moves, start=1):
+        renumbered[record.seq] = number
+        fields = record.model_dump(mode="json", exclude={"seq", "prev_hash", "hash"})
+        if record.undoes is not None:
+            fields["undoes"] = renumbered.get(record.undoes)
+        fields["detail"] = "; ".join(d for d in (record.detail, f"from workspace trail record {record.seq}") if d)
+        out.append(fields)
+    return out
+
+
+def _move_shared(home: Path, shared: SharedChannel, remote: RemoteCache, key: ReleaseKey | None, *, fields: dict[str, Any],
+                 still: Callable[[ChannelPointer | None], bool], tag_ref: str | None,
+                 seed: list[dict[str, Any]] = ()) -> AuditRecord:
+    """Record one move of a shared channel in its registry trail (compare-and-swap, retried while `still` holds
+    for what the trail says the channel is at; `_ChannelMoved` when it does not), then move the channel tag to
+    `tag_ref` and write the pointer. A tag that cannot be moved leaves an `aborted` record (best effort: if
+    that cannot be written either, the trail's last word stands and the next promote or rollback moves the tag)."""
+    def fields_for(records: list[AuditRecord]) -> list[dict[str, Any]]:
+        start = list(seed) if not records else []  # an empty shared trail starts with this workspace's history
+        seen = records or [AuditRecord.model_validate({**f, "seq": n, "prev_hash": GENESIS, "hash": GENESIS})
+                           for n, f in enumerate(start, start=1)]
+        now = replay(seen).pointers.get(shared.cid)
+        if not still(now):
+            raise _ChannelMoved(now)
+        return [*start, fields]
+
+    written, _ = append_shared(shared, remote, key, fields_for)
+    record = written[-1]
+    if tag_ref is not None and is_remote_url(tag_ref):
+        try:
+            move_channel_tag(remote, tag_ref, shared.model, shared.target, shared.channel)
+        except Exception as err:
+            aborted = _record_fields({
+                **{k: v for k, v in fields.items() if k in ("who", "channel", "model", "target", "ref")},
+                "at": now_iso(), "action": "aborted", "from_digest": record.to_digest, "to_digest": record.from_digest,
+                "undoes": record.seq, "detail": f"record {record.seq} did not complete: the registry tag could not be "
+                                                f"moved ({err.one_line() if hasattr(err, 'one_line') else err})"})
+
+            def abort_if_last(records: list[AuditRecord]) -> list[dict[str, Any]]:
+                if not records or records[-1].hash != record.hash:  # another move came after: it stands
+                    raise _ChannelMoved(None)
+                return [aborted]
+
+            try:
+                append_shared(shared, remote, key, abort_if_last)
+            except (TrtpipeError, _ChannelMoved):  # the trail's last word stands; the next move puts the tag right
+                pass
+            project_pointer(home, shared)
+            raise
+    project_pointer(home, shared)
+    return record
 
 
 def promote(
@@ -237,9 +358,11 @@ def promote(
     expect_from: str | None = UNSET,
     settings: Settings | None = None,
     policy: TrustPolicy | None = None,
+    dry_run: bool = False,
 ) -> PromotionOutcome:
     """Point `channel` (of the artifact's model and target) at REF's digest if its gates pass (and, when
-    the trust policy requires it for `channel`, its signature: not even a forced promotion skips that)."""
+    the trust policy requires it for `channel`, its signature: not even a forced promotion skips that).
+    `dry_run`: judge the gates as a promotion would, and change and record nothing."""
     check_name("channel", channel)
     if force and not (reason and reason.strip()):
         raise UsageError("a forced promotion needs a reason", fix='say why, e.g. "hotfix for incident 123, smoke run by hand"')
@@ -247,31 +370,51 @@ def promote(
     if policy is not None:
         require_trusted_digest(home, art.digest, policy, channel, model=art.model, target=art.target)
     gates, gates_source = load_gates(spec_path, art.manifest, channel)
+    min_runs = settings.min_bench_runs() if settings is not None else DEFAULT_MIN_RUNS
     channels = ChannelStore(home)
     scope = ChannelScope(model=art.model, target=art.target)
+    cid = (art.model, art.target, channel)
     key = release_key(settings)
     who = current_user()
-    with channels.lock():  # the trail is the truth: complete an interrupted move, refuse a disagreeing pointer
-        reconcile(home, scope, channel, who=who, key=key, settings=settings)
-    before = channels.get(scope, channel)
+    shared, remote = _shared_target(home, art, scope, channel, settings)
+    found: Standing | None = None
+    with channels.lock():  # the trail is the truth: catch up, complete an interrupted move, refuse a disagreeing pointer
+        if shared is None:
+            if not dry_run:
+                reconcile(home, scope, channel, who=who, key=key, settings=settings)
+            before = channels.get(scope, channel)
+        else:
+            found = standing(shared, remote, key)
+            if found.problems and not dry_run:
+                append_audit(home, key=key, at=now_iso(), who=who, action="refused", channel=channel, model=art.model,
+                             target=art.target, from_digest=None, to_digest=art.digest, ref=art.ref,
+                             detail="the channel's shared trail is not consistent: " + found.problems[0])
+            require_consistent(found)
+            if dry_run:
+                before = replay(found.records()).pointers.get(cid) if found.registry is not None and not found.registry.legacy \
+                    else channels.get(scope, channel)
+            else:
+                before = settle_shared(home, shared, found, remote, who=who, key=key, settings=settings)  # type: ignore[arg-type]
     seen_from = before.digest if before else None
     expected = seen_from if expect_from == UNSET else (None if expect_from in (None, "", "none") else normalize_digest(expect_from))
     hand_allowed, policy_source = _hand_allowed(policy, settings, channel)
     try:
         candidate, current = results_for(home, art.digest, key), (results_for(home, seen_from, key) if seen_from else None)
     except IntegrityError as err:
-        with channels.lock():
-            append_audit(home, key=key, at=now_iso(), who=who, action="refused", channel=channel, model=art.model,
-                         target=art.target, from_digest=seen_from, to_digest=art.digest, ref=art.ref,
-                         detail="results are not evidence: " + err.message)
+        if not dry_run:
+            with channels.lock():
+                append_audit(home, key=key, at=now_iso(), who=who, action="refused", channel=channel, model=art.model,
+                             target=art.target, from_digest=seen_from, to_digest=art.digest, ref=art.ref,
+                             detail="results are not evidence: " + err.message)
         raise
     run_only = [r for r in candidate if r.origin != "hand"]
     current_run_only = [r for r in current if r.origin != "hand"] if current is not None else None
-    gate_results = evaluate_gates(gates, run_only, target=art.target, current_results=current_run_only, current_digest=seen_from)
+    judge = dict(target=art.target, current_digest=seen_from, min_runs=min_runs)
+    gate_results = evaluate_gates(gates, run_only, current_results=current_run_only, **judge)
     hand_used: list[str] = []
     if any(r.origin == "hand" for r in candidate):
         if hand_allowed:
-            with_hand = evaluate_gates(gates, candidate, target=art.target, current_results=current, current_digest=seen_from)
+            with_hand = evaluate_gates(gates, candidate, current_results=current, **judge)
             passed_on_runs = {g.gate for g in gate_results if g.passed}
             hand_used = [h.gate for h in with_hand if h.passed and h.gate not in passed_on_runs]
             gate_results = with_hand
@@ -280,19 +423,34 @@ def promote(
                                                                                         f"for {channel}: {policy_source})"})
                             for g in gate_results]
     failed = [g for g in gate_results if not g.passed]
+    trail_where = f"{remote.url}:{shared.tag}" if shared is not None and remote is not None else None
+    tag = channel_tag(art.model, art.target, channel) if art.remote is not None and art.ref is not None else None
+    if dry_run:
+        if seen_from == art.digest:
+            action = "unchanged"
+        elif failed and not force:
+            action = "would-refuse"
+        else:
+            action = "would-force-promote" if force or hand_used else "would-promote"
+        return PromotionOutcome(channel, art.model, art.target, seen_from, art.digest, action, gate_results, gates_source,
+                                None, tag, trail_where, dry_run=True)
     common = dict(channel=channel, model=art.model, target=art.target, ref=art.ref,
                   gates=[g.model_dump() for g in gate_results], gates_source=gates_source)
+
+    def conflict(now_digest: str | None) -> Conflict:
+        append_audit(home, key=key, at=now_iso(), who=who, action="conflict", from_digest=now_digest, to_digest=art.digest,
+                     reason=reason, detail=f"expected {channel} at {expected or 'empty'}, found {now_digest or 'empty'}", **common)
+        return Conflict(
+            f"channel {channel} of {scope} moved to {now_digest or 'empty'} while this promotion expected {expected or 'empty'}; nothing changed",
+            resource=f"channel {scope}/{channel}",
+            fix="look at the channel's audit trail and promote again if still wanted",
+        )
+
     with channels.lock():
-        now = channels.get(scope, channel)
+        now = channels.get(scope, channel) if shared is None else before
         now_digest = now.digest if now else None
         if now_digest != expected:
-            append_audit(home, key=key, at=now_iso(), who=who, action="conflict", from_digest=now_digest, to_digest=art.digest,
-                         reason=reason, detail=f"expected {channel} at {expected or 'empty'}, found {now_digest or 'empty'}", **common)
-            raise Conflict(
-                f"channel {channel} of {scope} moved to {now_digest or 'empty'} while this promotion expected {expected or 'empty'}; nothing changed",
-                resource=f"channel {scope}/{channel}",
-                fix="look at the channel's audit trail and promote again if still wanted",
-            )
+            raise conflict(now_digest)
         if failed and not force:
             append_audit(home, key=key, at=now_iso(), who=who, action="refused", from_digest=now_digest, to_digest=art.digest,
                          reason=None, detail="gates not met: " + ", ".join(f"{g.gate} {g.status}" for g in failed), **common)
@@ -300,26 +458,44 @@ def promote(
             raise GateRefused(
                 f"refused to promote {art.digest} to {channel} of {scope}: gates not met: {_gate_summary(failed)}",
                 channel=channel, digest=art.digest, failed=[g.gate for g in failed], missing=missing,
-                verdicts=[g.model_dump() for g in gate_results], fix=_refusal_fix(failed, missing),
+                verdicts=[g.model_dump() for g in gate_results], fix=_refusal_fix(failed),
             )
         if now_digest == art.digest:
-            return PromotionOutcome(channel, art.model, art.target, now_digest, art.digest, "unchanged", gate_results, gates_source, None)
-        tag = channel_tag(art.model, art.target, channel) if art.remote is not None and art.ref is not None else None
+            return PromotionOutcome(channel, art.model, art.target, now_digest, art.digest, "unchanged", gate_results, gates_source,
+                                    None, trail=trail_where)
         forced = force or bool(hand_used)
         action = "force-promote" if forced else "promote"
         if hand_used and not force:
             reason = f"gates {', '.join(hand_used)} passed only on hand-recorded results ({policy_source} allows them for {channel})"
         details = [d for d in (f"channel tag {tag}" if tag else None,
                                f"hand-recorded results satisfied {', '.join(hand_used)}" if hand_used else None) if d]
+        fields = dict(at=now_iso(), who=who, action=action, from_digest=now_digest, to_digest=art.digest, reason=reason,
+                      detail="; ".join(details) or None, **common)
+        if shared is not None:
+            try:
+                record = _move_shared(home, shared, remote, key, fields=_record_fields(fields),  # type: ignore[arg-type]
+                                      still=lambda at: (at.digest if at else None) == expected, tag_ref=art.ref,
+                                      seed=_seed(home, shared, found))  # type: ignore[arg-type]
+            except _ChannelMoved as moved:
+                raise conflict(moved.now.digest if moved.now else None) from None
+            return PromotionOutcome(channel, art.model, art.target, now_digest, art.digest, action, gate_results, gates_source,
+                                    record, tag, trail_where)
         # The trail first (fsynced): a crash from here on leaves the pointer behind the trail, which the
         # next promote or rollback of this channel completes; never a moved pointer without its record.
-        record = append_audit(home, key=key, at=now_iso(), who=who, action=action, from_digest=now_digest, to_digest=art.digest,
-                              reason=reason, detail="; ".join(details) or None, **common)
+        record = append_audit(home, key=key, **fields)
         if tag is not None:
-            _move_tag_or_abort(home, key, record, lambda: publish_channel(home, art.remote, art.ref, art.model,  # type: ignore[arg-type]
-                                                                          art.target, channel))
+            _move_tag_or_abort(home, key, record, lambda: move_channel_tag(art.remote, art.ref, art.model,  # type: ignore[arg-type]
+                                                                           art.target, channel))
         channels.write(apply(now, record))
     return PromotionOutcome(channel, art.model, art.target, now_digest, art.digest, action, gate_results, gates_source, record, tag)
+
+
+def _record_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """An audit record's fields as the chain stores them (validated; without seq and hashes)."""
+    body = AuditRecord.model_validate({**fields, "seq": 0, "prev_hash": GENESIS, "hash": GENESIS}).model_dump(mode="json")
+    for name in ("seq", "prev_hash", "hash"):
+        body.pop(name)
+    return body
 
 
 def _move_tag_or_abort(home: Path, key: ReleaseKey | None, record: AuditRecord, move: Any) -> None:
@@ -352,27 +528,69 @@ def pick_channel(channels: ChannelStore, channel: str, model: str | None, target
     return found[0]
 
 
+def catch_up(home: Path, settings: Settings | None, *, channel: str | None = None) -> list[Standing]:
+    """Adopt the registry's trail of every shared channel (named `channel`, or all) whose copy there is
+    consistent with this workspace's, and write their pointers; an inconsistent or unreachable one is left
+    as it is (its standing says why). Under the release lock."""
+    key = release_key(settings)
+    who = current_user()
+    out = []
+    with ChannelStore(home).lock():
+        for shared in shared_channels(home):
+            if channel is not None and shared.channel != channel:
+                continue
+            found = shared_standing(shared, settings, key)
+            if found.consistent and found.registry is not None and not found.registry.legacy:
+                settle_shared(home, shared, found, open_shared_remote(shared, settings), who=who, key=key, settings=settings,
+                              strict=False)
+            out.append(found)
+    return out
+
+
 def rollback(home: Path, channel: str, *, model: str | None = None, target: str | None = None, reason: str | None = None,
              settings: Settings | None = None) -> AuditRecord:
     """Move `channel` back to the digest it held before its latest promotion (recorded)."""
+    check_name("channel", channel)
     channels = ChannelStore(home)
+    catch_up(home, settings, channel=channel)
     chosen = pick_channel(channels, channel, model, target)
     key = release_key(settings)
     who = current_user()
+    shared = shared_channel(home, chosen.model, chosen.target, channel)
     with channels.lock():
-        reconcile(home, chosen.scope, channel, who=who, key=key, settings=settings)
-        now = channels.get(chosen.scope, channel)
+        if shared is None:
+            reconcile(home, chosen.scope, channel, who=who, key=key, settings=settings)
+            now = channels.get(chosen.scope, channel)
+        else:
+            remote = open_shared_remote(shared, settings)
+            found = standing(shared, remote, key)
+            if found.problems:
+                append_audit(home, key=key, at=now_iso(), who=who, action="refused", channel=channel, model=chosen.model,
+                             target=chosen.target, from_digest=chosen.digest, to_digest=None,
+                             detail="the channel's shared trail is not consistent: " + found.problems[0])
+            require_consistent(found)
+            now = settle_shared(home, shared, found, remote, who=who, key=key, settings=settings)
         if now is None or not now.history:
             raise NotFound(f"channel {channel} of {chosen.scope} has no earlier digest to roll back to",
                            what="earlier digest", ref=channel, fix="promote the wanted artifact instead")
         previous = now.history[-1]
         tag = channel_tag(now.model, now.target, channel) if previous.ref and is_remote_url(previous.ref) else None
-        record = append_audit(home, key=key, at=now_iso(), who=who, action="rollback", channel=channel, model=now.model,
-                              target=now.target, from_digest=now.digest, to_digest=previous.digest, ref=previous.ref,
-                              reason=reason, detail=f"channel tag {tag}" if tag else None)
+        fields = dict(at=now_iso(), who=who, action="rollback", channel=channel, model=now.model, target=now.target,
+                      from_digest=now.digest, to_digest=previous.digest, ref=previous.ref, reason=reason,
+                      detail=f"channel tag {tag}" if tag else None)
+        if shared is not None:
+            try:
+                return _move_shared(home, shared, remote, key, fields=_record_fields(fields),
+                                    still=lambda at: same_pointer(at, now), tag_ref=previous.ref)
+            except _ChannelMoved as moved:
+                raise Conflict(f"channel {channel} of {chosen.scope} moved to {moved.now.digest if moved.now else 'empty'} "
+                               f"while this rollback was from {now.digest}; nothing changed",
+                               resource=f"channel {chosen.scope}/{channel}",
+                               fix="look at the channel's audit trail and roll back again if still wanted") from None
+        record = append_audit(home, key=key, **fields)
         if tag is not None:
-            _move_tag_or_abort(home, key, record, lambda: publish_channel(  # type: ignore[arg-type]
-                home, open_remote_for_ref(previous.ref, settings), previous.ref, now.model, now.target, channel))
+            _move_tag_or_abort(home, key, record, lambda: move_channel_tag(  # type: ignore[arg-type]
+                open_remote_for_ref(previous.ref, settings), previous.ref, now.model, now.target, channel))
         channels.write(apply(now, record))
         return record
 
@@ -380,12 +598,15 @@ def rollback(home: Path, channel: str, *, model: str | None = None, target: str 
 def channel_states(home: Path) -> list[dict[str, Any]]:
     """Each channel with its digest, where it lives, who set it, the depth of its rollback history,
     and what the trail says it should hold (`trail_digest`; `agrees` False when they differ)."""
+    from trtpipe.release.trail import channel_records
+
     audit = read_audit(home)
+    moves = [r for _, r in channel_records(home) if r.action in ("promote", "force-promote", "rollback")]
     disagreeing = {d.cid: d for d in disagreements(home, audit)}
     out = []
     for pointer in ChannelStore(home).all():
-        last = next((r for r in reversed(audit) if r.channel == pointer.channel and r.model == pointer.model and r.target == pointer.target
-                     and r.action in ("promote", "force-promote", "rollback")), None)
+        last = next((r for r in reversed(moves) if r.channel == pointer.channel and r.model == pointer.model
+                     and r.target == pointer.target), None)
         out.append({
             "channel": pointer.channel, "model": pointer.model, "target": pointer.target, "digest": pointer.digest,
             "ref": pointer.ref, "set_at": pointer.set_at, "set_by": pointer.set_by,

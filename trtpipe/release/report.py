@@ -99,7 +99,8 @@ def render(data: ReportData) -> tuple[str, list[str]]:
         if image:
             plotted.append(f"{version.model}:{version.label}")
         groups.setdefault((version.model, version.target), []).append(
-            {"label": version.label, "digest": version.digest, "channels": version.channels, "row": row, "image": image})
+            {"label": version.label, "digest": version.digest, "channels": version.channels, "row": row, "image": image,
+             "runs": version.bench})
     bench_groups = [{"title": f"{model} / {target or '?'}", "versions": versions} for (model, target), versions in groups.items()]
     labels = {v.digest: v.label for v in data.versions}
     html = template.render(data=data, bench_groups=bench_groups, versions=labels, fmt=_fmt)

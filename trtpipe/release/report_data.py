@@ -7,11 +7,16 @@ resolving helpers), the results log and the build records; nothing is written. `
 turns it into the page.
 
 A version is an artifact digest of the model: one a build record names (its repository), one a channel
-holds or held, or one the audit trail names. Its bench figures are the ones `trtpipe bench --record`
-filed under that exact digest. A regression is a promotion whose new version's bench figure is worse than
-the version it replaced in that channel by more than the channel's `max_regression_pct` (the same
-comparison the promotion gate makes, `trtpipe.release.gates.evaluate_gates`); where the channel's gates set
-no tolerance, the report's own (`--tolerance`, default 10 %) is used and the page says so.
+holds or held, or one the audit trail names. Its bench runs are every result `trtpipe bench --record`
+filed under that exact digest (all of them count, and the page lists all of them). A regression is a
+promotion whose new version's bench runs are worse than those of the version it replaced in that channel
+by more than the channel's `max_regression_pct` (the same judgement the promotion gate makes, with its
+interval, `trtpipe.release.gates.evaluate_gates`); where the channel's gates set no tolerance, the
+report's own (`--tolerance`, default 10 %) is used and the page says so.
+
+The trails are judged by `trtpipe.release.trail.trail_verdict`, the function `channels --verify` renders:
+the page says "intact" exactly when it does. A shared channel (promoted through a registry) is shown as
+the registry's copy of its trail says, when that copy is consistent with this workspace's.
 """
 
 from __future__ import annotations
@@ -24,9 +29,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trtpipe.build_record import BuildRecord, read_records
 from trtpipe.errors import TrtpipeError
-from trtpipe.release.audit import AuditRecord, read_audit, verify_audit
+from trtpipe.release.audit import AuditRecord, read_audit
 from trtpipe.release.channels import ChannelPointer, ChannelStore
-from trtpipe.release.gates import LATENCY_METRICS, THROUGHPUT_METRIC, GateResult, bench_metric, evaluate_gates
+from trtpipe.release.gates import DEFAULT_MIN_RUNS, LATENCY_METRICS, THROUGHPUT_METRIC, GateResult, bench_metric, evaluate_gates
+from trtpipe.release.trail import TrailVerdict, release_key, replay, trail_verdict
 from trtpipe.release.promote import load_gates, results_for
 from trtpipe.release.report_trust import ArtifactTrust, artifact_trust
 from trtpipe.results import ResultRecord
@@ -63,6 +69,7 @@ class ChannelRow(_Model):
 
 
 class AuditRow(_Model):
+    trail: str  # "workspace", or the registry tag of a shared channel's trail
     seq: int
     at: str
     who: str
@@ -80,7 +87,8 @@ class AuditRow(_Model):
 
 class AuditSection(_Model):
     rows: list[AuditRow] = Field(default_factory=list)
-    chain_problems: list[str] = Field(default_factory=list)
+    chain_problems: list[str] = Field(default_factory=list)  # trail_verdict's problems: what `channels --verify` says
+    notes: list[str] = Field(default_factory=list)  # trail_verdict's notes (a shared channel this workspace is behind on)
     unreadable: str | None = None  # why the trail could not be read at all
 
 
@@ -141,6 +149,7 @@ class ReportData(_Model):
     generated_at: str
     home: str
     model: str | None
+    min_runs: int = DEFAULT_MIN_RUNS  # the fewest bench runs a bench gate judges
     channels: list[ChannelRow]
     audit: AuditSection
     builds: list[BuildRow]
@@ -189,24 +198,41 @@ def _gates_for(index: _StoreIndex, digest: str, channel: str) -> tuple[ChannelGa
         return ChannelGates(), f"default ({err.one_line()})"
 
 
-def _audit(home: Path, model: str | None) -> tuple[AuditSection, list[AuditRecord]]:
-    section = AuditSection(chain_problems=verify_audit(home))
+def _audit(home: Path, model: str | None, verdict: TrailVerdict) -> tuple[AuditSection, list[AuditRecord]]:
+    section = AuditSection(chain_problems=list(verdict.problems), notes=list(verdict.notes))
     try:
-        records = read_audit(home)
+        trails = [("workspace", r) for r in read_audit(home)]
+        for found in verdict.standings:
+            trails.extend((found.shared.tag, r) for r in found.records())
     except TrtpipeError as err:
         section.unreadable = err.one_line()
         return section, []
+    trails.sort(key=lambda item: item[1].at)
     # A refusal the trail could not scope to a model (model "-": a pull or serve of an untrusted artifact)
     # is shown in every model's report rather than in none.
-    chosen = [r for r in records if model is None or r.model in (model, UNSCOPED)]
-    for r in chosen:
+    chosen = [(t, r) for t, r in trails if model is None or r.model in (model, UNSCOPED)]
+    for trail, r in chosen:
         failed = [str(g.get("gate")) for g in r.gates if isinstance(g, dict) and g.get("status") != "passed"]
         section.rows.append(AuditRow(
-            seq=r.seq, at=r.at, who=r.who, action=r.action, model=r.model, target=r.target, channel=r.channel,
+            trail=trail, seq=r.seq, at=r.at, who=r.who, action=r.action, model=r.model, target=r.target, channel=r.channel,
             from_digest=r.from_digest, to_digest=r.to_digest, reason=r.reason, detail=r.detail,
             failed_gates=failed, highlighted=r.action in HIGHLIGHTED_ACTIONS,
         ))
-    return section, chosen
+    return section, [r for _, r in chosen]
+
+
+def _pointers(home: Path, model: str | None, verdict: TrailVerdict) -> list[ChannelPointer]:
+    """Every channel's pointer: the pointer file, or for a shared channel what the registry's trail says (when
+    it is consistent with this workspace's copy)."""
+    by_cid = {(p.model, p.target, p.channel): p for p in ChannelStore(home).all()}
+    for found in verdict.standings:
+        if found.consistent:
+            state = replay(found.records()).pointers.get(found.shared.cid)
+            if state is None:
+                by_cid.pop(found.shared.cid, None)
+            else:
+                by_cid[found.shared.cid] = state
+    return [p for cid, p in sorted(by_cid.items()) if model is None or p.model == model]
 
 
 def _stages(record: BuildRecord) -> str:
@@ -275,7 +301,7 @@ def _results(home: Path, digest: str, cache: dict[str, list[ResultRecord]]) -> l
 
 
 def _regressions(audit: list[AuditRecord], index: _StoreIndex, home: Path, cache: dict[str, list[ResultRecord]],
-                 labels: dict[str, str], tolerance_pct: float) -> list[Regression]:
+                 labels: dict[str, str], tolerance_pct: float, min_runs: int) -> list[Regression]:
     out: list[Regression] = []
     for r in audit:
         if r.action not in ("promote", "force-promote") or not r.from_digest or not r.to_digest:
@@ -288,6 +314,7 @@ def _regressions(audit: list[AuditRecord], index: _StoreIndex, home: Path, cache
         checks = evaluate_gates(
             ChannelGates(smoke=False, max_regression_pct=tolerance), _results(home, r.to_digest, cache),
             target=r.target, current_results=_results(home, r.from_digest, cache), current_digest=r.from_digest,
+            min_runs=min_runs,
         )
         out.append(Regression(
             model=r.model, target=r.target, channel=r.channel, audit_seq=r.seq, at=r.at,
@@ -303,8 +330,11 @@ def gather(home: Path, *, model: str | None = None, tolerance_pct: float = DEFAU
     the signature adapter (`trtpipe.release.report_trust`)."""
     home = Path(home)
     index = _StoreIndex(home)
-    pointers = [p for p in ChannelStore(home).all() if model is None or p.model == model]
-    audit_section, audit_records = _audit(home, model)
+    min_runs = settings.min_bench_runs() if settings is not None else DEFAULT_MIN_RUNS
+    # The same judgement `channels --verify` renders (its default key, the registry's copies).
+    verdict = trail_verdict(home, release_key(settings), settings, registry=True)
+    pointers = _pointers(home, model, verdict)
+    audit_section, audit_records = _audit(home, model, verdict)
     all_builds = read_records(home)
     builds = [b for b in all_builds if model is None or b.model == model]
     cache: dict[str, list[ResultRecord]] = {}  # digest -> its results, each file read once
@@ -321,7 +351,7 @@ def gather(home: Path, *, model: str | None = None, tolerance_pct: float = DEFAU
         previous = p.previous.digest if p.previous else None
         evaluated = evaluate_gates(gates, _results(home, p.digest, cache), target=p.target,
                                    current_results=_results(home, previous, cache) if previous else None,
-                                   current_digest=previous)
+                                   current_digest=previous, min_runs=min_runs)
         last = last_moves.get((p.model, p.target, p.channel))
         channels.append(ChannelRow(
             model=p.model, target=p.target, channel=p.channel, digest=p.digest, version=labels.get(p.digest), ref=p.ref,
@@ -330,8 +360,8 @@ def gather(home: Path, *, model: str | None = None, tolerance_pct: float = DEFAU
             gates=evaluated, gates_source=source, trust=artifact_trust(home, p.digest, index.entry(p.digest), p.channel, settings),
         ))
     return ReportData(
-        generated_at=_now(), home=str(home), model=model, channels=channels, audit=audit_section,
+        generated_at=_now(), home=str(home), model=model, min_runs=min_runs, channels=channels, audit=audit_section,
         builds=_builds(builds), versions=versions,
-        regressions=_regressions(audit_records, index, home, cache, labels, tolerance_pct),
+        regressions=_regressions(audit_records, index, home, cache, labels, tolerance_pct, min_runs),
     )
 

@@ -9,6 +9,11 @@ Any other disagreement (a pointer at a digest the trail never put there, a point
 or written by hand) is reported by `channels --verify` and refuses promotion and rollback of that
 channel, recorded as `refused`; nothing is trusted from the pointer file.
 
+A channel promoted through a registry is shared: its trail is the registry's copy
+(`trtpipe.release.shared_trail`), this workspace's adopted copy of it is what its pointer is replayed
+from, and the workspace trail keeps only what happened here (refusals, conflicts, repairs).
+`trail_verdict` is the one judgement of all of it: `channels --verify` and the release page render it.
+
 `release_key` adapts the release key (`trtpipe.release.keys`) to what signs the trail's and result
 logs' heads (`trtpipe.chained.HeadKey`).
 """
@@ -19,10 +24,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtpipe.errors import IntegrityError, TrtpipeError
-from trtpipe.release.audit import AuditRecord, append_audit, read_audit
+from trtpipe.errors import IntegrityError, NotFound, TrtpipeError
+from trtpipe.release.audit import AuditRecord, append_audit, read_audit, trail_log
 from trtpipe.release.channels import ChannelPointer, ChannelScope, ChannelStore, PointerTarget, now_iso
 from trtpipe.release.keys import PrivateKey, PublicKey, load_public_key, load_signing_key, sign_bytes, verify_bytes
+from trtpipe.release.shared_trail import SharedChannel, Standing, channel_tag, shared_channels, standing, trail_tag
 from trtpipe.settings import Settings
 from trtpipe.store.remote import RemoteCache
 
@@ -118,7 +124,8 @@ def apply(prior: ChannelPointer | None, record: AuditRecord) -> ChannelPointer:
                           ref=record.ref, set_at=record.at, set_by=record.who, history=history)
 
 
-def _same(a: ChannelPointer | None, b: ChannelPointer | None) -> bool:
+def same_pointer(a: ChannelPointer | None, b: ChannelPointer | None) -> bool:
+    """Whether two pointers name the same digest with the same rollback history."""
     if a is None or b is None:
         return a is b
     return a.digest == b.digest and [h.digest for h in a.history] == [h.digest for h in b.history]
@@ -130,6 +137,7 @@ class Disagreement:
     pointer: ChannelPointer | None
     trail: ChannelPointer | None
     interrupted: bool  # the pointer stands where the trail stood before the channel's last move
+    trail_path: str | None = None  # a shared channel's adopted trail (None: the workspace trail)
 
     def line(self, home: Path) -> str:
         model, target, channel = self.cid
@@ -138,20 +146,40 @@ class Disagreement:
         last = self.trail.digest if self.trail else "nothing (no promotion of this channel)"
         why = ("a promotion or rollback was interrupted after its audit record and before the pointer moved"
                if self.interrupted else "the pointer was changed outside trtpipe, or the trail lost records")
-        return f"{path}: the pointer names {says}, the audit trail's last word is {last} ({why})"
+        which = f"the channel's trail ({self.trail_path})" if self.trail_path else "the audit trail"
+        return f"{path}: the pointer names {says}, {which}'s last word is {last} ({why})"
 
 
 def disagreements(home: Path, records: list[AuditRecord] | None = None) -> list[Disagreement]:
-    """Every channel whose pointer file is not what the trail says."""
+    """Every channel whose pointer file is not what its trail says: the workspace trail's replay, or for a
+    shared channel the replay of its adopted trail (`interrupted`: the pointer stands where that trail
+    stood before some of its last records, as a crash between adopting and writing the pointer leaves it)."""
     replayed = replay(read_audit(home) if records is None else records)
+    shared = {s.cid: s for s in shared_channels(home)}
     pointers = {(p.model, p.target, p.channel): p for p in ChannelStore(home).all()}
     out = []
-    for cid in sorted(set(pointers) | set(replayed.pointers)):
-        pointer, trail = pointers.get(cid), replayed.pointers.get(cid)
-        if not _same(pointer, trail):
-            interrupted = cid in replayed.last_move and _same(pointer, replayed.before_last_move.get(cid))
+    for cid in sorted(set(pointers) | set(replayed.pointers) | set(shared)):
+        pointer = pointers.get(cid)
+        if cid in shared:
+            states = replay_prefixes(shared[cid].local_records(), cid)
+            if not same_pointer(pointer, states[-1]):
+                out.append(Disagreement(cid, pointer, states[-1], any(same_pointer(pointer, s) for s in states[:-1]),
+                                        trail_path=str(shared[cid].log.path)))
+            continue
+        trail = replayed.pointers.get(cid)
+        if not same_pointer(pointer, trail):
+            interrupted = cid in replayed.last_move and same_pointer(pointer, replayed.before_last_move.get(cid))
             out.append(Disagreement(cid, pointer, trail, interrupted))
     return out
+
+
+def replay_prefixes(records: list[AuditRecord], cid: ChannelId) -> list[ChannelPointer | None]:
+    """The channel's pointer before any record, after the first, ... after all of `records` (one trail)."""
+    states: list[ChannelPointer | None] = [None]
+    for end in range(1, len(records) + 1):
+        if records[end - 1].action in (*MOVES, "aborted"):
+            states.append(replay(records[:end]).pointers.get(cid))
+    return states
 
 
 def reconcile(home: Path, scope: ChannelScope, channel: str, *, who: str, key: ReleaseKey | None = None,
@@ -162,9 +190,9 @@ def reconcile(home: Path, scope: ChannelScope, channel: str, *, who: str, key: R
     cid: ChannelId = (scope.model, scope.target, channel)
     replayed = replay(read_audit(home))
     pointer, trail = ChannelStore(home).get(scope, channel), replayed.pointers.get(cid)
-    if _same(pointer, trail):
+    if same_pointer(pointer, trail):
         return None
-    found = Disagreement(cid, pointer, trail, cid in replayed.last_move and _same(pointer, replayed.before_last_move.get(cid)))
+    found = Disagreement(cid, pointer, trail, cid in replayed.last_move and same_pointer(pointer, replayed.before_last_move.get(cid)))
     if not found.interrupted or found.trail is None:
         append_audit(home, key=key, at=now_iso(), who=who, action="refused", channel=channel, model=scope.model,
                      target=scope.target, from_digest=found.pointer.digest if found.pointer else None,
@@ -184,21 +212,14 @@ def reconcile(home: Path, scope: ChannelScope, channel: str, *, who: str, key: R
 
 
 def trail_head_tag(model: str, target: str, channel: str) -> str:
-    """The registry tag the trail's head is kept under, beside the channel tag `<model>.<target>.<channel>`."""
-    return f"trail.{model}.{target}.{channel}"[:128]
+    """The registry tag a channel's trail (before trails were shared: the workspace trail's head) is kept under."""
+    return trail_tag(model, target, channel)
 
 
-def publish_channel(home: Path, remote: RemoteCache, pinned: str, model: str, target: str, channel: str) -> str:
-    """Move the registry's channel tag to `pinned` and keep the trail's (signed) head beside it, under
-    `trail_head_tag`: truncating or rewriting the local trail then disagrees with the registry's copy."""
-    from trtpipe.release.audit import trail_log
-    from trtpipe.release.promote import channel_tag
-
+def move_channel_tag(remote: RemoteCache, pinned: str, model: str, target: str, channel: str) -> str:
+    """Point the registry's channel tag `<model>.<target>.<channel>` at `pinned` (what deploy hosts pull)."""
     tag = channel_tag(model, target, channel)
     remote.point_tag(pinned, tag)
-    head = trail_log(home).head_bytes()
-    if head is not None:
-        remote.put_trail_head(trail_head_tag(model, target, channel), head)
     return tag
 
 
@@ -206,50 +227,212 @@ def _move_registry_tag(home: Path, pointer: ChannelPointer, settings: Settings |
     from trtpipe.store.remote import is_remote_url, open_remote_for_ref
 
     if pointer.ref and is_remote_url(pointer.ref):
-        publish_channel(home, open_remote_for_ref(pointer.ref, settings), pointer.ref, pointer.model, pointer.target,
-                        pointer.channel)
+        move_channel_tag(open_remote_for_ref(pointer.ref, settings), pointer.ref, pointer.model, pointer.target, pointer.channel)
 
 
-def registry_problems(home: Path, key: ReleaseKey | None, settings: Settings | None) -> list[str]:
-    """The local trail against every copy of its head the registry keeps beside a channel tag."""
-    from trtpipe.release.audit import trail_log
+# --------------------------------------------------------------------------- shared channels
+
+
+def open_shared_remote(shared: SharedChannel, settings: Settings | None) -> RemoteCache:
+    """The registry a shared channel's trail lives in (its `source.json` names it)."""
+    from trtpipe.store.remote import open_remote
+
+    source = shared.source()
+    if source is None:
+        raise IntegrityError(f"{shared.source_path}: missing; cannot tell which registry keeps the trail of {shared.label}",
+                             path=str(shared.source_path), fix="restore it, or remove the channel's trail folder and promote again")
+    return open_remote(source.remote, settings)
+
+
+def shared_standing(shared: SharedChannel, settings: Settings | None, key: ReleaseKey | None) -> Standing:
+    """`standing` against the registry the channel's source names (an unreachable registry is a problem)."""
+    try:
+        remote = open_shared_remote(shared, settings)
+    except TrtpipeError as err:
+        return standing(shared, None, key, fetch_error=err.one_line())
+    return standing(shared, remote, key)
+
+
+def channel_tag_names(remote: RemoteCache, cid: ChannelId) -> str | None:
+    """The artifact digest the registry's channel tag names now (None: no such tag)."""
+    try:
+        return remote.describe(f"{remote.url}:{channel_tag(*cid)}").artifact_digest
+    except NotFound:
+        return None
+
+
+def channel_tag_problem(remote: RemoteCache, cid: ChannelId, pointer: ChannelPointer | None) -> str | None:
+    """Why the registry's channel tag does not name what the channel's trail says (None: it does)."""
+    from trtpipe.store.remote import is_remote_url
+
+    if pointer is None or not pointer.ref or not is_remote_url(pointer.ref):
+        return None
+    tag = channel_tag(*cid)
+    try:
+        named = channel_tag_names(remote, cid)
+    except TrtpipeError as err:
+        return f"{remote.url}:{tag}: the channel tag could not be read ({err.one_line()})"
+    if named == pointer.digest:
+        return None
+    return (f"{remote.url}:{tag}: the channel tag names {named or 'nothing'}, the channel's trail says {pointer.digest} "
+            "(a move interrupted before the tag moved, or the tag moved outside trtpipe; the next promote or rollback "
+            "of the channel moves it back)")
+
+
+def project_pointer(home: Path, shared: SharedChannel) -> ChannelPointer | None:
+    """Write the channel's pointer file as its adopted trail replays (removed when the trail names nothing)."""
+    state = replay(shared.local_records()).pointers.get(shared.cid)
+    store = ChannelStore(home)
+    if state is None:
+        store.path(ChannelScope(model=shared.model, target=shared.target), shared.channel).unlink(missing_ok=True)
+    else:
+        store.write(state)
+    return state
+
+
+def settle_shared(home: Path, shared: SharedChannel, found: Standing, remote: RemoteCache, *, who: str,
+                  key: ReleaseKey | None, settings: Settings | None = None, strict: bool = True) -> ChannelPointer | None:
+    """Catch up with the registry (the caller holds the release lock; `found` is consistent): adopt its copy,
+    write the pointer it replays to, and move the channel tag back where the trail says if it is elsewhere
+    (recorded `repair` in the workspace trail). A pointer file that no prefix of the adopted trail explains
+    was written by hand: refused (recorded `refused`); with `strict` False (a listing) left alone, unrecorded,
+    for `trail_verdict` to report, and the channel tag is not moved. Returns the channel's pointer."""
+    from trtpipe.release.shared_trail import adopt
+
+    store = ChannelStore(home)
+    scope = ChannelScope(model=shared.model, target=shared.target)
+    if shared.source() is None:
+        # First adoption: the pointer file (if any) is the workspace trail's; it must agree with that first.
+        if not strict:
+            return store.get(scope, shared.channel)
+        reconcile(home, scope, shared.channel, who=who, key=key, settings=settings)
+    else:
+        pointer = store.get(scope, shared.channel)
+        states = replay_prefixes(shared.local_records(), shared.cid)
+        if not any(same_pointer(pointer, s) for s in states):
+            if not strict:
+                return pointer
+            disagreement = Disagreement(shared.cid, pointer, states[-1], False, trail_path=str(shared.log.path))
+            append_audit(home, key=key, at=now_iso(), who=who, action="refused", channel=shared.channel, model=shared.model,
+                         target=shared.target, from_digest=pointer.digest if pointer else None, to_digest=None,
+                         detail="channel pointer disagrees with the channel's trail: " + disagreement.line(home))
+            raise IntegrityError(f"{disagreement.line(home)}; nothing changed", path=str(store.path(scope, shared.channel)),
+                                 fix="remove the pointer file: it is written again from the channel's trail")
+    adopt(shared, found, remote.url)
+    state = project_pointer(home, shared) if found.registry is not None and not found.registry.legacy else store.get(scope, shared.channel)
+    from trtpipe.store.remote import is_remote_url
+
+    if strict and state is not None and state.ref and is_remote_url(state.ref) and found.state not in ("legacy", "new"):
+        named = channel_tag_names(remote, shared.cid)
+        if named != state.digest:
+            move_channel_tag(remote, state.ref, *shared.cid)
+            append_audit(home, key=key, at=now_iso(), who=who, action="repair", channel=shared.channel, model=shared.model,
+                         target=shared.target, from_digest=named, to_digest=state.digest, ref=state.ref,
+                         detail=f"moved the registry's channel tag {channel_tag(*shared.cid)} back to what the channel's "
+                                "trail says (a move interrupted before the tag moved, or the tag moved outside trtpipe)")
+    return state
+
+
+# --------------------------------------------------------------------------- the verdict
+
+
+@dataclass
+class TrailVerdict:
+    """Everything that is wrong with this workspace's trails (empty `problems`: intact), what is merely
+    worth saying (`notes`: a shared channel this workspace is behind on), and each shared channel's standing."""
+
+    problems: list[str]
+    notes: list[str]
+    standings: list[Standing]
+
+
+def trail_verdict(home: Path, key: ReleaseKey | None = None, settings: Settings | None = None, *,
+                  registry: bool = False) -> TrailVerdict:
+    """The one judgement `channels --verify` and the release page render: the workspace trail's chain and
+    anchored head (signed, with a key), every pointer against its trail's last word, and (`registry`) every
+    shared channel's trail against the registry's copy and the channel tag against the trail, and the
+    head-only copies of channels not shared yet (kept by trtpipe before trails were shared)."""
+    from trtpipe.release.audit import verify_audit
+
+    problems = verify_audit(home, key)
+    notes: list[str] = []
+    standings: list[Standing] = []
+    try:
+        for shared in shared_channels(home):
+            if registry:
+                try:
+                    remote: RemoteCache | None = open_shared_remote(shared, settings)
+                    found = standing(shared, remote, key)
+                except TrtpipeError as err:
+                    remote, found = None, standing(shared, None, key, fetch_error=err.one_line())
+                if remote is not None and found.consistent and found.registry is not None and not found.registry.legacy:
+                    state = replay(found.records()).pointers.get(shared.cid)
+                    problem = channel_tag_problem(remote, shared.cid, state)
+                    if problem:
+                        found.problems.append(problem)
+            else:
+                found = Standing(shared, "unchecked", [p for p in shared.log.verify(key) if "are not anchored" not in p],
+                                 shared.log.scan().records)
+            standings.append(found)
+            problems.extend(found.problems)
+            if found.note:
+                notes.append(found.note)
+        problems.extend(d.line(home) for d in disagreements(home))
+        if registry:
+            problems.extend(_legacy_problems(home, key, settings, {s.shared.cid for s in standings}, notes))
+    except IntegrityError as err:
+        problems.append(err.one_line())
+    return TrailVerdict(problems, notes, standings)
+
+
+def verify_trail(home: Path, key: ReleaseKey | None = None, settings: Settings | None = None, *,
+                 registry: bool = False) -> list[str]:
+    """The problems `trail_verdict` finds (empty: intact)."""
+    return trail_verdict(home, key, settings, registry=registry).problems
+
+
+def _legacy_problems(home: Path, key: ReleaseKey | None, settings: Settings | None, shared: set[ChannelId],
+                     notes: list[str]) -> list[str]:
+    """Channels promoted through a registry before trails were shared (no adopted trail here): the workspace
+    trail against the head-only copy the registry keeps for each. A channel whose tag now holds a shared
+    trail is adopted by this workspace's next promote (a note, not a problem)."""
     from trtpipe.store.remote import is_remote_url, open_remote_for_ref
 
     log = trail_log(home)
     seen: dict[tuple[str, str], ChannelPointer] = {}
     for pointer in [*ChannelStore(home).all(), *replay(read_audit(home)).pointers.values()]:
+        if (pointer.model, pointer.target, pointer.channel) in shared:
+            continue
         if pointer.ref and is_remote_url(pointer.ref):
-            seen.setdefault((pointer.ref.split("@")[0], trail_head_tag(pointer.model, pointer.target, pointer.channel)), pointer)
+            seen.setdefault((pointer.ref.split("@")[0], trail_tag(pointer.model, pointer.target, pointer.channel)), pointer)
     problems: list[str] = []
     for (base, tag), pointer in sorted(seen.items()):
         where = f"in the registry ({base}:{tag})"
         try:
-            raw = open_remote_for_ref(pointer.ref or "", settings).get_trail_head(tag)
+            copy = open_remote_for_ref(pointer.ref or "", settings).get_channel_trail(tag)
         except TrtpipeError as err:
-            problems.append(f"{base}:{tag}: the registry's copy of the trail head could not be read ({err.one_line()})")
+            problems.append(f"{base}:{tag}: the registry's copy of the trail could not be read ({err.one_line()})")
             continue
-        if raw is None:
-            problems.append(f"{base}:{tag}: the registry holds no copy of the trail head for a channel it tags")
+        if copy is None:
+            problems.append(f"{base}:{tag}: the registry holds no copy of the trail for a channel it tags")
+            continue
+        if copy.log is not None:
+            notes.append(f"{base}:{tag}: the channel is shared through the registry now; this workspace adopts its "
+                         "trail at its next promote of it")
             continue
         try:
-            head = json.loads(raw)
+            head = json.loads(copy.head)
         except ValueError:
             head = {}
         problems.extend(log.check_copy(head if isinstance(head, dict) else {}, where, key))
     return problems
 
 
-def verify_trail(home: Path, key: ReleaseKey | None = None, settings: Settings | None = None, *,
-                 registry: bool = False) -> list[str]:
-    """Everything `channels --verify` checks: the chain, the anchored head (signed, with a key), every
-    pointer against the trail's last word, and (`registry`) the copies of the head the registry keeps."""
-    from trtpipe.release.audit import verify_audit
-
-    problems = verify_audit(home, key)
-    try:
-        problems.extend(d.line(home) for d in disagreements(home))
-        if registry:
-            problems.extend(registry_problems(home, key, settings))
-    except IntegrityError as err:
-        problems.append(err.one_line())
-    return problems
+def channel_records(home: Path, channel: str | None = None) -> list[tuple[str, AuditRecord]]:
+    """Every record about channels, oldest first, with the trail it is in: the workspace trail's ("workspace")
+    and each shared channel's adopted trail (its registry tag)."""
+    out = [("workspace", r) for r in read_audit(home, channel=channel)]
+    for shared in shared_channels(home):
+        if channel is None or shared.channel == channel:
+            out.extend((shared.tag, r) for r in shared.local_records())
+    return sorted(out, key=lambda item: item[1].at)

@@ -41,6 +41,7 @@ from trtpipe.errors import (
     MissingCapability,
     NotFound,
     RemoteError,
+    TagMoved,
     TimedOut,
     UsageError,
 )
@@ -112,8 +113,12 @@ class OciRef:
         return self.base
 
 
-TRAIL_HEAD_MEDIA_TYPE = "application/vnd.trtpipe.trail-head.v1+json"
+TRAIL_HEAD_MEDIA_TYPE = "application/vnd.trtpipe.trail-head.v1+json"  # a workspace trail's head alone (before shared trails)
 MAX_TRAIL_HEAD_BYTES = 64 * 1024
+# A channel's shared trail: the config blob is its (signed) head, the one layer the JSONL records.
+CHANNEL_TRAIL_HEAD_MEDIA_TYPE = "application/vnd.trtpipe.channel-trail-head.v1+json"
+CHANNEL_TRAIL_MEDIA_TYPE = "application/vnd.trtpipe.channel-trail.v1+jsonl"
+MAX_CHANNEL_TRAIL_BYTES = 64 * 2**20
 
 
 def parse_oci_ref(text: str) -> OciRef:
@@ -943,6 +948,15 @@ def install_into(client: OciClient, remote: RemoteArtifact, store: Any, handle: 
 
 
 @dataclass(frozen=True)
+class TrailCopy:
+    """A channel trail as a registry keeps it under a tag."""
+
+    digest: str  # the manifest the tag named when read: what a compare-and-swap expects to still be there
+    head: bytes  # the trail's (signed) head document
+    log: bytes | None  # the JSONL records; None for a head-only copy from before trails were shared
+
+
+@dataclass(frozen=True)
 class Described:
     """What a reference names: the artifact digest, its store manifest, and the reference pinned by digest."""
 
@@ -1026,31 +1040,75 @@ class OciRemote:
                            what="remote artifact", ref=pinned, fix="push the artifact there again")
         move_tag(self.client, self.base.repository, tag, body)
 
-    def put_trail_head(self, tag: str, head: bytes) -> None:
-        """Mirror the audit trail's (signed) head under the movable `tag`, beside the channel tag it
-        was written with: an OCI artifact whose config blob is the head document."""
-        if len(head) > MAX_TRAIL_HEAD_BYTES:
-            raise UsageError(f"the trail head is {len(head)} bytes, more than {MAX_TRAIL_HEAD_BYTES}",
-                             fix="the head file beside the audit trail was not written by trtpipe; restore it")
-        digest = self.client.push_bytes(self.base.repository, head)
-        manifest = {
-            "schemaVersion": 2, "mediaType": OCI_MANIFEST_MEDIA_TYPE, "artifactType": TRAIL_HEAD_MEDIA_TYPE,
-            "config": {"mediaType": TRAIL_HEAD_MEDIA_TYPE, "digest": digest, "size": len(head)},
-            "layers": [{"mediaType": TRAIL_HEAD_MEDIA_TYPE, "digest": digest, "size": len(head)}],
-        }
-        move_tag(self.client, self.base.repository, tag, json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode())
-
-    def get_trail_head(self, tag: str) -> bytes | None:
-        """The trail head mirrored under `tag`, or None when the registry holds none."""
+    def get_channel_trail(self, tag: str) -> TrailCopy | None:
+        """The channel trail kept under `tag` (None when the tag does not exist), with the digest of the
+        manifest the tag named when it was read: what `put_channel_trail` expects to still be there."""
         body = self.client.get_manifest(self.base.repository, tag)
         if body is None:
             return None
+        where = f"{self.base}:{tag}"
         try:
-            config = json.loads(body)["config"]
-            if config["mediaType"] != TRAIL_HEAD_MEDIA_TYPE:
+            manifest = json.loads(body)
+            config = manifest["config"]
+            kind, digest, size = str(config["mediaType"]), str(config["digest"]), int(config["size"])
+            layers = manifest.get("layers") or []
+            if kind == CHANNEL_TRAIL_HEAD_MEDIA_TYPE:
+                layer = layers[0]
+                if len(layers) != 1 or layer["mediaType"] != CHANNEL_TRAIL_MEDIA_TYPE:
+                    raise ValueError
+                log_digest, log_size = str(layer["digest"]), int(layer["size"])
+            elif kind != TRAIL_HEAD_MEDIA_TYPE:
                 raise ValueError
-            digest, size = str(config["digest"]), int(config["size"])
-        except (ValueError, KeyError, TypeError):
-            raise IntegrityError(f"{self.base}:{tag} is not a trail head", path=f"{self.base}:{tag}",
+            if not _DIGEST_RE.match(digest) or size > MAX_TRAIL_HEAD_BYTES:
+                raise ValueError
+        except (ValueError, KeyError, TypeError, IndexError):
+            raise IntegrityError(f"{where} is not a channel trail", path=where,
                                  fix="nothing was used; the tag was pushed by something other than trtpipe") from None
-        return self.client.fetch_blob_bytes(self.base.repository, digest, size, limit=MAX_TRAIL_HEAD_BYTES)
+        head = self.client.fetch_blob_bytes(self.base.repository, digest, size, limit=MAX_TRAIL_HEAD_BYTES)
+        if kind == TRAIL_HEAD_MEDIA_TYPE:
+            return TrailCopy(digest=sha256_bytes(body), head=head, log=None)
+        if not _DIGEST_RE.match(log_digest):
+            raise IntegrityError(f"{where}: its trail layer has no sha256 digest", path=where)
+        log = self.client.fetch_blob_bytes(self.base.repository, log_digest, log_size, limit=MAX_CHANNEL_TRAIL_BYTES)
+        return TrailCopy(digest=sha256_bytes(body), head=head, log=log)
+
+    def put_channel_trail(self, tag: str, head: bytes, log: bytes, *, expect: str | None) -> str:
+        """Store a channel trail and move `tag` to it only if the tag still names `expect` (None: no tag
+        yet); return the new manifest's digest. `TagMoved` when another writer moved it first.
+
+        A registry offers no atomic compare-and-swap on a tag (distribution v2 and the OCI distribution spec
+        have no conditional manifest PUT): the blobs and the manifest are stored by digest first, which
+        changes nothing anyone reads; then the tag is read again and moved only if it still names `expect`.
+        What remains is the gap between that read and the PUT (one round trip): the caller reads the tag
+        back afterwards and retries when its copy is not the one there (`trtpipe.release.shared_trail`)."""
+        if len(log) > MAX_CHANNEL_TRAIL_BYTES or len(head) > MAX_TRAIL_HEAD_BYTES:
+            raise UsageError(f"the channel trail is {len(log)} bytes (head {len(head)}), more than a registry copy may be "
+                             f"({MAX_CHANNEL_TRAIL_BYTES}, {MAX_TRAIL_HEAD_BYTES})",
+                             fix="start a new channel: this one's trail has outgrown what is kept in one registry copy")
+        repository = self.base.repository
+        head_digest = self.client.push_bytes(repository, head)
+        log_digest = self.client.push_bytes(repository, log)
+        manifest = {
+            "schemaVersion": 2, "mediaType": OCI_MANIFEST_MEDIA_TYPE, "artifactType": CHANNEL_TRAIL_MEDIA_TYPE,
+            "config": {"mediaType": CHANNEL_TRAIL_HEAD_MEDIA_TYPE, "digest": head_digest, "size": len(head)},
+            "layers": [{"mediaType": CHANNEL_TRAIL_MEDIA_TYPE, "digest": log_digest, "size": len(log)}],
+        }
+        body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
+        digest = self.client.put_manifest(repository, sha256_bytes(body), body)
+        self._expect_tag(tag, expect)
+        move_tag(self.client, repository, tag, body)
+        return digest
+
+    def _expect_tag(self, tag: str, expect: str | None) -> None:
+        current = self.client.get_manifest(self.base.repository, tag)
+        found = sha256_bytes(current) if current is not None else None
+        if found != expect:
+            raise TagMoved(f"{self.base}:{tag} names {found or 'nothing'}, not {expect or 'nothing'} as when it was read: "
+                           "another writer moved it", resource=f"{self.base}:{tag}",
+                           fix="read it again and retry on what it names now")
+
+    def get_trail_head(self, tag: str) -> bytes | None:
+        """The head alone a workspace kept under `tag` before channel trails were shared (or the head of the
+        shared trail there now), or None when the registry holds none."""
+        copy = self.get_channel_trail(tag)
+        return copy.head if copy is not None else None

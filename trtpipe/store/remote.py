@@ -52,6 +52,17 @@ class Pushed(Protocol):
     def bytes(self) -> int: ...
 
 
+class TrailCopy(Protocol):
+    """A channel trail as the remote keeps it."""
+
+    @property
+    def digest(self) -> str: ...  # what the tag named when read (a compare-and-swap expects it still)
+    @property
+    def head(self) -> bytes: ...
+    @property
+    def log(self) -> bytes | None: ...  # None: a head-only copy from before trails were shared
+
+
 class Described(Protocol):
     """An artifact a remote reference names: its digest, its store manifest, the pinned reference."""
 
@@ -90,11 +101,16 @@ class RemoteCache(Protocol):
     def point_tag(self, pinned: str, tag: str) -> None:
         """Point a movable tag (a channel) at the artifact `pinned` names."""
 
-    def put_trail_head(self, tag: str, head: bytes) -> None:
-        """Keep a copy of the audit trail's (signed) head under the movable `tag`."""
+    def get_channel_trail(self, tag: str) -> TrailCopy | None:
+        """The channel trail kept under the movable `tag` (its head, its records, the manifest digest the tag
+        named when read), or None."""
+
+    def put_channel_trail(self, tag: str, head: bytes, log: bytes, *, expect: str | None) -> str:
+        """Keep a channel trail under `tag`, moving the tag only if it still names `expect` (None: no tag);
+        `trtpipe.errors.TagMoved` when it does not. Returns the new copy's digest."""
 
     def get_trail_head(self, tag: str) -> bytes | None:
-        """The trail head kept under `tag`, or None."""
+        """The head kept under `tag` (a head-only copy from before trails were shared, or a trail's), or None."""
 
 
 @dataclass(frozen=True)
