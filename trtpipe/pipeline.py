@@ -528,6 +528,13 @@ class _Runner:
             self.report.message = f"the build record could not be written either ({lost.message})"
 
 
+def _remote_use_from_settings() -> RemoteUse:
+    from trtpipe.settings import from_env
+    from trtpipe.store.remote import remote_use
+
+    return remote_use(from_env())
+
+
 def open_stores(store: Store | Path | str | None, remote: Any = None) -> tuple[Store, Any]:
     """The local store, and the remote cache (`trtpipe.store.remote`) when `remote` is given or `store`
     (or $TRTPIPE_STORE) names one, e.g. `oci://host/repo` (`trtpipe.settings.places` decides).
@@ -565,13 +572,15 @@ def run_build(
     `store`: a Store, a store root, or `oci://HOST/REPO` (the default store with that remote cache);
     `remote`: a remote cache (probe / find / pull_into / push) to consult before building and push to after;
     `remote_use`: how (read-write or read-only, required or best effort: `trtpipe.store.remote.RemoteUse`;
-    default read-write, best effort: a cache that is away is a warning and a local build);
+    default: as TRTPIPE_REMOTE_MODE and TRTPIPE_REQUIRE_REMOTE say, else read-write and best effort, where a
+    cache that is away is a warning and a local build);
     `on_stage`: called with each step's report as soon as it is known."""
     spec_path = Path(spec_path)
     if not spec_path.is_file():
         raise UsageError(f"{spec_path}: no such spec file", fix="give the path of a build spec YAML")
     forced = check_force(force)
     opened, remote = open_stores(store, remote)
+    remote_use = remote_use if remote_use is not None else _remote_use_from_settings()
     started_ns = time.time_ns()  # before anything is read: the memo's inputs must be older (trtpipe.warm)
     runner = _Runner(spec_path, opened, dry_run=dry_run, force=forced, verify=verify, progress=progress,
                      remote=remote, on_stage=on_stage, pulled_check=pulled_check, remote_use=remote_use)
@@ -665,6 +674,7 @@ def _publish_tokenizer(request: PublishRequest, resolved: ResolvedSpec) -> Path:
 
 def run_publish(
     request: PublishRequest, *, store: Store | Path | str | None = None, remote: Any = None, progress: bool = True,
+    remote_use: RemoteUse | None = None,
 ) -> PublishOutcome:
     """Check an engine built outside trtpipe against its spec, store it (stage outcome "imported"; its build record
     names the folder it came from) and publish its repository through the publish stage, as `build` would. The spec
@@ -680,7 +690,8 @@ def run_publish(
     stage_box: list[Any] = []
     tokenizer_box: list[Path] = []
     runner = _Runner(spec_path, opened, dry_run=False, force=(), verify=False, progress=progress, remote=remote,
-                     need_weights=False, choose=_publish_chooser(request, stage_box, tokenizer_box))
+                     need_weights=False, choose=_publish_chooser(request, stage_box, tokenizer_box),
+                     remote_use=remote_use if remote_use is not None else _remote_use_from_settings())
     try:
         # No resolution memo (trtpipe.warm): that is `build`'s, and this spec's build would convert and build.
         report = runner.run()

@@ -212,11 +212,11 @@ def results_import_command(
     """Check bundles (chains, heads, signature) and merge their results into this workspace's own chained logs,
     each record once: importing a bundle again, or another runner's bundle of the same digest, adds only what
     is new. A tampered or untrusted bundle is refused and nothing is imported."""
-    from trtpipe.release.evidence import ImportRequest, import_results, trusted_keys
+    from trtpipe.release.evidence import ImportRequest, import_results
 
     workspace = open_workspace(store)
-    trusted = trusted_keys(workspace.settings, load_policy_option(policy, workspace.settings), public_key)
-    outcome = import_results(workspace.results, ImportRequest(bundles=bundles, public_key=public_key), trusted)
+    outcome = import_results(workspace.results, ImportRequest(bundles=bundles, public_key=public_key),
+                             settings=workspace.settings, policy=load_policy_option(policy, workspace.settings))
     if as_json:
         _print_json(outcome.as_dict())
         return

@@ -301,9 +301,12 @@ def _check_signature(path: Path, bundle: Bundle, document: dict[str, Any], trust
                     fix="export it with the release key, or add the signer's public key to the trust policy")
 
 
-def import_results(results: ResultsLog, request: ImportRequest, trusted: dict[str, PublicKey]) -> ImportOutcome:
-    """Check every bundle (format, chains, heads, signature against `trusted`), then merge each record this
-    workspace does not hold yet into its own chain. Nothing is appended unless every bundle passes."""
+def import_results(results: ResultsLog, request: ImportRequest, *, settings: Settings,
+                   policy: TrustPolicy | None) -> ImportOutcome:
+    """Check every bundle (format, chains, heads, signature against the keys this workspace trusts:
+    `trusted_keys`), then merge each record this workspace does not hold yet into its own chain. Nothing is
+    appended unless every bundle passes."""
+    trusted = trusted_keys(settings, policy, request.public_key)
     checked: list[tuple[Path, Bundle, CheckedBundle]] = []
     for path in request.bundles:
         path = Path(path)
