@@ -461,7 +461,7 @@ class Scratch:
 def check_install_lines(text: str, workspace: Path, where: str) -> None:
     """What stands in for an install step: it installs exactly the wheel the wheel job built, from dist/."""
     assert "dist/trtpipe-*.whl" in text, f"{where}: does not install the pipeline's wheel:\n{text}"
-    assert "trtpipe==" not in text.replace('"trtpipe==$TRTPIPE_VERSION"', ""), f"{where}: installs trtpipe by name"
+    assert "trtpipe==" not in text, f"{where}: installs trtpipe by name, not the pipeline's wheel"
     wheels = sorted((workspace / "dist").glob("trtpipe-*.whl"))
     assert len(wheels) == 1, f"{where}: dist/ holds {wheels}, not the one wheel the wheel job built"
 
@@ -778,6 +778,7 @@ def _after_pipeline(replay: Replay, digest: str, *, promotions: int) -> dict[str
         ("staging", digest)], states
     history = replay.trtpipe(home, "history", "--channel", "staging", "--json")
     assert history.returncode == 0, history.stderr
+    assert [h["action"] for h in json.loads(history.stdout)] == ["promote"] * promotions  # nothing refused
     shown = replay.trtpipe(home, "results", "show", digest, "--json")
     assert shown.returncode == 0, shown.stderr
     results = json.loads(shown.stdout)
