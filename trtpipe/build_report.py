@@ -50,6 +50,10 @@ class BuildReport(BaseModel):
     repository_path: str | None = None
     store: str | None = None
     remote: str | None = Field(default=None, description="The shared cache consulted before building.")
+    remote_mode: Literal["read-write", "read-only"] | None = Field(
+        default=None, description="read-write: pulls hits and pushes what it built; read-only: pulls, never pushes.")
+    remote_unavailable: str | None = Field(
+        default=None, description="Why the build went on without its remote cache (down, credentials refused).")
     record_path: str | None = None
     seconds: float = 0.0
     error: str | None = None

@@ -39,6 +39,7 @@ from trtpipe.stages import BACKEND_STAGES, STORED_STAGE_NAMES, BackendStages, In
 from trtpipe.store.keys import StageKey
 from trtpipe.store import signatures
 from trtpipe.store.local import Entry, Store
+from trtpipe.store.remote import RemoteUse, is_unavailable
 
 PLAIN_STEPS = ("resolve", "plan")
 
@@ -103,7 +104,7 @@ class _Runner:
         self, spec_path: Path, store: Store, *, dry_run: bool, force: tuple[str, ...], verify: bool, progress: bool,
         remote: Any = None, on_stage: Callable[[StageReport], None] | None = None,
         pulled_check: PulledCheck | None = None, need_weights: bool | None = None,
-        choose: Chooser | None = None,
+        choose: Chooser | None = None, remote_use: RemoteUse | None = None,
     ) -> None:
         self.spec_path = spec_path
         # Whether resolve needs the model's weights (default: a build does, a dry run does not), and what picks the
@@ -112,7 +113,8 @@ class _Runner:
         self.choose = choose
         self.on_stage = on_stage  # told each step's report as it is added (a matrix worker's live progress)
         self.store = store
-        self.remote = remote  # a remote cache (find / pull_into / push), or None
+        self.remote = remote  # a remote cache (probe / find / pull_into / push), or None once it is away
+        self.remote_use = remote_use if remote_use is not None else RemoteUse()
         self.pulled_check = pulled_check  # judges entries that came from a registry (a trust policy), or None
         self.dry_run = dry_run
         self.force = force
@@ -120,7 +122,8 @@ class _Runner:
         self.printer = StagePrinter(progress, full_keys=dry_run)
         self.progress = progress
         self.report = BuildReport(spec_path=str(spec_path), dry_run=dry_run, verify=verify, store=str(store.root),
-                                  remote=str(remote) if remote is not None else None)
+                                  remote=str(remote) if remote is not None else None,
+                                  remote_mode=self.remote_use.mode if remote is not None else None)
         self.resolved: ResolvedSpec | None = None
         self.memory_plan: dict[str, Any] | None = None
         self.backend: BackendStages | None = None
@@ -248,7 +251,13 @@ class _Runner:
         outcome: Outcome = "hit" if present and not forced else "would-build"
         digest = entry.digest if present and entry is not None else None
         if outcome == "would-build" and not forced and self.remote is not None:
-            found = self.remote.find(kind, key.key)
+            try:
+                found = self.remote.find(kind, key.key)
+            except TrtpipeError as err:
+                if not is_unavailable(err):
+                    raise
+                self._remote_away(err)
+                found = None
             if found is not None:
                 outcome, digest = "would-pull", found.artifact_digest
         report = self._add(StageReport(
@@ -319,6 +328,12 @@ class _Runner:
                         except Untrusted as refused:  # the pull's trust gate: build it here instead
                             self.printer.note(f"  {stage.name:<11} {refused.one_line()}; building it here",
                                               style="yellow")
+                            _empty(Path(handle.dir))
+                            entry = None
+                        except TrtpipeError as err:  # the cache went away mid-build: build it here instead
+                            if not is_unavailable(err):
+                                raise
+                            self._remote_away(err)
                             _empty(Path(handle.dir))
                             entry = None
                         outcome = "pulled"
@@ -401,14 +416,45 @@ class _Runner:
         return int(value) if isinstance(value, (int, float)) and value > 0 else None
 
     def _push(self, entry: Entry) -> str:
-        """Share a built entry through the remote cache; a failed push is reported, not fatal."""
+        """Share a built entry through the remote cache (read-write only); a failed push is reported, not fatal,
+        unless the remote is required and away."""
+        if not self.remote_use.pushes:
+            return f"not pushed: the remote cache {self.remote} is read-only here"
+        remote = self.remote
         try:
-            self.remote.push(entry)
+            remote.push(entry)
         except TrtpipeError as err:
-            self.printer.note(f"warning: could not push {entry.kind} to {self.remote}: {err.one_line()}",
-                              style="yellow")
-            return f"push to {self.remote} failed: {err.one_line()}"
-        return f"pushed to {self.remote}"
+            if is_unavailable(err):
+                self._remote_away(err)  # raises when the remote is required
+            else:
+                self.printer.note(f"warning: could not push {entry.kind} to {remote}: {err.one_line()}",
+                                  style="yellow")
+            return f"push to {remote} failed: {err.one_line()}"
+        return f"pushed to {remote}"
+
+    def _reach_remote(self) -> None:
+        """Before the first stage: is the remote cache there, and does it take the credentials? (One short
+        request; a required cache that is away fails the build here, before anything is built.)"""
+        if self.remote is None:
+            return
+        try:
+            self.remote.probe()
+        except TrtpipeError as err:
+            if not is_unavailable(err):
+                raise
+            self._remote_away(err)
+
+    def _remote_away(self, err: TrtpipeError) -> None:
+        """The remote cache is down or refused the credentials. Required: the build fails with that one line.
+        Else (a build cache, like Bazel's remote cache or sccache): say so once and go on with the local store."""
+        if self.remote_use.required:
+            err.message = f"the build requires its remote cache {self.remote}, and it is away: {err.message}"
+            raise err
+        note = (f"remote cache {self.remote} is away ({err.one_line()}); building with the local store only "
+                "(TRTPIPE_REQUIRE_REMOTE=1 makes this an error)")
+        self.printer.note(f"warning: {note}", style="yellow")
+        self.report.remote_unavailable = note
+        self.remote = None
 
     # -- the run ---------------------------------------------------------------------------
     def run(self) -> BuildReport:
@@ -420,6 +466,8 @@ class _Runner:
                 current = "plan"
                 self.plan_step()
                 assert self.backend is not None
+                current = self.backend.stages[0].name if self.backend.stages else current
+                self._reach_remote()
                 for stage in self.backend.stages:
                     current = stage.name
                     self.stored_step(stage, leases)
@@ -482,6 +530,13 @@ class _Runner:
             self.report.message = f"the build record could not be written either ({lost.message})"
 
 
+def _remote_use_from_settings() -> RemoteUse:
+    from trtpipe.settings import from_env
+    from trtpipe.store.remote import remote_use
+
+    return remote_use(from_env())
+
+
 def open_stores(store: Store | Path | str | None, remote: Any = None) -> tuple[Store, Any]:
     """The local store, and the remote cache (`trtpipe.store.remote`) when `remote` is given or `store`
     (or $TRTPIPE_STORE) names one, e.g. `oci://host/repo` (`trtpipe.settings.places` decides).
@@ -511,21 +566,26 @@ def run_build(
     remote: Any = None,
     on_stage: Callable[[StageReport], None] | None = None,
     pulled_check: PulledCheck | None = None,
+    remote_use: RemoteUse | None = None,
 ) -> BuildReport:
     """Build (or reuse) every stage of a spec. Raises TrtpipeError when a stage fails (BuildInterrupted on
     Ctrl-C); the report's status is "dry-run" for a dry run.
 
     `store`: a Store, a store root, or `oci://HOST/REPO` (the default store with that remote cache);
-    `remote`: a remote cache (find / pull_into / push) to consult before building and push to after;
+    `remote`: a remote cache (probe / find / pull_into / push) to consult before building and push to after;
+    `remote_use`: how (read-write or read-only, required or best effort: `trtpipe.store.remote.RemoteUse`;
+    default: as TRTPIPE_REMOTE_MODE and TRTPIPE_REQUIRE_REMOTE say, else read-write and best effort, where a
+    cache that is away is a warning and a local build);
     `on_stage`: called with each step's report as soon as it is known."""
     spec_path = Path(spec_path)
     if not spec_path.is_file():
         raise UsageError(f"{spec_path}: no such spec file", fix="give the path of a build spec YAML")
     forced = check_force(force)
     opened, remote = open_stores(store, remote)
+    remote_use = remote_use if remote_use is not None else _remote_use_from_settings()
     started_ns = time.time_ns()  # before anything is read: the memo's inputs must be older (trtpipe.warm)
     runner = _Runner(spec_path, opened, dry_run=dry_run, force=forced, verify=verify, progress=progress,
-                     remote=remote, on_stage=on_stage, pulled_check=pulled_check)
+                     remote=remote, on_stage=on_stage, pulled_check=pulled_check, remote_use=remote_use)
     try:
         report = runner.run()
     finally:
@@ -616,6 +676,7 @@ def _publish_tokenizer(request: PublishRequest, resolved: ResolvedSpec) -> Path:
 
 def run_publish(
     request: PublishRequest, *, store: Store | Path | str | None = None, remote: Any = None, progress: bool = True,
+    remote_use: RemoteUse | None = None,
 ) -> PublishOutcome:
     """Check an engine built outside trtpipe against its spec, store it (stage outcome "imported"; its build record
     names the folder it came from) and publish its repository through the publish stage, as `build` would. The spec
@@ -631,7 +692,8 @@ def run_publish(
     stage_box: list[Any] = []
     tokenizer_box: list[Path] = []
     runner = _Runner(spec_path, opened, dry_run=False, force=(), verify=False, progress=progress, remote=remote,
-                     need_weights=False, choose=_publish_chooser(request, stage_box, tokenizer_box))
+                     need_weights=False, choose=_publish_chooser(request, stage_box, tokenizer_box),
+                     remote_use=remote_use if remote_use is not None else _remote_use_from_settings())
     try:
         # No resolution memo (trtpipe.warm): that is `build`'s, and this spec's build would convert and build.
         report = runner.run()

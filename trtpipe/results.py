@@ -11,10 +11,17 @@ holds the run's own record: command, server URL, the identity the server reporte
 time) or "hand" (`trtpipe results record`: nothing ran under trtpipe's eyes). A hand-recorded result
 counts only for channels whose trust policy allows it, and a promotion on one is recorded as forced.
 Appends happen under a file lock so concurrent smoke and bench runs never interleave lines.
+
+Results travel between workspaces (a GPU runner to the release runner) as bundles (`trtpipe.release.evidence`):
+`chain` reads one digest's whole verified chain for export, and `merge` appends a bundle's records to this
+workspace's own chain, each once. A record's identity (`result_identity`) is its content without the chain
+fields and without `imported` (where this copy came from), so the same record arriving twice, or from two
+bundles, is appended once, and its chain here is this workspace's own.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -22,16 +29,27 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
+from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from trtpipe.chained import ChainedLog, HeadKey
-from trtpipe.errors import IntegrityError, UsageError
+from trtpipe.chained import ChainedLog, HeadKey, canonical
+from trtpipe.errors import IntegrityError, TimedOut, UsageError
 
 ResultKind = Literal["smoke", "parity", "bench"]
 ResultOrigin = Literal["run", "hand"]
 RESULT_KINDS: tuple[str, ...] = ("smoke", "parity", "bench")
 
 _DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+# Fields that say where a record sits in one log, or how this copy got there: not what the record is.
+CHAIN_FIELDS: frozenset[str] = frozenset({"seq", "prev_hash", "hash", "imported"})
+MERGE_LOCK_TIMEOUT_S = 120.0
+
+
+def result_identity(fields: dict[str, Any]) -> str:
+    """What a recorded result is, wherever it is kept: sha256 over its canonical JSON without CHAIN_FIELDS.
+    Two runs never share one (each carries its own time, and a run's evidence its host, pid and time)."""
+    body = {k: v for k, v in fields.items() if k not in CHAIN_FIELDS}
+    return "sha256:" + hashlib.sha256(canonical(body)).hexdigest()
 
 
 def normalize_digest(digest: str) -> str:
@@ -65,6 +83,7 @@ class ResultRecord(BaseModel):
     recorded_by: str | None = None
     origin: ResultOrigin = "run"
     evidence: dict[str, Any] | None = None  # the run's own record (origin "run")
+    imported: dict[str, Any] | None = None  # where this copy came from (a bundle), when it was merged in
     seq: int | None = None  # the chain (None until written)
     prev_hash: str | None = None
     hash: str | None = None
@@ -151,6 +170,55 @@ class ResultsLog:
                     fix="results logs are append-only; restore the file from a backup",
                 ) from None
         return [r for r in out if r.artifact_digest == digest]
+
+    def settled(self, digest: str) -> list[ResultRecord]:
+        """`for_digest`, read under the log's append lock: an append in flight (its record written, its head not
+        yet) is waited for instead of being taken for a line written outside trtpipe."""
+        log = self._log(normalize_digest(digest))
+        if not log.path.exists() and not log.head_path.exists():
+            return []
+        with log.lock():
+            return self.for_digest(digest)
+
+    def chain(self, digest: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+        """The whole chain of `digest`'s log as stored (records with seq, prev_hash, hash) and its head, after
+        the same check `for_digest` makes (an IntegrityError naming the file when it fails)."""
+        log = self._log(normalize_digest(digest))
+        if not log.path.exists() and not log.head_path.exists():
+            return [], None
+        with log.lock():
+            self.for_digest(digest)
+            return log.scan().records, log.read_head()
+
+    def merge(self, digest: str, records: list[dict[str, Any]], imported: dict[str, Any]) -> list[dict[str, Any]]:
+        """Append each of `records` (results of `digest` from another workspace, checked by the caller) whose
+        identity this log does not hold yet, with `imported` saying where it came from; returns those appended,
+        as written here. Merges of one digest happen one at a time (a lock beside the log), so a bundle imported
+        twice at once is still appended once; a damaged log here is refused before anything is appended."""
+        digest = normalize_digest(digest)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(self._path(digest)) + ".merge.lock", timeout=MERGE_LOCK_TIMEOUT_S)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise TimedOut(f"another import has held {lock.lock_file} for {MERGE_LOCK_TIMEOUT_S:g} s",
+                           operation="waiting to merge results", seconds=MERGE_LOCK_TIMEOUT_S,
+                           fix="wait for it to finish and import again (an import is idempotent)") from None
+        try:
+            self.settled(digest)  # refuses a damaged log here, naming it
+            log = self._log(digest)
+            held = {result_identity(fields) for fields in log.scan().records}
+            written: list[dict[str, Any]] = []
+            for fields in records:
+                identity = result_identity(fields)
+                if identity in held:
+                    continue
+                body = {k: v for k, v in fields.items() if k not in CHAIN_FIELDS}
+                written.append(log.append({**body, "imported": imported}, key=self.key))
+                held.add(identity)
+            return written
+        finally:
+            lock.release()
 
 
 def run_evidence(command: str, server_url: str | None, served: dict[str, Any] | None = None) -> dict[str, Any]:

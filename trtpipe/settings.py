@@ -23,6 +23,10 @@ VARIABLES: dict[str, str] = {
     "TRTPIPE_HOME": "the workspace: artifact store, results, channels, audit trail, build records "
                     "(default: the user cache dir, e.g. ~/.cache/trtpipe)",
     "TRTPIPE_STORE": "the default for --store: a store directory, or a remote build cache URL (oci://HOST/REPO)",
+    "TRTPIPE_REMOTE_MODE": "how a build uses its remote cache when --remote-mode is not given: read-write (pull hits, "
+                           "push what it built; the default) or read-only (pull hits, never push: pull requests, forks)",
+    "TRTPIPE_REQUIRE_REMOTE": "1: a build fails when its remote cache is down or refuses the credentials (default 0: "
+                              "a warning, and the build goes on locally), as --require-remote",
     "TRTPIPE_BUILD_CONFIGS": "the build_configs/ folder to read (default: the one trtpipe ships; trtpipe --version "
                              "names the folder in use)",
     "TRTPIPE_REGISTRY_USERNAME": "registry user name (with TRTPIPE_REGISTRY_PASSWORD; else the Docker config)",
@@ -102,6 +106,9 @@ class Settings:
     docker: str | None = None  # the container runtime's executable (a name on PATH or a path)
     columns: int | None = None  # the shell's COLUMNS: how wide a table may be outside a terminal (None: not set)
     min_bench_runs_text: str | None = None  # as set; `min_bench_runs()` checks it where a gate needs it
+    # As written; trtpipe.store.remote.remote_use checks them (a bad value is an error where a build uses them).
+    remote_mode: str | None = None
+    require_remote: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -131,6 +138,8 @@ class Settings:
             docker=text("TRTPIPE_DOCKER"),
             columns=_positive_int(text("COLUMNS")),
             min_bench_runs_text=text("TRTPIPE_MIN_BENCH_RUNS"),
+            remote_mode=text("TRTPIPE_REMOTE_MODE"),
+            require_remote=text("TRTPIPE_REQUIRE_REMOTE"),
         )
 
     def min_bench_runs(self) -> int:

@@ -72,7 +72,7 @@ def test_github_workflow_passes_actionlint() -> None:
 
 
 def test_actionlint_catches_a_seeded_error(tmp_path: Path) -> None:
-    broken = GITHUB.read_text().replace("needs: gpu", "needs: gpu-build", 1)
+    broken = GITHUB.read_text().replace("needs: [wheel, gpu]", "needs: [wheel, gpu-build]", 1)
     path = tmp_path / "broken.yml"
     path.write_text(broken)
     findings = run_actionlint(path)
@@ -82,8 +82,9 @@ def test_actionlint_catches_a_seeded_error(tmp_path: Path) -> None:
 def test_github_workflow_shape() -> None:
     wf = yaml.safe_load(GITHUB.read_text())
     jobs = wf["jobs"]
-    assert list(jobs) == ["cpu", "gpu", "promote"]
-    assert jobs["gpu"]["needs"] == "cpu" and jobs["promote"]["needs"] == "gpu"
+    assert list(jobs) == ["wheel", "cpu", "gpu", "promote"]
+    assert jobs["cpu"]["needs"] == "wheel" and jobs["gpu"]["needs"] == ["wheel", "cpu"]
+    assert jobs["promote"]["needs"] == ["wheel", "gpu"]
     assert "self-hosted" in jobs["gpu"]["runs-on"] and any("matrix.target" in str(label) for label in jobs["gpu"]["runs-on"])
     # Manual: only from "Run workflow", behind an environment with reviewers.
     assert jobs["promote"]["if"] == "github.event_name == 'workflow_dispatch'"
@@ -92,6 +93,13 @@ def test_github_workflow_shape() -> None:
     # Credentials come from secrets only, never written into the file.
     secret_lines = [line for line in text.splitlines() if "PASSWORD:" in line.upper() and not line.lstrip().startswith("#")]
     assert secret_lines and all("secrets.TRTPIPE_REGISTRY_PASSWORD" in line for line in secret_lines)
+    _no_global_remote_store(wf.get("env", {}), "the workflow")
+
+
+def _no_global_remote_store(variables: dict[str, Any], where: str) -> None:
+    """A global TRTPIPE_STORE=oci://... would make every build (a pull request's too) a registry build that pushes."""
+    assert "TRTPIPE_STORE" not in variables, f"{where} sets TRTPIPE_STORE for every job"
+    assert not any(str(v).startswith("oci://") for k, v in variables.items() if k != "TRTPIPE_CACHE"), variables
 
 
 # --------------------------------------------------------------------------- GitLab CI
@@ -123,6 +131,20 @@ def _deep_merge(into: dict[str, Any], other: dict[str, Any]) -> None:
             into[key] = copy.deepcopy(value)
 
 
+def flatten_script(lines: Any, depth: int = 0) -> Any:
+    """GitLab's script lists: nested lists (a YAML anchor of script lines) are flattened, up to 10 levels."""
+    if not isinstance(lines, list) or depth > 10:
+        return lines
+    out: list[Any] = []
+    for line in lines:
+        if isinstance(line, list):
+            flat = flatten_script(line, depth + 1)
+            out.extend(flat if isinstance(flat, list) else [flat])
+        else:
+            out.append(line)
+    return out
+
+
 def validate_gitlab(doc: Any) -> list[str]:
     """Structural problems of a .gitlab-ci.yml (what GitLab's lint would refuse, and our own rules)."""
     problems: list[str] = []
@@ -135,12 +157,15 @@ def validate_gitlab(doc: Any) -> list[str]:
         problems.append("stages: duplicate stage")
     raw = {k: v for k, v in doc.items() if k not in GITLAB_RESERVED}
     for name, job in raw.items():
-        if not isinstance(job, dict):
+        # A hidden key may hold anything (a script list reused through a YAML anchor); a job is a mapping.
+        if not isinstance(job, dict) and not name.startswith("."):
             problems.append(f"{name}: not a mapping")
     if problems:
         return problems
     jobs: dict[str, dict[str, Any]] = {}
     for name in raw:
+        if not isinstance(raw[name], dict):
+            continue
         try:
             resolved = _resolve_extends(name, raw)
         except AssertionError as exc:
@@ -153,7 +178,7 @@ def validate_gitlab(doc: Any) -> list[str]:
         stage = job.get("stage", "test")
         if stage not in stages:
             problems.append(f"{name}: stage {stage!r} is not declared in stages")
-        script = job.get("script")
+        script = flatten_script(job.get("script"))
         if not isinstance(script, list) or not script or not all(isinstance(s, str) and s.strip() for s in script):
             problems.append(f"{name}: script must be a non-empty list of non-empty strings")
         needs = job.get("needs", [])
@@ -195,9 +220,10 @@ def validate_gitlab(doc: Any) -> list[str]:
 def test_gitlab_pipeline_is_valid() -> None:
     doc = yaml.safe_load(GITLAB.read_text())
     assert validate_gitlab(doc) == []
-    assert doc["stages"] == ["cpu", "gpu", "promote"]
+    assert doc["stages"] == ["wheel", "cpu", "gpu", "promote"]
     jobs = {k for k in doc if not k.startswith(".") and k not in GITLAB_RESERVED}
-    assert {"cpu-reference", "gpu-h100-sxm", "gpu-l40s", "promote-staging", "promote-prod"} <= jobs
+    assert {"wheel", "cpu-reference", "gpu-h100-sxm", "gpu-l40s", "promote-staging", "promote-prod"} <= jobs
+    _no_global_remote_store(doc["variables"], "the pipeline")
 
 
 @pytest.mark.parametrize(
@@ -265,3 +291,669 @@ def test_template_commands_exist_in_the_cli(template: Path) -> None:
             if word.startswith("--") and word.split("=", 1)[0] not in known:
                 problems.append(f"trtpipe {' '.join(path)}: unknown option {word}")
     assert problems == [], "\n".join(problems)
+
+
+# =========================================================================== the templates' jobs, run for real
+# Each job's steps (GitHub `run:`) or script (GitLab `before_script`/`script`/`after_script`) are taken from the
+# YAML with a parser and run in order by bash, in a scratch folder per job, with the variables the template sets
+# (workflow/job/step `env:`, GitLab's global and job `variables:`), the CI system's own (GITHUB_*, CI_*), and the
+# configuration a user would give it: where trtpipe comes from (TRTPIPE_SOURCE: a copy of this checkout), the
+# shared cache (TRTPIPE_CACHE: the test registry), the secrets (registry credentials, the release key), and for
+# the GPU jobs the cpu-reference stand-in the templates document (TRTPIPE_STAND_IN_SPEC). What stands in for the
+# CI system: `uses:` steps (checkout, setup-python, upload/download-artifact) and GitLab's artifacts and needs are
+# done here; self-hosted runners are folders that persist between pipelines (the GPU hosts' and the release
+# runner's TRTPIPE_HOME); every job starts in a fresh checkout of the user's repository.
+#
+# The install steps are the one thing not run: they install the wheel the pipeline's wheel job built, and that
+# wheel does not yet carry build_configs/ and triton_repo/ (issue 23's packaging part). The wheel job itself runs
+# (it builds the wheel from a copy of this checkout) and each install step is checked to install exactly that
+# wheel from its job's dist/; the jobs then run trtpipe as this checkout's editable install (its .venv on PATH).
+# TODO(issue 23, packaging): once the wheel carries its package data, run the install steps for real, into a venv
+# per runner whose site-packages hold this checkout's dependencies (so pip finds them installed and only the
+# wheel goes in), and drop the editable install from PATH.
+
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+
+_GH_EXPR = re.compile(r"\$\{\{\s*(.*?)\s*\}\}")
+_GH_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*(\.[A-Za-z_][A-Za-z0-9_-]*)*$")
+_GH_COMPARE = re.compile(r"^([A-Za-z_][\w.-]*)\s*(==|!=)\s*'([^']*)'$")
+INSTALL_STEP = "Install trtpipe"  # GitHub: the steps whose name starts so; GitLab: every job's before_script
+STEP_TIMEOUT_S = 1200  # generous: a loaded 2-core machine converts, builds, serves and benches in these
+
+
+def _lookup(path: str, context: dict[str, Any]) -> Any:
+    value: Any = context
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+        if value is None:
+            return ""  # GitHub: a missing property is the empty string
+    return value
+
+
+def gh_value(expr: str, context: dict[str, Any]) -> str:
+    """A `${{ }}` value the templates may use: a context path (github.workspace, matrix.spec, steps.X.outputs.Y,
+    secrets.X, inputs.X). Anything else fails the test, so the templates stay within what runs here."""
+    assert _GH_PATH.match(expr), f"the harness evaluates context paths only, not {expr!r}"
+    value = _lookup(expr, context)
+    return "" if value is None else str(value)
+
+
+def gh_substitute(text: str, context: dict[str, Any]) -> str:
+    return _GH_EXPR.sub(lambda m: gh_value(m.group(1), context), str(text))
+
+
+def gh_condition(expr: str | None, context: dict[str, Any], *, failed: bool) -> bool:
+    """`if:` of a job or a step: none (success()), always(), or PATH ==/!= 'literal'."""
+    if expr is None:
+        return not failed
+    expr = _GH_EXPR.sub(lambda m: m.group(1), str(expr)).strip()
+    if expr == "always()":
+        return True
+    match = _GH_COMPARE.match(expr)
+    assert match, f"the harness evaluates always() and PATH ==/!= 'literal' only, not {expr!r}"
+    equal = str(_lookup(match.group(1), context)) == match.group(3)
+    return (not failed) and (equal if match.group(2) == "==" else not equal)
+
+
+@dataclass
+class Sessions:
+    """Every process group a job's shells started (a backgrounded server included): ended with the job."""
+
+    groups: list[int] = field(default_factory=list)
+
+    def end(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            alive = []
+            for group in self.groups:
+                try:
+                    os.killpg(group, sig)
+                    alive.append(group)
+                except ProcessLookupError:
+                    pass
+            if not alive:
+                break
+            deadline = time.monotonic() + 30
+            while alive and time.monotonic() < deadline:
+                alive = [g for g in alive if _group_alive(g)]
+                if alive:
+                    time.sleep(0.2)
+        self.groups.clear()
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@dataclass
+class JobRun:
+    name: str
+    ok: bool
+    log: Path
+    steps: list[str] = field(default_factory=list)  # "name: ran rc N" / "name: skipped" / "name: emulated"
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-6000:] if self.log.exists() else ""
+
+
+def run_bash(script: str, *, args: list[str], env: dict[str, str], cwd: Path, log: Path, sessions: Sessions) -> int:
+    """One shell, in its own session (so a server it backgrounds ends with the job), its output appended to `log`."""
+    path = log.with_name(f"{log.stem}-{len(sessions.groups)}.sh")
+    path.write_text(script)
+    with open(log, "ab") as out:
+        out.write(f"\n$ bash {' '.join(args)} {path.name}\n".encode())
+        out.flush()
+        proc = subprocess.Popen(["bash", *args, str(path)], cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        sessions.groups.append(proc.pid)
+        try:
+            return proc.wait(timeout=STEP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            out.write(f"\n(the harness stopped this step after {STEP_TIMEOUT_S} s)\n".encode())
+            return 124
+
+
+def _copy_into(source: Path, dest: Path) -> None:
+    if source.is_dir():
+        shutil.copytree(source, dest, dirs_exist_ok=True, symlinks=True)
+    elif source.exists():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, dest)
+
+
+@dataclass
+class Scratch:
+    """The world a pipeline runs in: the user's repository, the runners' persistent folders, the artifact store."""
+
+    root: Path
+    project: Path  # the user's model repository at the commit the pipeline runs
+    base_env: dict[str, str]
+
+    def runner(self, name: str) -> Path:
+        """A self-hosted runner's disk: kept between jobs and pipelines."""
+        path = self.root / "runners" / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def job_dir(self, pipeline: str, job: str) -> Path:
+        path = self.root / "pipelines" / pipeline / "jobs" / job
+        path.mkdir(parents=True)
+        return path
+
+    def artifacts(self, pipeline: str) -> Path:
+        path = self.root / "pipelines" / pipeline / "artifacts"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def checkout(self, workspace: Path) -> None:
+        shutil.copytree(self.project, workspace, dirs_exist_ok=True)
+
+
+def check_install_lines(text: str, workspace: Path, where: str) -> None:
+    """What stands in for an install step: it installs exactly the wheel the wheel job built, from dist/."""
+    assert "dist/trtpipe-*.whl" in text, f"{where}: does not install the pipeline's wheel:\n{text}"
+    assert "trtpipe==" not in text, f"{where}: installs trtpipe by name, not the pipeline's wheel"
+    wheels = sorted((workspace / "dist").glob("trtpipe-*.whl"))
+    assert len(wheels) == 1, f"{where}: dist/ holds {wheels}, not the one wheel the wheel job built"
+
+
+# --------------------------------------------------------------------------- GitHub Actions
+
+
+def github_job(wf: dict[str, Any], name: str, *, scratch: Scratch, pipeline: str, github: dict[str, Any],
+               secrets: dict[str, str], inputs: dict[str, str], leg: dict[str, Any], runner_home: dict[str, Path],
+               ) -> JobRun:
+    """Run one job (one matrix leg) of the workflow: its steps in order, as GitHub's runner does."""
+    job = wf["jobs"][name]
+    label = name + (f"-{leg['target']}" if leg else "")
+    folder = scratch.job_dir(pipeline, label)
+    workspace, temp = folder / "workspace", folder / "temp"
+    workspace.mkdir()
+    temp.mkdir()
+    log = folder / "job.log"
+    context: dict[str, Any] = {"github": {**github, "workspace": str(workspace)}, "matrix": leg, "secrets": secrets,
+                               "inputs": inputs, "steps": {}, "runner": {"temp": str(temp)}}
+    env = dict(scratch.base_env)
+    env.update(CI="true", GITHUB_ACTIONS="true", GITHUB_WORKSPACE=str(workspace), GITHUB_REF=github["ref"],
+               GITHUB_EVENT_NAME=github["event_name"], GITHUB_ACTOR=github["actor"], RUNNER_TEMP=str(temp))
+    for scope in (wf.get("env") or {}, job.get("env") or {}):
+        env.update({k: gh_substitute(v, context) for k, v in scope.items()})
+    # The runner's own disk: where a self-hosted runner's persistent folders are on this machine.
+    for original, here in runner_home.items():
+        env.update({k: v.replace(original, str(here)) for k, v in env.items() if v.startswith(original)})
+    shell = ["--noprofile", "--norc", "-eo", "pipefail"]
+    assert (wf.get("defaults") or {}).get("run", {}).get("shell") == "bash", "the workflow's steps run under bash"
+    artifacts = scratch.artifacts(pipeline)
+    sessions, failed, run = Sessions(), False, JobRun(name=label, ok=True, log=log)
+    try:
+        for number, step in enumerate(job["steps"]):
+            title = step.get("name") or step.get("uses") or f"step {number}"
+            if not gh_condition(step.get("if"), context, failed=failed):
+                run.steps.append(f"{title}: skipped")
+                continue
+            step_env = {**env, **{k: gh_substitute(v, context) for k, v in (step.get("env") or {}).items()}}
+            if "uses" in step:
+                github_action(step, workspace, artifacts, context, scratch)
+                run.steps.append(f"{title}: emulated")
+                continue
+            script = gh_substitute(step["run"], context)
+            if title.startswith(INSTALL_STEP):
+                check_install_lines(script, workspace, f"{label}: {title}")
+                run.steps.append(f"{title}: checked, not run (TODO: packaging)")
+                continue
+            files = {name: temp / f"{name.lower()}-{number}" for name in ("GITHUB_OUTPUT", "GITHUB_ENV", "GITHUB_PATH")}
+            for path in files.values():
+                path.touch()
+            step_env.update({k: str(v) for k, v in files.items()})
+            with open(log, "ab") as out:
+                out.write(f"\n## {title}\n".encode())
+            rc = run_bash(script, args=shell, env=step_env, cwd=workspace, log=log, sessions=sessions)
+            run.steps.append(f"{title}: rc {rc}")
+            if "id" in step:
+                context["steps"][step["id"]] = {"outputs": _key_values(files["GITHUB_OUTPUT"].read_text())}
+            env.update(_key_values(files["GITHUB_ENV"].read_text()))
+            for line in files["GITHUB_PATH"].read_text().splitlines():
+                if line.strip():
+                    env["PATH"] = f"{line.strip()}:{env['PATH']}"
+            if rc != 0:
+                failed = True
+    finally:
+        sessions.end()
+    run.ok = not failed
+    return run
+
+
+def _key_values(text: str) -> dict[str, str]:
+    """GITHUB_OUTPUT / GITHUB_ENV: NAME=value lines, and NAME<<DELIMITER blocks."""
+    out: dict[str, str] = {}
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if "<<" in line and ("=" not in line or line.index("<<") < line.index("=")):
+            name, delimiter = line.split("<<", 1)
+            body: list[str] = []
+            i += 1
+            while i < len(lines) and lines[i] != delimiter:
+                body.append(lines[i])
+                i += 1
+            out[name] = "\n".join(body)
+        elif "=" in line:
+            name, value = line.split("=", 1)
+            out[name] = value
+        i += 1
+    return out
+
+
+def github_action(step: dict[str, Any], workspace: Path, artifacts: Path, context: dict[str, Any],
+                  scratch: Scratch) -> None:
+    """The actions the workflow uses, done here: checkout, setup-python, upload-artifact, download-artifact."""
+    uses, given = step["uses"], {k: gh_substitute(v, context) for k, v in (step.get("with") or {}).items()}
+    if uses == "actions/checkout@v4":
+        scratch.checkout(workspace)
+    elif uses == "actions/setup-python@v5":
+        assert given.get("python-version") == "3.11", given  # what this machine has
+    elif uses == "actions/upload-artifact@v4":
+        target = artifacts / given["name"]
+        assert not target.exists(), f"artifact {given['name']} uploaded twice"
+        _copy_into(workspace / given["path"], target)
+        assert target.exists(), f"upload-artifact {given['name']}: {given['path']} does not exist"
+    elif uses == "actions/download-artifact@v4":
+        dest = workspace / given.get("path", ".")
+        if "name" in given:
+            assert (artifacts / given["name"]).exists(), f"no artifact {given['name']}"
+            _copy_into(artifacts / given["name"], dest)
+        else:
+            import fnmatch
+
+            names = sorted(n.name for n in artifacts.iterdir() if fnmatch.fnmatch(n.name, given["pattern"]))
+            assert names, f"no artifact matches {given['pattern']}"
+            for found in names:
+                _copy_into(artifacts / found, dest if given.get("merge-multiple", "").lower() == "true" else dest / found)
+    else:
+        raise AssertionError(f"the harness does not know the action {uses}")
+
+
+# --------------------------------------------------------------------------- GitLab CI
+
+_GL_RULE = re.compile(r'^\$([A-Za-z_]\w*)\s*(==|!=)\s*"([^"]*)"$')
+
+
+def gitlab_jobs(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    raw = {k: v for k, v in doc.items() if k not in GITLAB_RESERVED}
+    return {name: _resolve_extends(name, raw) for name, job in raw.items()
+            if not name.startswith(".") and isinstance(job, dict)}
+
+
+def gitlab_when(job: dict[str, Any], variables: dict[str, str]) -> str:
+    """What GitLab's rules say: the first rule whose `if` matches (no `if`: matches) gives `when`."""
+    for rule in job.get("rules") or [{"when": job.get("when", "on_success")}]:
+        condition = rule.get("if")
+        if condition is not None:
+            match = _GL_RULE.match(condition.strip())
+            assert match, f"the harness evaluates $VAR ==/!= \"literal\" only, not {condition!r}"
+            equal = variables.get(match.group(1), "") == match.group(3)
+            if equal != (match.group(2) == "=="):
+                continue
+        return rule.get("when", "on_success")
+    return "never"
+
+
+def _expand(value: str, variables: dict[str, str]) -> str:
+    """GitLab expands $NAME and ${NAME} in variable values."""
+    return re.sub(r"\$\{?([A-Za-z_]\w*)\}?", lambda m: variables.get(m.group(1), ""), str(value))
+
+
+def gitlab_job(doc: dict[str, Any], name: str, *, scratch: Scratch, pipeline: str, predefined: dict[str, str],
+               project_variables: dict[str, str], runner_home: dict[str, Path]) -> JobRun:
+    """Run one job as GitLab's shell executor does: before_script and script in one bash, after_script in another,
+    artifacts of the jobs it needs extracted into its fresh checkout first, its own artifacts kept after."""
+    job = gitlab_jobs(doc)[name]
+    folder = scratch.job_dir(pipeline, name)
+    workspace = folder / "workspace"
+    workspace.mkdir()
+    scratch.checkout(workspace)
+    artifacts = scratch.artifacts(pipeline)
+    for need in job.get("needs") or []:
+        assert (artifacts / need).exists(), f"{name} needs {need}, which left no artifacts"
+        _copy_into(artifacts / need, workspace)
+    variables = {**predefined, "CI_PROJECT_DIR": str(workspace), "CI_JOB_NAME": name}
+    for scope in (doc.get("variables") or {}, job.get("variables") or {}):
+        for key, value in scope.items():
+            variables[key] = _expand(value, variables)
+    variables.update(project_variables)  # CI/CD settings override the file's variables
+    for original, here in runner_home.items():
+        variables.update({k: v.replace(original, str(here)) for k, v in variables.items() if v.startswith(original)})
+    env = {**scratch.base_env, **variables}
+    log = folder / "job.log"
+    sessions, run = Sessions(), JobRun(name=name, ok=True, log=log)
+    try:
+        before = flatten_script(job.get("before_script") or [])
+        if before:
+            check_install_lines("\n".join(before), workspace, f"{name}: before_script")
+            run.steps.append("before_script: checked, not run (TODO: packaging)")
+        script = "set -eo pipefail\n" + "\n".join(flatten_script(job["script"])) + "\n"
+        rc = run_bash(script, args=["--noprofile", "--norc"], env=env, cwd=workspace, log=log, sessions=sessions)
+        run.steps.append(f"script: rc {rc}")
+        after = flatten_script(job.get("after_script") or [])
+        if after:
+            after_rc = run_bash("\n".join(after) + "\n", args=["--noprofile", "--norc"], env=env, cwd=workspace,
+                                log=log, sessions=sessions)
+            run.steps.append(f"after_script: rc {after_rc}")
+    finally:
+        sessions.end()
+    run.ok = rc == 0
+    kept = job.get("artifacts") or {}
+    if kept and (run.ok or kept.get("when") == "always"):
+        for path in kept.get("paths", []):
+            _copy_into(workspace / path, artifacts / name / path)
+    return run
+
+
+# --------------------------------------------------------------------------- the scenario both templates replay
+
+CPU_SPEC_TEXT = """\
+name: tiny-llama
+model: {{path: {model}, dtype: float16}}
+target: {{gpu: cpu-reference}}
+engine: {{max_batch_size: {batch}, max_input_len: 64, max_seq_len: 128}}
+release:
+  gates:
+    staging: {{smoke: true}}
+    prod: {{smoke: true, bench: {{ttft_p99_ms: 60000}}}}
+"""
+# The CPU stand-in's load: a tiny model on a loaded CPU, enough for a bench record, not a measurement.
+STAND_IN_BENCH = "--mode closed --concurrency 2 --requests 6 --input-len 16 --output-len 8"
+
+
+@pytest.fixture(scope="session")
+def trtpipe_source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What the wheel job builds from: this checkout's files (tracked and new, not ignored), copied, so building the
+    wheel writes nothing into the checkout."""
+    out = tmp_path_factory.mktemp("trtpipe-source") / "trtpipe"
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-co", "--exclude-standard", "-z"],
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, out / name)
+    return out
+
+
+@dataclass
+class Replay:
+    """One template's replay: the scratch world, the configuration a user gives it, and what to check after."""
+
+    scratch: Scratch
+    cache: str  # the shared cache, oci://HOST/REPO in the test registry
+    credentials: dict[str, str]
+    signing_key: str  # the release key's PEM text (a CI secret)
+    source: Path
+
+    def commit(self, batch: int) -> None:
+        """The user's repository at a commit: specs whose engine limit is `batch` (a new commit: a new digest)."""
+        specs = self.scratch.project / "specs"
+        (specs / "tiny-cpu-reference.yaml").write_text(CPU_SPEC_TEXT.format(model="../models/tiny-llama", batch=batch))
+        model = self.scratch.project.parent / "gpu-host-models" / "tiny-llama"  # what the GPU hosts hold
+        (specs / "stand-in.yaml").write_text(CPU_SPEC_TEXT.format(model=model, batch=batch))
+
+    def trtpipe(self, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {**self.scratch.base_env, **self.credentials, "TRTPIPE_HOME": str(home)}
+        return subprocess.run([sys.executable, "-m", "trtpipe.cli", *args], env=env, capture_output=True, text=True,
+                              timeout=600)
+
+    def release_home(self) -> Path:
+        return self.scratch.runner("release") / "home"
+
+    def gpu_home(self, target: str) -> Path:
+        return self.scratch.runner(f"gpu-{target}") / "cache"
+
+    def runner_homes(self, target: str | None = None) -> dict[str, Path]:
+        homes = {"/var/lib/trtpipe-release": self.release_home()}
+        if target is not None:
+            homes["/var/cache/trtpipe"] = self.gpu_home(target)
+        return homes
+
+
+@pytest.fixture
+def replay(tmp_path: Path, tiny_llama_dir: Path, trtpipe_source: Path, registry, request) -> Replay:
+    from trtpipe.release.keys import generate_key, write_key_pair
+
+    root = tmp_path / "ci"
+    project = root / "user-repo"
+    (project / "specs").mkdir(parents=True)
+    (project / "release").mkdir()
+    (project / "tests").mkdir()
+    shutil.copytree(tiny_llama_dir, root / "gpu-host-models" / "tiny-llama")
+    key = generate_key()
+    write_key_pair(key, tmp_path / "release.key", project / "release" / "release.pub")
+    (project / "release" / "policy.yaml").write_text("keys: {release: release.pub}\ndefault: {require_signature: true}\n")
+    (project / "tests" / "test_specs.py").write_text(
+        "from pathlib import Path\n\n\ndef test_the_cpu_spec_is_there():\n"
+        "    assert Path('specs/tiny-cpu-reference.yaml').is_file()\n")
+    home = root / "home"  # HOME of every runner: no Docker config, no user caches
+    home.mkdir()
+    base_env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": str(home),
+                "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1",
+                "TMPDIR": os.environ.get("TMPDIR", "/tmp")}
+    name = request.node.name.replace("test_", "").replace("_", "-")[:40]
+    out = Replay(scratch=Scratch(root=root, project=project, base_env=base_env), cache=registry.url(f"ci/{name}"),
+                 credentials={"TRTPIPE_REGISTRY_USERNAME": registry.username,
+                              "TRTPIPE_REGISTRY_PASSWORD": registry.password},
+                 signing_key=key.key.private_bytes(*_pem_args()).decode(), source=trtpipe_source)
+    out.commit(batch=4)
+    return out
+
+
+def _pem_args():
+    from cryptography.hazmat.primitives import serialization
+
+    return serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+
+
+def _failed(runs: list[JobRun]) -> str:
+    return "\n\n".join(f"== {r.name} ({'; '.join(r.steps)})\n{r.tail()}" for r in runs if not r.ok)
+
+
+def _report(workspace_file: Path) -> dict[str, Any]:
+    return json.loads(workspace_file.read_text())
+
+
+def _after_pipeline(replay: Replay, digest: str, *, promotions: int) -> dict[str, Any]:
+    """What the release runner holds after a pipeline: staging at `digest`, a clean trail, each result once."""
+    home = replay.release_home()
+    verify = replay.trtpipe(home, "channels", "--verify", "--json")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    states = json.loads(verify.stdout)
+    assert states["audit_problems"] == [] and [(c["channel"], c["digest"]) for c in states["channels"]] == [
+        ("staging", digest)], states
+    history = replay.trtpipe(home, "history", "--channel", "staging", "--json")
+    assert history.returncode == 0, history.stderr
+    assert [h["action"] for h in json.loads(history.stdout)] == ["promote"] * promotions  # nothing refused
+    shown = replay.trtpipe(home, "results", "show", digest, "--json")
+    assert shown.returncode == 0, shown.stderr
+    results = json.loads(shown.stdout)
+    identities = [result_identity_of(r) for r in results]
+    assert len(identities) == len(set(identities)), "a result was imported twice"
+    return {"history": json.loads(history.stdout), "results": results}
+
+
+def result_identity_of(record: dict[str, Any]) -> str:
+    from trtpipe.results import result_identity
+
+    return result_identity(record)
+
+
+def _github_pipeline(replay: Replay, pipeline: str, github: dict[str, Any], *, secrets: dict[str, str],
+                     inputs: dict[str, str], only: tuple[str, ...] | None = None) -> dict[str, JobRun]:
+    """Every job the event runs, in the workflow's order (matrix legs one after another), as GitHub would."""
+    wf = yaml.safe_load(GITHUB.read_text())
+    # The user's configuration: the workflow's `env:` block, edited as its comments say.
+    wf["env"].update(TRTPIPE_SOURCE=str(replay.source), TRTPIPE_CACHE=replay.cache,
+                     TRTPIPE_BENCH_ARGS=STAND_IN_BENCH, TRTPIPE_STAND_IN_SPEC="specs/stand-in.yaml")
+    runs: dict[str, JobRun] = {}
+    for name, job in wf["jobs"].items():
+        needs = [job["needs"]] if isinstance(job.get("needs"), str) else list(job.get("needs") or [])
+        if only is not None and name not in only:
+            continue
+        if not gh_condition(job.get("if"), {"github": github}, failed=False):
+            continue
+        if only is None and not all(n in runs and runs[n].ok for n in needs):
+            continue  # a job whose needs failed or did not run is skipped, as GitHub does
+        legs = (job.get("strategy") or {}).get("matrix", {}).get("include") or [{}]
+        for leg in legs:
+            run = github_job(wf, name, scratch=replay.scratch, pipeline=pipeline, github=github, secrets=secrets,
+                             inputs=inputs, leg=leg, runner_home=replay.runner_homes(leg.get("target")))
+            runs[run.name] = run
+        if legs != [{}]:  # the matrix job as a whole: every leg
+            runs[name] = JobRun(name=name, ok=all(runs[f"{name}-{leg['target']}"].ok for leg in legs),
+                                log=Path(os.devnull))
+    return runs
+
+
+def _jobs_ok(runs: dict[str, JobRun], expected: list[str]) -> None:
+    assert all(r.ok for r in runs.values()), _failed(list(runs.values()))
+    assert sorted(runs) == sorted(expected), sorted(runs)
+
+
+def _workspace(replay: Replay, pipeline: str, job: str) -> Path:
+    return replay.scratch.root / "pipelines" / pipeline / "jobs" / job / "workspace"
+
+
+@pytest.mark.timeout(3600)
+def test_github_workflow_jobs_run_for_real_and_two_pipelines_promote(replay: Replay) -> None:
+    main = {"event_name": "workflow_dispatch", "ref": "refs/heads/main", "actor": "release-manager",
+            "event": {"repository": {"default_branch": "main"}}}
+    secrets = {**replay.credentials, "TRTPIPE_SIGNING_KEY": replay.signing_key}
+    legs = ["gpu-h100-sxm", "gpu-l40s"]
+    every_job = ["wheel", "cpu", "gpu", *legs, "promote"]
+
+    # Pipeline 1 (commit A): build, smoke, bench on two GPU runners, import both bundles, promote into staging.
+    first = _github_pipeline(replay, "p1", main, secrets=secrets, inputs={"channel": "staging", "reason": "commit A"})
+    _jobs_ok(first, every_job)
+    cpu_build = _report(_workspace(replay, "p1", "cpu") / "build.json")
+    assert cpu_build["remote_mode"] == "read-write" and cpu_build["remote_unavailable"] is None
+    leg_builds = [_report(_workspace(replay, "p1", leg) / "build.json") for leg in legs]
+    v1 = leg_builds[0]["artifacts"]["repository"]
+    assert leg_builds[1]["artifacts"]["repository"] == v1  # one spec, one digest, two runners
+    assert [s["outcome"] for s in leg_builds[1]["stages"][2:]] == ["pulled"] * 3  # the first runner pushed it
+    after_first = _after_pipeline(replay, v1, promotions=1)
+    assert sorted(r["kind"] for r in after_first["results"]) == ["bench", "bench", "smoke", "smoke"]
+    assert {r["imported"]["bundle"] for r in after_first["results"]} == {"results-h100-sxm.json", "results-l40s.json"}
+    assert [(h["action"], h["to_digest"]) for h in after_first["history"]] == [("promote", v1)]
+
+    # Pipeline 2 (commit B: a new engine limit, a new digest) on the same runners: staging moves to it.
+    replay.commit(batch=8)
+    second = _github_pipeline(replay, "p2", main, secrets=secrets, inputs={"channel": "staging", "reason": "commit B"})
+    _jobs_ok(second, every_job)
+    v2 = _report(_workspace(replay, "p2", legs[0]) / "build.json")["artifacts"]["repository"]
+    assert v2 != v1
+    after_second = _after_pipeline(replay, v2, promotions=2)
+    assert len(after_second["results"]) == 4
+    assert [(h["action"], h["from_digest"], h["to_digest"]) for h in after_second["history"]] == [
+        ("promote", v1, v2), ("promote", None, v1)]
+
+    # "Re-run job" on pipeline 2's promote: the same bundles again are a no-op, and the chain stays whole.
+    shutil.copytree(replay.scratch.artifacts("p2"), replay.scratch.artifacts("p2-rerun"), dirs_exist_ok=True)
+    again = _github_pipeline(replay, "p2-rerun", main, secrets=secrets, inputs={"channel": "staging", "reason": "re-run"},
+                             only=("promote",))
+    _jobs_ok(again, ["promote"])
+    assert "0 new, 4 already here" in again["promote"].log.read_text()
+    after_rerun = _after_pipeline(replay, v2, promotions=2)
+    assert len(after_rerun["results"]) == 4 and len(after_rerun["history"]) == 2
+    assert len(json.loads(replay.trtpipe(replay.release_home(), "results", "show", v1, "--json").stdout)) == 4
+
+    # A pull request (same repository: the secrets are there) changes the engine limit: the cpu job reads the shared
+    # cache (the checkpoint is a hit there) and pushes nothing; the GPU and promote jobs do not run.
+    replay.commit(batch=2)
+    pr = {**main, "event_name": "pull_request", "ref": "refs/pull/7/merge"}
+    pull_request = _github_pipeline(replay, "pr", pr, secrets=secrets, inputs={})
+    _jobs_ok(pull_request, ["wheel", "cpu"])
+    pr_build = _report(_workspace(replay, "pr", "cpu") / "build.json")
+    assert pr_build["remote_mode"] == "read-only"
+    assert [s["outcome"] for s in pr_build["stages"][2:]] == ["pulled", "built", "built"], pr_build["stages"]
+    assert all(s["detail"].startswith("not pushed") for s in pr_build["stages"][3:])
+
+
+def _gitlab_pipeline(replay: Replay, pipeline: str, predefined: dict[str, str], variables: dict[str, str], *,
+                     manual: tuple[str, ...] = (), only: tuple[str, ...] | None = None) -> dict[str, JobRun]:
+    """Every job the pipeline runs, stage by stage in file order; manual jobs only when `manual` names them (a
+    click on the job's play button)."""
+    doc = yaml.safe_load(GITLAB.read_text())
+    jobs = gitlab_jobs(doc)
+    runs: dict[str, JobRun] = {}
+    for stage in doc["stages"]:
+        for name, job in jobs.items():
+            if job.get("stage", "test") != stage or (only is not None and name not in only):
+                continue
+            when = gitlab_when(job, predefined)
+            if when == "never" or (when == "manual" and name not in manual):
+                continue
+            if only is None and not all(n in runs and runs[n].ok for n in job.get("needs") or []):
+                continue
+            target = (job.get("variables") or {}).get("TARGET")
+            runs[name] = gitlab_job(doc, name, scratch=replay.scratch, pipeline=pipeline, predefined=predefined,
+                                    project_variables=variables, runner_home=replay.runner_homes(target))
+    return runs
+
+
+@pytest.mark.timeout(3600)
+def test_gitlab_pipeline_jobs_run_for_real_and_two_pipelines_promote(replay: Replay) -> None:
+    def predefined(pipeline_id: int, **more: str) -> dict[str, str]:
+        return {"CI": "true", "GITLAB_CI": "true", "CI_PIPELINE_SOURCE": "push", "CI_COMMIT_BRANCH": "main",
+                "CI_DEFAULT_BRANCH": "main", "GITLAB_USER_LOGIN": "release-manager",
+                "CI_PIPELINE_ID": str(pipeline_id), **more}
+
+    # The project's CI/CD variables (masked ones included), as Settings > CI/CD > Variables holds them.
+    variables = {"TRTPIPE_SOURCE": str(replay.source), "TRTPIPE_CACHE": replay.cache,
+                 "TRTPIPE_BENCH_ARGS": STAND_IN_BENCH, "TRTPIPE_STAND_IN_SPEC": "specs/stand-in.yaml",
+                 **replay.credentials, "TRTPIPE_SIGNING_KEY": replay.signing_key}
+    every_job = ["wheel", "cpu-reference", "gpu-h100-sxm", "gpu-l40s", "promote-staging"]
+
+    first = _gitlab_pipeline(replay, "p1", predefined(101), variables, manual=("promote-staging",))
+    _jobs_ok(first, every_job)
+    assert _report(_workspace(replay, "p1", "cpu-reference") / "build.json")["remote_mode"] == "read-write"
+    v1 = _report(_workspace(replay, "p1", "gpu-h100-sxm") / "build.json")["artifacts"]["repository"]
+    after_first = _after_pipeline(replay, v1, promotions=1)
+    assert sorted(r["kind"] for r in after_first["results"]) == ["bench", "bench", "smoke", "smoke"]
+    assert [(h["action"], h["to_digest"], h["who"]) for h in after_first["history"]] == [
+        ("promote", v1, "release-manager")]
+
+    replay.commit(batch=8)
+    second = _gitlab_pipeline(replay, "p2", predefined(102), variables, manual=("promote-staging",))
+    _jobs_ok(second, every_job)
+    v2 = _report(_workspace(replay, "p2", "gpu-l40s") / "build.json")["artifacts"]["repository"]
+    assert v2 != v1
+    after_second = _after_pipeline(replay, v2, promotions=2)
+    assert len(after_second["results"]) == 4
+    assert [(h["action"], h["from_digest"], h["to_digest"]) for h in after_second["history"]] == [
+        ("promote", v1, v2), ("promote", None, v1)]
+
+    # "Retry" on pipeline 2's promote job: its artifacts again, imported as a no-op.
+    shutil.copytree(replay.scratch.artifacts("p2"), replay.scratch.artifacts("p2-retry"), dirs_exist_ok=True)
+    retry = _gitlab_pipeline(replay, "p2-retry", predefined(102), variables, manual=("promote-staging",),
+                             only=("promote-staging",))
+    _jobs_ok(retry, ["promote-staging"])
+    assert "0 new, 4 already here" in retry["promote-staging"].log.read_text()
+    after_retry = _after_pipeline(replay, v2, promotions=2)
+    assert len(after_retry["results"]) == 4 and len(after_retry["history"]) == 2
+
+    # A merge request from a fork: no protected variables reach it. The cpu job builds against its local store
+    # only; the GPU and promote jobs do not run.
+    replay.commit(batch=2)
+    fork = {k: v for k, v in variables.items() if k not in (*replay.credentials, "TRTPIPE_SIGNING_KEY")}
+    merge_request = _gitlab_pipeline(replay, "mr", predefined(103, CI_PIPELINE_SOURCE="merge_request_event",
+                                                               CI_COMMIT_BRANCH=""), fork, manual=("promote-staging",))
+    _jobs_ok(merge_request, ["wheel", "cpu-reference"])
+    mr_build = _report(_workspace(replay, "mr", "cpu-reference") / "build.json")
+    assert mr_build["remote"] is None and [s["outcome"] for s in mr_build["stages"][2:]] == ["built"] * 3
+    assert "no registry credentials" in merge_request["cpu-reference"].log.read_text()

@@ -56,6 +56,13 @@ class FolderRemote:
     def __str__(self) -> str:
         return self.url
 
+    def probe(self) -> None:
+        """A folder is there or not; nothing to log in to."""
+        from trtpipe.errors import RemoteError
+
+        if not self.shared.root.is_dir():
+            raise RemoteError(f"{self.url}: no such folder", remote=self.url)
+
     def find(self, kind: str, key: str):
         entry = self.shared.peek(kind, key)
         if entry is None:

@@ -55,9 +55,20 @@ def register(app: typer.Typer) -> None:
         json_out: JsonOption = False,
         store: StoreOption = None,
         policy: PolicyOption = None,
+        remote_mode: Annotated[Optional[str], typer.Option(
+            "--remote-mode", help="How the remote cache (--store oci://...) is used: read-write (pull hits, push what "
+                                  "was built) or read-only (pull hits, never push: pull requests, forks); default: "
+                                  "$TRTPIPE_REMOTE_MODE, else read-write.")] = None,
+        require_remote: Annotated[bool, typer.Option(
+            "--require-remote", help="Fail when the remote cache is down or refuses the credentials (default: a "
+                                     "warning, and the build goes on with the local store; $TRTPIPE_REQUIRE_REMOTE=1 "
+                                     "sets it too).")] = False,
     ) -> None:
         """Run resolve -> plan -> checkpoint -> engine -> publish, reusing every stage already built."""
+        from trtpipe.store.remote import remote_use
+
         workspace = open_workspace(store)
+        use = remote_use(workspace.settings, mode=remote_mode, required=require_remote)
         trust = load_policy_option(policy, workspace.settings)
         started = time.time()
         try:
@@ -83,7 +94,7 @@ def register(app: typer.Typer) -> None:
 
                 report = run_build(spec, dry_run=dry_run, force=tuple(force or ()), verify=verify,
                                    store=workspace.store, remote=remote, progress=not json_out,
-                                   pulled_check=pulled_check)
+                                   pulled_check=pulled_check, remote_use=use)
         except KeyboardInterrupt as interrupt:
             # The runner may hand over its report (what it stored or reused so far); else the store's log says
             # which stages this process built.
@@ -101,6 +112,8 @@ def register(app: typer.Typer) -> None:
         finally:
             workspace.close()
         if json_out:
+            if report.remote_unavailable:  # the stage lines said it without --json; a CI log must see it too
+                typer.echo(f"warning: {report.remote_unavailable}", err=True)
             typer.echo(report.model_dump_json(indent=2))
             return
         if report.status == "incomplete":

@@ -33,10 +33,14 @@ def register(app: typer.Typer) -> None:
         from trtpipe.errors import TrtpipeError
         from trtpipe.pipeline import PublishRequest, run_publish
 
+        from trtpipe.store.remote import remote_use
+
         request = PublishRequest(spec=spec, engine=engine, tokenizer=tokenizer)
         workspace = open_workspace(store)
+        use = remote_use(workspace.settings)  # TRTPIPE_REMOTE_MODE, TRTPIPE_REQUIRE_REMOTE: as for build
         try:
-            outcome = run_publish(request, store=workspace.store, remote=workspace.remote, progress=not json_out)
+            outcome = run_publish(request, store=workspace.store, remote=workspace.remote, progress=not json_out,
+                                  remote_use=use)
         except TrtpipeError as err:
             if json_out:  # the refusal as JSON on stdout too; the error line goes to stderr as for every command
                 problems = [p.model_dump() for p in err.problems] if isinstance(err, EngineMismatch) else []

@@ -185,6 +185,63 @@ def results_show_command(
                  for r in records])
 
 
+@results_app.command("export")
+def results_export_command(
+    digests: list[str] = typer.Argument(..., help="Artifact digest(s) (sha256:...) whose results to carry."),
+    out: Path = typer.Option(..., "--out", help="The bundle file to write (JSON; written whole or not at all)."),
+    sign: SignOption = None,
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Write the results recorded for these digests, with their hash chains and evidence, into one bundle for
+    another workspace to import (a CI job's artifact); signed with the release key when one is set."""
+    from trtpipe.release.evidence import ExportRequest, export_results
+    from trtpipe.release.trust import KEYLESS
+
+    workspace = open_workspace(store)
+    key = signing_key_option(sign, workspace.settings)
+    if key == KEYLESS:
+        raise UsageError("a results bundle is signed with a release key file, not keyless",
+                         fix="pass --sign KEY (a PEM EC P-256 private key) or set TRTPIPE_SIGNING_KEY")
+    outcome = export_results(workspace.results, ExportRequest(digests=digests, out=out), key)
+    if as_json:
+        _print_json(outcome.model_dump(mode="json"))
+        return
+    signed = f"signed by key {outcome.signed_by[:16]}" if outcome.signed_by else "unsigned (no release key)"
+    typer.echo(f"exported {sum(outcome.records.values())} results of {len(outcome.records)} digest(s) -> "
+               f"{outcome.bundle} ({signed}; {outcome.bundle_digest})")
+
+
+@results_app.command("import")
+def results_import_command(
+    bundles: list[Path] = typer.Argument(..., help="Bundle file(s) `trtpipe results export` wrote."),
+    public_key: Optional[Path] = typer.Option(None, "--public-key", help="The only key (PEM public key) a bundle may be "
+                                              "signed by (default: the TRTPIPE_SIGNING_KEY setting's and the trust "
+                                              "policy's keys; with none of them, signatures are not required)."),
+    policy: PolicyOption = None,
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Check bundles (chains, heads, signature) and merge their results into this workspace's own chained logs,
+    each record once: importing a bundle again, or another runner's bundle of the same digest, adds only what
+    is new. A tampered or untrusted bundle is refused and nothing is imported."""
+    from trtpipe.release.evidence import ImportRequest, import_results
+
+    workspace = open_workspace(store)
+    outcome = import_results(workspace.results, ImportRequest(bundles=bundles, public_key=public_key),
+                             settings=workspace.settings, policy=load_policy_option(policy, workspace.settings))
+    if as_json:
+        _print_json(outcome.as_dict())
+        return
+    for bundle in outcome.bundles:
+        typer.echo(f"{bundle.bundle}: {bundle.trust}; exported by {bundle.exported_by} on {bundle.host}")
+    print_table(f"imported into {workspace.root / 'results'}", ["digest", "new", "already here", "new results"],
+                [[log.artifact_digest, len(log.new), log.already_present,
+                  ", ".join(f"{r.kind} {'passed' if r.passed else 'FAILED'} {r.recorded_at}" for r in log.new) or "-"]
+                 for log in outcome.logs])
+    typer.echo(f"{outcome.new} new, {outcome.already_present} already here")
+
+
 def _read_data_file(name: str) -> str:
     try:
         return Path(name).read_text(encoding="utf-8")

@@ -983,6 +983,10 @@ class OciRemote:
     def __str__(self) -> str:
         return self.url
 
+    def probe(self) -> None:
+        """GET /v2/ with a short timeout and the credentials: RemoteError when down, AccessDenied when refused."""
+        self.client.probe()
+
     def _ref(self, ref: str) -> OciRef:
         parsed = parse_oci_ref(ref)
         if parsed.base != self.url:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from trtpipe.errors import UsageError
+from trtpipe.errors import AccessDenied, InvalidInput, RemoteError, TimedOut, TrtpipeError, UsageError
 from trtpipe.settings import refuse_credentials, url_scheme
 
 if TYPE_CHECKING:
@@ -79,6 +79,9 @@ class RemoteCache(Protocol):
 
     url: str  # the cache itself (no tag or digest), for messages and reports
 
+    def probe(self) -> None:
+        """Reach the cache and check the credentials, quickly: RemoteError (down), AccessDenied (refused)."""
+
     def find(self, kind: str, key: str) -> RemoteArtifact | None:
         """The artifact of `kind/key` if the remote holds it (nothing downloaded)."""
 
@@ -111,6 +114,53 @@ class RemoteCache(Protocol):
 
     def get_trail_head(self, tag: str) -> bytes | None:
         """The head kept under `tag` (a head-only copy from before trails were shared, or a trail's), or None."""
+
+
+RemoteMode = Literal["read-write", "read-only"]
+REMOTE_MODES: tuple[str, ...] = ("read-write", "read-only")
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class RemoteUse:
+    """How a build uses its remote cache, as Bazel's remote cache and sccache do.
+
+    `mode`: read-write pulls hits and pushes what it built; read-only pulls hits and never pushes (a pull
+    request, a fork: it may read the shared cache, never write it). `required`: False (the default) makes a
+    cache that is down or refuses the credentials a warning, and the build goes on with the local store;
+    True makes it an error (a job whose point is to fill the cache)."""
+
+    mode: RemoteMode = "read-write"
+    required: bool = False
+
+    @property
+    def pushes(self) -> bool:
+        return self.mode == "read-write"
+
+
+def remote_use(settings: Settings, *, mode: str | None = None, required: bool = False) -> RemoteUse:
+    """The RemoteUse a build runs under: its options (`mode`, `required`) over the settings
+    (TRTPIPE_REMOTE_MODE, TRTPIPE_REQUIRE_REMOTE); a value that is neither is one InvalidInput line."""
+    chosen = mode if mode is not None else (settings.remote_mode or "read-write")
+    if chosen not in REMOTE_MODES:
+        where = "--remote-mode" if mode is not None else "TRTPIPE_REMOTE_MODE"
+        raise InvalidInput(f"{where}={chosen!r} is not a remote cache mode", fix=f"use one of {', '.join(REMOTE_MODES)}")
+    text = (settings.require_remote or "0").strip().lower()
+    if text not in _TRUE + _FALSE:
+        raise InvalidInput(f"TRTPIPE_REQUIRE_REMOTE={settings.require_remote!r} is not a yes or no",
+                           fix="set it to 1 (a build fails when its remote cache is away) or 0 (the default: a warning)")
+    return RemoteUse(mode=chosen, required=required or text in _TRUE)  # type: ignore[arg-type]
+
+
+# What a cache that is away raises: down or erroring (RemoteError), refusing the credentials or lacking them
+# (AccessDenied), or too slow (TimedOut: a credential helper). A damaged or untrusted entry is none of these:
+# it stays an error whatever the mode.
+UNAVAILABLE: tuple[type[TrtpipeError], ...] = (RemoteError, AccessDenied, TimedOut)
+
+
+def is_unavailable(err: TrtpipeError) -> bool:
+    """True for an error that says the remote cache is away (not that what it holds is wrong)."""
+    return isinstance(err, UNAVAILABLE)
 
 
 @dataclass(frozen=True)
