@@ -50,9 +50,14 @@ def test_sweep_json_table_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture
     print_table(table.title, table.columns, table.rows, caption=table.caption)
     text = capsys.readouterr().out
     assert "40 req/s" in text and "160 req/s" in text and "25/25" in text
-    # One line per load level, every cell whole (rich stacked "mean / P50 / P90 / P99" four lines high at 80 columns).
-    rows = [line for line in text.splitlines() if line.lstrip().startswith(("40 req/s", "160 req/s"))]
-    assert len(rows) == 2 and all("25/25" in row and row.count(" / ") >= 12 for row in rows)
+    # One line per load level, every cell whole (rich stacked "mean / P50 / P90 / P99" four lines high at 80
+    # columns): each of the 4 latency series on one line, on the row or under it as "E2E: …".
+    lines = text.splitlines()
+    rows = [line for line in lines if line.lstrip().startswith(("40 req/s", "160 req/s"))]
+    assert len(rows) == 2 and all("25/25" in row for row in rows)
+    series = [line for line in lines if " / " in line and not line.startswith("latencies")]
+    assert sum(line.count(" / ") for line in series) == 2 * 4 * 3
+    assert all(line.count(" / ") % 3 == 0 for line in series)
     assert "in words" in text and "counted in WORDS, not tokens (--token-counting words)" in " ".join(text.split())
 
     png = plot_result(result, tmp_path / "plots" / "bench.png")

@@ -2,7 +2,7 @@
 
 A table goes to a terminal as a rich table (long cells fold, never cut). To anything else (a pipe, a
 file, a CI log) it is plain aligned text no wider than `table_width()` (COLUMNS, at least 120): a cell
-too long for its column wraps between words, never inside one, so keys, digests and names stay whole
+too long for its column wraps between words, never inside one (nor inside a `a / b / c` series), so keys, digests and names stay whole
 and searchable; a line is longer only where one word is. Columns whose longest words no longer fit
 side by side go under each row as indented `column: value` lines.
 
@@ -13,6 +13,7 @@ A refusal (a `TrtpipeError` the CLI catches) is one line on stderr and, when the
 from __future__ import annotations
 
 import json
+import re
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -105,8 +106,20 @@ def _plain(text: Any) -> str:
     return " ".join(str(text).split()) if text is not None else ""
 
 
+# A series of numbers such as "10.2 / 10.5 / 13.1 / 14.6" (mean / P50 / P90 / P99) is one value, and so is a number with
+# its unit ("40 req/s", "12.5 GiB"): a cell is never broken inside either. The renderer joins their parts
+# with no-break spaces, which textwrap does not split on, and prints plain spaces again.
+_NO_BREAK = "\u00a0"
+_GLUED_SERIES = re.compile(r"(?<=\d) (?=/ [\d-])|(?<=\d /) (?=[\d-])")  # "10.2 / 10.5", "- / 3"
+_GLUED_UNIT = re.compile(r"(?<=\d) (?=[A-Za-z%])")
+
+
+def _cell(text: Any) -> str:
+    return _GLUED_UNIT.sub(_NO_BREAK, _GLUED_SERIES.sub(_NO_BREAK, _plain(text)))
+
+
 def _longest_word(text: str) -> int:
-    return max((len(word) for word in text.split()), default=0)
+    return max((len(word) for word in text.split(" ")), default=0)
 
 
 def _wrap(text: str, width: int) -> list[str]:
@@ -139,7 +152,7 @@ def render_table(title: str | None, columns: Sequence[str], rows: Sequence[Seque
     The first columns whose longest words fit side by side form the grid, each cell wrapped to its
     column; a column that no longer fits goes under its row as an indented `column: value` line
     (left out where the cell is empty)."""
-    cells = [[_plain(c) for c in columns], *[[_plain(c) for c in row] for row in rows]]
+    cells = [[_cell(c) for c in columns], *[[_cell(c) for c in row] for row in rows]]
     count = len(columns)
     if count == 0:
         return (_wrap(_plain(title), width) if title else []) + (_wrap(_plain(caption), width) if caption else [])
@@ -179,6 +192,7 @@ def render_table(title: str | None, columns: Sequence[str], rows: Sequence[Seque
             more = _wrap(value, room)
             lines.append(" " * indent + label + more[0])
             lines += [" " * (indent + len(label)) + line for line in more[1:]]
+    lines = [line.replace(_NO_BREAK, " ") for line in lines]
     return lines + (_wrap(_plain(caption), width) if caption else [])
 
 
