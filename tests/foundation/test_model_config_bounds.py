@@ -111,7 +111,10 @@ def test_a_negative_hidden_size_is_never_planned_as_fitting(cli, hostile_model, 
     """main: `plan --json` said fits with total_params -1.44 M."""
     folder, spec = hostile_model(_hostile_config((tiny_llama_dir / "config.json").read_text(), {"hidden_size": "-256"}))
     result = cli("plan", spec, "--json")
-    assert result.code == 2 and result.out.strip() == "", result.out
+    assert result.code == 2, result.out
+    refusal = json.loads(result.out)  # with --json the refusal is the one object on stdout, no plan in it
+    assert refusal["ok"] is False and refusal["error"]["type"] == "SpecError" and "fits" not in refusal
+    assert '"hidden_size": -256 is below 1' in refusal["error"]["message"]
 
 
 def test_spec_check_and_convert_refuse_it_the_same_way(cli, hostile_model, tiny_llama_dir: Path, tmp_path: Path) -> None:

@@ -177,10 +177,11 @@ def test_each_refusal_is_one_line_naming_file_field_and_fix(what: str, changes: 
     code = main(["publish", str(ACCEPTANCE), "--engine", str(engine), "--store", str(store),
                  "--tokenizer", str(tiny_llama_dir), "--json"])
     out = capsys.readouterr()
-    refused = json.loads(out.out)
-    assert code == 2 and refused["status"] == "refused" and refused["exit_code"] == 2
-    assert refused["problems"][0]["field"] == field and refused["problems"][0]["fix"]
-    assert refused["error"] == line.removeprefix("error: ")
+    refused = json.loads(out.out)  # the one JSON object on stdout
+    assert code == 2 and refused["ok"] is False and refused["exit_code"] == 2
+    assert refused["error"]["type"] == "EngineMismatch" and refused["error"]["fields"]["field"] == field
+    assert refused["verdicts"][0]["field"] == field and refused["verdicts"][0]["fix"]
+    assert refused["error"]["stderr"] == line
 
 
 def test_a_missing_rank_file_is_named(tmp_path: Path, tiny_llama_dir: Path, standin_engine,

@@ -106,9 +106,9 @@ def _plain(text: Any) -> str:
     return " ".join(str(text).split()) if text is not None else ""
 
 
-# A series of numbers such as "10.2 / 10.5 / 13.1 / 14.6" (mean / P50 / P90 / P99) is one value, and so is a number with
-# its unit ("40 req/s", "12.5 GiB"): a cell is never broken inside either. The renderer joins their parts
-# with no-break spaces, which textwrap does not split on, and prints plain spaces again.
+# A series of numbers such as "10.2 / 10.5 / 13.1 / 14.6" (mean / P50 / P90 / P99) is one value, and so is a
+# number with its unit ("40 req/s", "12.5 GiB"): a cell is never broken inside either. The renderer joins
+# their parts with no-break spaces, which textwrap does not split on, and prints plain spaces again.
 _NO_BREAK = "\u00a0"
 _GLUED_SERIES = re.compile(r"(?<=\d) (?=/ [\d-])|(?<=\d /) (?=[\d-])")  # "10.2 / 10.5", "- / 3"
 _GLUED_UNIT = re.compile(r"(?<=\d) (?=[A-Za-z%])")

@@ -3,7 +3,6 @@ a request (trtpipe.pipeline.PublishRequest) -> one library call (run_publish) ->
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -29,8 +28,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Check an engine built outside trtpipe against the spec (TensorRT-LLM version, GPU, limits, tp/pp, in-flight
         batching essentials, rank files), store it and publish its Triton repository, as `build` publishes."""
-        from trtpipe.engine.imported import EngineMismatch
-        from trtpipe.errors import TrtpipeError
         from trtpipe.pipeline import PublishRequest, run_publish
 
         from trtpipe.store.remote import remote_use
@@ -39,15 +36,10 @@ def register(app: typer.Typer) -> None:
         workspace = open_workspace(store)
         use = remote_use(workspace.settings)  # TRTPIPE_REMOTE_MODE, TRTPIPE_REQUIRE_REMOTE: as for build
         try:
+            # A refusal goes the one way every command's does (cli.refuse): with --json its JSON object on
+            # stdout, every problem of an outside engine among its verdicts.
             outcome = run_publish(request, store=workspace.store, remote=workspace.remote, progress=not json_out,
                                   remote_use=use)
-        except TrtpipeError as err:
-            if json_out:  # the refusal as JSON on stdout too; the error line goes to stderr as for every command
-                problems = [p.model_dump() for p in err.problems] if isinstance(err, EngineMismatch) else []
-                typer.echo(json.dumps({"status": "refused", "spec": str(spec), "engine": str(engine),
-                                       "error": err.one_line(), "exit_code": err.exit_code, "problems": problems},
-                                      indent=2))
-            raise
         finally:
             workspace.close()
         if json_out:

@@ -75,6 +75,10 @@ class EngineMismatch(InvalidInput):
             more = f" ({len(self.problems) - 1} more: {others})"
         super().__init__(f"{first.file}: {first.field}: {first.message}", fix=first.fix + more)
 
+    def verdicts(self) -> list[object] | None:
+        """Every problem found, each with its file, field, message and fix (a JSON refusal's `verdicts`)."""
+        return [problem.model_dump() for problem in self.problems]
+
 
 class OutsideEngine(BaseModel):
     """An outside engine that fits its spec: which of its files are the engine, and what was found."""
