@@ -304,13 +304,14 @@ def test_template_commands_exist_in_the_cli(template: Path) -> None:
 # done here; self-hosted runners are folders that persist between pipelines (the GPU hosts' and the release
 # runner's TRTPIPE_HOME); every job starts in a fresh checkout of the user's repository.
 #
-# The install steps are the one thing not run: they install the wheel the pipeline's wheel job built, and that
-# wheel does not yet carry build_configs/ and triton_repo/ (issue 23's packaging part). The wheel job itself runs
-# (it builds the wheel from a copy of this checkout) and each install step is checked to install exactly that
-# wheel from its job's dist/; the jobs then run trtpipe as this checkout's editable install (its .venv on PATH).
-# TODO(issue 23, packaging): once the wheel carries its package data, run the install steps for real, into a venv
-# per runner whose site-packages hold this checkout's dependencies (so pip finds them installed and only the
-# wheel goes in), and drop the editable install from PATH.
+# The install steps are the one thing not run. The wheel job runs (it builds the wheel from a copy of this
+# checkout), and each install step is checked to install exactly that wheel from its job's dist/; the jobs then
+# run trtpipe as this checkout's editable install (its .venv on PATH). Running them for real needs each job's
+# venv to hold the dependencies (torch, transformers ...) without downloading them: tried with the dependencies
+# on PYTHONPATH, the jobs installed the wheel, but Triton's Python stub does not read PYTHONPATH, so no model
+# loaded. tests/test_package.py covers the installed wheel (a fresh venv, dependencies linked into it).
+# TODO(issue 23): run the install steps, e.g. a pip wheelhouse of this environment's dependencies (PIP_FIND_LINKS,
+# PIP_NO_INDEX) so each job's venv installs them without a network.
 
 import os
 import signal
@@ -508,7 +509,7 @@ def github_job(wf: dict[str, Any], name: str, *, scratch: Scratch, pipeline: str
             script = gh_substitute(step["run"], context)
             if title.startswith(INSTALL_STEP):
                 check_install_lines(script, workspace, f"{label}: {title}")
-                run.steps.append(f"{title}: checked, not run (TODO: packaging)")
+                run.steps.append(f"{title}: checked, not run (see the module comment)")
                 continue
             files = {name: temp / f"{name.lower()}-{number}" for name in ("GITHUB_OUTPUT", "GITHUB_ENV", "GITHUB_PATH")}
             for path in files.values():
@@ -640,7 +641,7 @@ def gitlab_job(doc: dict[str, Any], name: str, *, scratch: Scratch, pipeline: st
         before = flatten_script(job.get("before_script") or [])
         if before:
             check_install_lines("\n".join(before), workspace, f"{name}: before_script")
-            run.steps.append("before_script: checked, not run (TODO: packaging)")
+            run.steps.append("before_script: checked, not run (see the module comment)")
         script = "set -eo pipefail\n" + "\n".join(flatten_script(job["script"])) + "\n"
         rc = run_bash(script, args=["--noprofile", "--norc"], env=env, cwd=workspace, log=log, sessions=sessions)
         run.steps.append(f"script: rc {rc}")
