@@ -2,8 +2,8 @@
 
 A table goes to a terminal as a rich table (long cells fold, never cut). To anything else (a pipe, a
 file, a CI log) it is plain aligned text no wider than `table_width()` (COLUMNS, at least 120): a cell
-too long for its column wraps between words, never inside one (nor inside a `a / b / c` series), so keys, digests and names stay whole
-and searchable; a line is longer only where one word is. Columns whose longest words no longer fit
+too long for its column wraps between words, never inside one (nor inside a series of numbers or a number
+and its unit), so keys, digests and names stay whole and searchable; a line is longer only where one word is. Columns whose longest words no longer fit
 side by side go under each row as indented `column: value` lines.
 
 A refusal (a `TrtpipeError` the CLI catches) is one line on stderr and, when the command was given
