@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import signal
 import sys
 import threading
 from pathlib import Path
@@ -14,6 +13,7 @@ import typer
 from pydantic import BaseModel
 
 from trtpipe.commands.output import JsonOption, StoreOption, json_option, open_workspace, print_table
+from trtpipe.commands.stop_signals import stop_on_signals
 from trtpipe.commands.trust_options import PolicyOption, load_policy_option
 from trtpipe.errors import NotFound, UsageError
 
@@ -179,14 +179,10 @@ def serve_command(
     server_log = ServerLog(path=None if log_file in (None, "-") else Path(log_file).resolve(), keep=keep_log,
                            follow=sys.stderr if log_file == "-" else None)
     stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with stop_on_signals(stop):
         serve_watched(request.repo, on_event=lambda event: _print_serve_event(event, request.repo, as_json),
                       stop=stop, policy=policy, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
                       start_timeout=start_timeout, launcher=launcher, ready_file=ready_file, server_log=server_log)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 # Seconds a detached serve may take beyond its --start-timeout: validation, the serving directory, the identity
