@@ -127,6 +127,21 @@ def sign_pushed(remote: Any, pushed: Any, entry: Any, key: PrivateKey | str, *, 
     return Signed(key_id, f"{base.base}@{sig_digest}", f"{base.base}@{prov_digest}" if prov_digest else None, not api)
 
 
+def push_signer(key: PrivateKey | str, *, store_root: Path) -> Callable[[Any, Any, Any], str]:
+    """The runner's signer of what a build pushes (`trtpipe.pipeline.PushSigner`): `sign_pushed` with `key`.
+
+    The provenance is the entry's own inputs (the build record of this run is written when the run ends, after
+    its pushes); `cache push --sign` of the same entry later carries the record's stage keys as well."""
+    from trtpipe.release.provenance import statement
+
+    def sign(remote: Any, pushed: Any, entry: Any) -> str:
+        signed = sign_pushed(remote, pushed, entry, key, store_root=store_root,
+                             provenance=statement(entry, store_root))
+        return f"signed by key {(signed.key_id or 'sigstore (keyless)')[:16]}"
+
+    return sign
+
+
 # --------------------------------------------------------------------------- fetching from a registry
 
 
