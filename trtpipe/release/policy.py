@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -44,6 +44,9 @@ class ChannelRule(_Strict):
         default_factory=list, description="Names from `keys` whose signatures count; empty: every key in `keys`.")
     allow_hand_recorded: bool = Field(
         default=False, description="Results recorded by hand (no run behind them) may satisfy this channel's gates.")
+    unsigned_results: Literal["allow", "refuse"] | None = Field(
+        default=None, description="Whether a result not covered by a results-log head signed by a trusted key may "
+                                  "satisfy this channel's gates; default: refuse where require_signature is true.")
 
 
 class PolicyFile(_Strict):
@@ -93,6 +96,15 @@ class TrustPolicy:
 
     def allows_hand_recorded(self, channel: str | None = None) -> bool:
         return self.rule(channel).allow_hand_recorded
+
+    def allows_unsigned_results(self, channel: str | None = None) -> bool:
+        """Whether results whose log head no trusted key signed may count for `channel`. A channel that requires
+        signed artifacts requires signed evidence too, unless it says otherwise: anyone who can write to the
+        workspace can append a result through the chained log and rewrite its (unsigned) head (issue 28, attack 6)."""
+        rule = self.rule(channel)
+        if rule.unsigned_results is not None:
+            return rule.unsigned_results == "allow"
+        return not rule.require_signature
 
     def trusted_keys(self, channel: str | None = None) -> dict[str, PublicKey]:
         """name -> public key of the keys whose signature counts for `channel`."""

@@ -210,6 +210,31 @@ def results_for(home: Path, digest: str, key: ReleaseKey | None = None) -> list[
     return sorted(ResultsLog(home, key).for_digest(digest), key=lambda r: r.recorded_at)
 
 
+def signed_results(home: Path, digest: str, records: list[ResultRecord], policy: TrustPolicy | None,
+                   channel: str) -> tuple[list[ResultRecord], int]:
+    """The results that may count for `channel` under `policy`, and how many were left out.
+
+    Where the policy says unsigned results may not count (`unsigned_results`, by default wherever the channel
+    requires signatures), a result counts only when a head signature verifying against the policy's keys for
+    `channel` covers it: without that, anyone who can write to the workspace appends an `origin: run` result
+    through the chained log, rewrites the unsigned head, and the gate passes (issue 28, attack 6)."""
+    if policy is None or policy.allows_unsigned_results(channel) or not records:
+        return records, 0
+    keys = [ReleaseKey(public) for public in policy.trusted_keys(channel).values()]
+    covered, _ = ResultsLog(home).signed_prefix(digest, keys)
+    kept = [r for r in records if r.seq is not None and r.seq <= covered]
+    return kept, len(records) - len(kept)
+
+
+def _policy_of(policy: TrustPolicy | None, settings: Settings | None) -> TrustPolicy | None:
+    """The policy given, else the TRTPIPE_POLICY setting's, else none."""
+    from trtpipe.release.policy import policy_from
+
+    if policy is None and settings is not None:
+        return policy_from(None, settings.policy)
+    return policy
+
+
 def _hand_allowed(policy: TrustPolicy | None, settings: Settings | None, channel: str) -> tuple[bool, str]:
     """Whether the trust policy (the one given, else the TRTPIPE_POLICY setting's) lets hand-recorded
     results count for `channel`, and which policy said."""
@@ -407,6 +432,10 @@ def promote(
                              target=art.target, from_digest=seen_from, to_digest=art.digest, ref=art.ref,
                              detail="results are not evidence: " + err.message)
         raise
+    judged_by = _policy_of(policy, settings)
+    candidate, unsigned_left = signed_results(home, art.digest, candidate, judged_by, channel)
+    if current is not None and seen_from is not None:
+        current, _ = signed_results(home, seen_from, current, judged_by, channel)
     run_only = [r for r in candidate if r.origin != "hand"]
     current_run_only = [r for r in current if r.origin != "hand"] if current is not None else None
     judge = dict(target=art.target, current_digest=seen_from, min_runs=min_runs)
@@ -422,6 +451,11 @@ def promote(
             gate_results = [g if g.passed else g.model_copy(update={"detail": g.detail + " (hand-recorded results do not count "
                                                                                         f"for {channel}: {policy_source})"})
                             for g in gate_results]
+    if unsigned_left:
+        assert judged_by is not None
+        gate_results = [g if g.passed else g.model_copy(update={"detail": g.detail + (
+            f" ({unsigned_left} result(s) not covered by a results-log head signed by a key {judged_by.source} trusts "
+            f"for {channel} do not count: unsigned_results)")}) for g in gate_results]
     failed = [g for g in gate_results if not g.passed]
     trail_where = f"{remote.url}:{shared.tag}" if shared is not None and remote is not None else None
     tag = channel_tag(art.model, art.target, channel) if art.remote is not None and art.ref is not None else None
