@@ -31,7 +31,7 @@ from pydantic import BaseModel
 from trtpipe import build_record, warm
 from trtpipe.build_report import BuildReport, Outcome, StagePrinter, StageReport
 from trtpipe.disk import disk_full, disk_full_error
-from trtpipe.errors import DiskFull, TrtpipeError, Untrusted, UsageError
+from trtpipe.errors import DiskFull, IntegrityError, InvalidInput, TrtpipeError, Untrusted, UsageError
 from trtpipe.plan import memory_plan
 from trtpipe.resolve import ResolvedSpec, resolve
 from trtpipe.spec_loader import load_spec
@@ -257,6 +257,9 @@ class _Runner:
         if outcome == "would-build" and not forced and self.remote is not None:
             try:
                 found = self.remote.find(kind, key.key)
+            except (IntegrityError, InvalidInput) as refused:  # a key tag naming no entry of this key: a miss
+                self.printer.note(f"  {stage.name:<11} {refused.one_line()}; would build it here", style="yellow")
+                found = None
             except TrtpipeError as err:
                 if not is_unavailable(err):
                     raise
@@ -330,7 +333,9 @@ class _Runner:
                     if self.remote is not None and not forced:
                         try:
                             entry = self.remote.pull_into(handle)
-                        except Untrusted as refused:  # the pull's trust gate: build it here instead
+                        # The pull's trust gate refused it, or what the key tag names is no entry of this key (a
+                        # planted or damaged manifest): a miss, said; build it here (the push replaces the tag).
+                        except (Untrusted, IntegrityError, InvalidInput) as refused:
                             self.printer.note(f"  {stage.name:<11} {refused.one_line()}; building it here",
                                               style="yellow")
                             refused_note = f"remote entry refused ({refused.message}); built here"
@@ -451,7 +456,7 @@ class _Runner:
                 said.append(f"unsigned: signing failed: {err.one_line()}")
         replaced = getattr(pushed, "replaced", None)
         if replaced:
-            said.append(f"its key tag named {replaced}, which the trust policy refused; moved to this entry")
+            said.append(f"its key tag named {replaced}, which did not verify here; key tag moved to this entry")
         return f"pushed to {remote}" + (f" ({'; '.join(said)})" if said else "")
 
     def _reach_remote(self) -> None:

@@ -170,15 +170,17 @@ def test_under_a_policy_a_second_fresh_workspace_hits_every_stage(registry, tiny
 
 def test_a_squatted_key_tag_does_not_block_the_genuine_push(registry, tiny_spec: Path, tmp_path: Path, tools,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """Anyone who can push plants `engine-<key>` first (an unsigned engine of their own): the genuine build
-    ignores it (a miss, with a note), pushes its signed engine over the key tag, and the next workspace hits it."""
+    """Anyone who can push plants `engine-<key>` first (an unsigned engine of their own), and `checkpoint-<key>`
+    naming an entry of another key: the genuine build ignores both (a miss, with a note), pushes its signed entries
+    over the key tags, and the next workspace hits them."""
     from trtpipe.settings import from_env
     from trtpipe.store.local import Store
     from trtpipe.store.oci import OciRemote, key_tag
 
     remote = _signing_setup(tmp_path, registry, monkeypatch, "trtpipe/squatted-cache")
     dry = tools.run_cli(tmp_path / "scout", "build", str(tiny_spec), "--dry-run", "--json")
-    engine_key = next(s["key"] for s in json.loads(dry.stdout)["stages"] if s["name"] == "engine")
+    keys = {s["name"]: s["key"] for s in json.loads(dry.stdout)["stages"] if s.get("key")}
+    engine_key = keys["engine"]
     attacker = Store.open(tmp_path / "attacker")
     with attacker.building("engine", engine_key) as handle:
         (handle.dir / "rank0.safetensors").write_bytes(b"not the engine" * 1000)
@@ -186,6 +188,14 @@ def test_a_squatted_key_tag_does_not_block_the_genuine_push(registry, tiny_spec:
     squatter = OciRemote(remote, settings=from_env())
     squatter.push(planted)  # unsigned: the policy trusts nothing of it
     assert squatter.find("engine", engine_key).artifact_digest == planted.digest
+    with attacker.building("checkpoint", "0" * 64) as handle:
+        (handle.dir / "rank0.safetensors").write_bytes(b"not the checkpoint" * 1000)
+        other = handle.commit(inputs={"planted": True})
+    body = squatter.client.get_manifest(squatter.base.repository, squatter.push(other).oci_digest)
+    squatter.client.put_manifest(squatter.base.repository, key_tag("checkpoint", keys["checkpoint"]), body)
+    dry = tools.run_cli(tmp_path / "machine-a", "build", str(tiny_spec), "--store", remote, "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr  # the planted checkpoint tag is a miss, not a failed dry run
+    assert [s["outcome"] for s in json.loads(dry.stdout)["stages"][2:]] == ["would-build", "would-pull", "would-build"]
 
     first = tools.run_cli(tmp_path / "machine-a", "build", str(tiny_spec), "--store", remote, "--json")
     assert first.returncode == 0, first.stderr
@@ -193,7 +203,11 @@ def test_a_squatted_key_tag_does_not_block_the_genuine_push(registry, tiny_spec:
     assert stages["engine"]["outcome"] == "built" and stages["engine"]["digest"] != planted.digest
     assert stages["engine"]["detail"].startswith("remote entry refused (pull refused: ")  # the planted tag: a miss, said
     assert "unsigned" in stages["engine"]["detail"]
-    assert "which the trust policy refused; moved to this entry" in stages["engine"]["detail"], stages["engine"]
+    assert f"key tag named sha256:" in stages["engine"]["detail"], stages["engine"]
+    assert "which did not verify here; key tag moved to this entry" in stages["engine"]["detail"], stages["engine"]
+    assert stages["checkpoint"]["outcome"] == "built", stages["checkpoint"]
+    assert stages["checkpoint"]["detail"].startswith("remote entry refused (") and "holds checkpoint/000" in stages["checkpoint"]["detail"]
+    assert "key tag moved to this entry" in stages["checkpoint"]["detail"]
     assert squatter.find("engine", engine_key).artifact_digest == stages["engine"]["digest"]
     assert squatter.client.get_manifest(squatter.base.repository, key_tag("engine", engine_key)) is not None
 

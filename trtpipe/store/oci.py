@@ -669,7 +669,8 @@ def push_artifact(client: OciClient, base: OciRef, artifact: LocalArtifact, *, t
     """Push an entry's files and manifest; tag it `<kind>-<key>` plus `tags` (version tags never move).
 
     `squatted(manifest digest)`: True when the manifest the key tag names now was judged and refused (it does
-    not verify under the trust policy); then the key tag is moved to this push instead of refusing it."""
+    not verify under the trust policy, or is no entry of this key); then the key tag is moved to this push
+    instead of refusing it."""
     if not artifact.manifest_path.is_file():
         raise IntegrityError(f"{artifact.path}: no manifest.json; only a committed store entry can be pushed",
                              path=str(artifact.path))
@@ -724,7 +725,8 @@ def _point_key_tag(client: OciClient, repository: str, tag: str, body: bytes,
     pointing at a manifest of their own. Were key tags immutable, that one push would poison the key for good
     (every genuine push refused, every pull refused by the trust gate). So a key tag names the *signed* entry:
     when the manifest it names was refused by the pull gate (it does not verify under the trust policy), the
-    genuine push replaces it. A manifest that verifies, or one nobody judged (no policy), is never replaced:
+    genuine push replaces it; so does one that is no entry of this key at all (another key's, damaged, not a
+    trtpipe artifact). A manifest that verifies, or one nobody judged (no policy), is never replaced:
     two genuine builds of one key still keep the first. (The other design, a key tag that includes the
     artifact digest, would need a tag listing to find a key at all: registries page and do not sort tags.)"""
     existing = client.get_manifest(repository, tag)
@@ -1035,10 +1037,15 @@ class OciRemote:
         body = self.client.get_manifest(self.base.repository, key_tag(kind, key))
         if body is None:
             return None
-        remote = resolve_remote(self.client, self.base.with_digest(sha256_bytes(body)))
-        if remote.kind != kind or remote.key != key:
-            raise IntegrityError(f"{self.base}:{key_tag(kind, key)} holds {remote.kind}/{remote.key}; refused",
-                                 path=f"{self.base}:{key_tag(kind, key)}")
+        try:
+            remote = resolve_remote(self.client, self.base.with_digest(sha256_bytes(body)))
+            if remote.kind != kind or remote.key != key:
+                raise IntegrityError(f"{self.base}:{key_tag(kind, key)} holds {remote.kind}/{remote.key}; refused",
+                                     path=f"{self.base}:{key_tag(kind, key)}")
+        except (IntegrityError, InvalidInput):
+            # No entry of this key can be under that manifest: whoever planted it, the genuine push may replace it.
+            self.refused.add(sha256_bytes(body))
+            raise
         return remote
 
     def pull_into(self, handle: Any, *, progress: Callable[[str, int], None] | None = None) -> Any | None:
@@ -1049,7 +1056,7 @@ class OciRemote:
             return None
         try:
             return install_into(self.client, remote, handle.store, handle, progress=progress, gate=self.gate)
-        except Untrusted:
+        except (Untrusted, IntegrityError):
             self.refused.add(remote.oci_digest)  # the key tag is squatted: the genuine push may replace it
             raise
 
