@@ -455,7 +455,8 @@ def promote(
         assert judged_by is not None
         gate_results = [g if g.passed else g.model_copy(update={"detail": g.detail + (
             f" ({unsigned_left} result(s) not covered by a results-log head signed by a key {judged_by.source} trusts "
-            f"for {channel} do not count: unsigned_results)")}) for g in gate_results]
+            f"for {channel} do not count: unsigned_results; record or import results with TRTPIPE_SIGNING_KEY set)")})
+            for g in gate_results]
     failed = [g for g in gate_results if not g.passed]
     trail_where = f"{remote.url}:{shared.tag}" if shared is not None and remote is not None else None
     tag = channel_tag(art.model, art.target, channel) if art.remote is not None and art.ref is not None else None
