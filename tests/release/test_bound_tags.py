@@ -263,3 +263,58 @@ def _entry_path(home: Path, entry) -> Path:
     from trtpipe.store.local import Store
 
     return Path(Store.open(home).find(entry.digest).path)
+
+
+def test_a_channel_tag_moved_back_is_refused_at_pull(registry_env, store_entry, cli, tmp_path, monkeypatch) -> None:
+    """A deploy host pulling the prod tag under the policy gets what the channel's signed trail says, or nothing."""
+    home = Path(os.environ["TRTPIPE_HOME"])
+    _keys(tmp_path)
+    from trtpipe.release.trail import ReleaseKey
+
+    monkeypatch.setenv("TRTPIPE_SIGNING_KEY", str(tmp_path / "release.key"))  # pushes, results and trail heads signed
+    url = registry_env.url("bound/prodtag")
+    refs = []
+    for key, seed in (("4e" * 8, "one"), ("4f" * 8, "two")):
+        entry = store_entry(home, key, seed=seed)
+        refs.append(_push(cli, entry, url, "--tag", seed))
+        ResultsLog(home, ReleaseKey(K.load_signing_key(str(tmp_path / "release.key")))).record(entry.digest, "smoke", True, {"checks": 6})
+    for pushed in refs:
+        code, _, err = cli("promote", pushed["ref"], "--to", "prod")
+        assert code == 0, err
+    monkeypatch.delenv("TRTPIPE_SIGNING_KEY")
+    prod = url + ":tiny-llama.cpu-reference.prod"
+    policy = _policy(tmp_path)
+    _elsewhere(monkeypatch, tmp_path, "deploy")
+    code, out, err = cli("cache", "pull", prod, "--policy", policy, "--json")
+    assert code == 0 and json.loads(out)["artifact_digest"] == refs[1]["artifact_digest"], err
+    # Anyone who can push moves the prod tag back to the older, genuinely signed manifest.
+    client = oci.OciClient(registry_env.host)
+    client.put_manifest("bound/prodtag", "tiny-llama.cpu-reference.prod", _tag_body(client, "bound/prodtag", refs[0]["oci_digest"]))
+    deploy = _elsewhere(monkeypatch, tmp_path, "deploy2")
+    code, _, err = cli("cache", "pull", prod, "--policy", policy)
+    assert code == 1, err
+    line = err.strip().splitlines()[0]
+    assert "pull refused" in line and refs[0]["artifact_digest"] in line and refs[1]["artifact_digest"] in line, err
+    assert len(_refused_pulls(deploy)) == 1
+    # And the workspace that promoted reports it.
+    monkeypatch.setenv("TRTPIPE_HOME", str(home))
+    code, out, _ = cli("channels", "--verify")
+    assert code == 1 and refs[0]["artifact_digest"] in out
+
+
+def test_a_channel_tag_whose_trail_is_unsigned_is_refused_at_pull(registry_env, store_entry, cli, tmp_path,
+                                                                   monkeypatch) -> None:
+    """Promoted without the release key, the trail's head is unsigned: anyone who can push could rewrite it along
+    with the tag, so under a policy that requires signatures the channel tag is not taken on its word."""
+    home = Path(os.environ["TRTPIPE_HOME"])
+    _keys(tmp_path)
+    url = registry_env.url("bound/unsignedtrail")
+    entry = store_entry(home, "4g".replace("g", "0") * 8, seed="signed")
+    pushed = _push(cli, entry, url, "--tag", "v1", "--sign", str(tmp_path / "release.key"))
+    ResultsLog(home).record(entry.digest, "smoke", True, {"checks": 6})
+    assert cli("promote", pushed["ref"], "--to", "prod")[0] == 0  # no key: the trail head is unsigned
+    _elsewhere(monkeypatch, tmp_path, "deploy")
+    code, _, err = cli("cache", "pull", url + ":tiny-llama.cpu-reference.prod", "--policy", _policy(tmp_path))
+    assert code == 1 and "pull refused" in err and "not signed by the release key" in err, err
+    code, _, err = cli("cache", "pull", url + ":v1", "--policy", _policy(tmp_path))
+    assert code == 0, err

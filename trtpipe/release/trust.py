@@ -322,8 +322,8 @@ def require_trusted(entry: Any, policy: TrustPolicy, channel: str | None, *, sto
 # --------------------------------------------------------------------------- pull
 
 
-def channel_of_tag(tag: str | None, manifest_raw: bytes, policy: TrustPolicy | None) -> str | None:
-    """The channel a tag follows, when it is a channel tag `<model>.<target>.<channel>` (None: a version or key
+def channel_of_tag(tag: str | None, manifest_raw: bytes, policy: TrustPolicy | None) -> tuple[str, str, str] | None:
+    """(model, target, channel) when `tag` is a channel tag `<model>.<target>.<channel>` (None: a version or key
     tag, or no tag). Read from the signed manifest.json (its recorded name and target, what promote tags it
     under), never from the OCI manifest's annotations (anyone who can push writes those); a tag ending in
     `.<channel>` for a channel the policy names counts too, so an artifact that records no name cannot slip a
@@ -342,14 +342,49 @@ def channel_of_tag(tag: str | None, manifest_raw: bytes, policy: TrustPolicy | N
     if isinstance(name, str) and isinstance(target, str) and tag.startswith(f"{name}.{target}."):
         channel = tag.removeprefix(f"{name}.{target}.")
         if channel and "." not in channel:
-            return channel
+            return name, target, channel
     parts = tag.split(".")
     if policy is not None and len(parts) >= 3 and parts[-1] in policy.file.channels:
-        return parts[-1]
+        return parts[0], ".".join(parts[1:-1]), parts[-1]
     return None
 
 
-def tag_problem(tag: str, channel: str | None, provenance: list[bytes], policy: TrustPolicy,
+def channel_tag_binding_problem(registry: Any, home: Path, cid: tuple[str, str, str], policy: TrustPolicy,
+                                artifact_digest: str) -> str | None:
+    """Why a channel tag is not bound to `artifact_digest` (None: it is). A channel tag moves, so no signature
+    over the artifact can bind it; the channel's trail does: the registry keeps it beside the tag, and its head
+    must be signed by a key the channel's rule trusts (anyone who can push can rewrite an unsigned trail along
+    with the tag), and its last move must name this artifact. What this cannot see is an older, genuinely
+    signed trail put back together with the tag (the trail's freshness, checked by `channels --verify`)."""
+    from trtpipe.errors import TrtpipeError
+    from trtpipe.release.shared_trail import SharedChannel, as_records, read_registry
+    from trtpipe.release.trail import ReleaseKey, replay
+
+    shared = SharedChannel(Path(home), *cid)
+    where = f"{getattr(registry, 'url', 'the registry')}:{shared.tag}"
+    problems: list[str] = []
+    for name, public in policy.trusted_keys(cid[2]).items():
+        try:
+            copy = read_registry(registry, shared, ReleaseKey(public))
+        except TrtpipeError as err:
+            return f"the channel's trail {where} cannot be read ({err.one_line()})"
+        if copy is None:
+            return f"the registry holds no trail of channel {shared.label} ({where}), so nothing binds the channel tag"
+        if copy.legacy:
+            return f"{where} holds only a head (a trail from before channels were shared), which names no artifact"
+        if copy.problems:
+            problems = problems or copy.problems
+            continue
+        pointer = replay(as_records(copy.records, where)).pointers.get(cid)
+        named = pointer.digest if pointer is not None else None
+        if named != artifact_digest:
+            return (f"the channel tag names {artifact_digest}, but channel {shared.label}'s trail (signed by {name}) says "
+                    f"{named or 'nothing'} (the tag was moved outside trtpipe)")
+        return None
+    return problems[0] if problems else f"policy {policy.source} lists no key for channel {cid[2]!r}"
+
+
+def tag_problem(tag: str, channel: tuple[str, str, str] | None, provenance: list[bytes], policy: TrustPolicy,
                 artifact_digest: str) -> str | None:
     """Why pulling by `tag` is refused although the artifact's signature verified (None: the tag is bound).
 
@@ -360,7 +395,7 @@ def tag_problem(tag: str, channel: str | None, provenance: list[bytes], policy: 
     of the same entry again binds them. A channel tag moves by design; its binding is the channel's trail
     (`channels --verify` compares the registry's channel tag with it), and it is judged by the channel's rule."""
     if channel is not None:
-        return None
+        return None  # checked against the channel's trail (`channel_tag_binding_problem`)
     signed = signed_tags(provenance, policy.trusted_keys(None), artifact_digest)
     if signed is None:
         return (f"its signed provenance names none of its tags (signed before tags were bound, or keyless), so the tag "
@@ -383,6 +418,7 @@ class PullGate:
         self.store_root = Path(store_root)
         self.home = Path(home)
         self.note = note
+        self.registry: Any = None  # the remote pulled from (`install_gate`): where a channel's trail is read
 
     def __call__(self, client: Any, remote: Any, staged: Path, raw: bytes) -> None:
         found = fetch_signatures(client, remote.ref.repository, remote.oci_digest)
@@ -391,14 +427,17 @@ class PullGate:
         if self.note is not None:
             for line in found.skipped:
                 self.note(f"note: {shown}: {line}")
-        channel = channel_of_tag(tag, raw, self.policy)
+        cid = channel_of_tag(tag, raw, self.policy)
+        channel = cid[2] if cid is not None else None
         files = [layer["annotations"]["org.opencontainers.image.title"] for layer in remote.manifest["layers"]]
         with signed_view(staged, files, raw, self.store_root / "tmp") as view:
             judgement = judge_folder(view, found.bundles, self.policy, channel)
         subject = f"{remote.kind}/{remote.key[:16]} ({remote.artifact_digest})"
         problem = None
         if judgement.allowed and self.policy is not None and tag and judgement.verified:
-            problem = tag_problem(tag, channel, found.provenance, self.policy, remote.artifact_digest)
+            problem = tag_problem(tag, cid, found.provenance, self.policy, remote.artifact_digest)
+        if judgement.allowed and self.policy is not None and cid is not None and self.policy.requires_signature(channel):
+            problem = channel_tag_binding_problem(self.registry, self.home, cid, self.policy, remote.artifact_digest)
         if not judgement.allowed or problem is not None:
             reason = problem or judgement.reason()
             record_refusal(self.home, action="pull", subject=subject, digest=remote.artifact_digest, reason=reason,
@@ -431,6 +470,7 @@ def install_gate(remote: Any, gate: PullGate) -> None:
     have its pulls verified: refused when a policy is set, else its pulls are simply not recorded as checked."""
     if hasattr(remote, "gate"):
         remote.gate = gate
+        gate.registry = remote
     elif gate.policy is not None:
         raise Untrusted(f"{remote} cannot verify signatures on pull, and trust policy {gate.policy.source} is set",
                         subject=str(remote), missing=["signature verification on pull"],
