@@ -178,6 +178,10 @@ def test_a_signature_from_before_tags_were_bound_pulls_by_digest_only(registry_e
     assert code == 1 and "names none of its tags" in err and pushed["oci_digest"] in err, err
     code, _, err = cli("cache", "pull", url + "@" + pushed["oci_digest"], "--policy", policy)
     assert code == 0, err
+    # Its key tag is bound by the signature over manifest.json (which names kind and key): it pulls.
+    _elsewhere(monkeypatch, tmp_path, "builder")
+    code, _, err = cli("cache", "pull", url + ":engine-" + "4c" * 8, "--policy", policy)
+    assert code == 0, err
     # Signing it again binds its tags (the same manifest, the tag unmoved).
     monkeypatch.setenv("TRTPIPE_HOME", str(home))
     _push(cli, store_entry(home, "4c" * 8, seed="old"), url, "--tag", "v1", "--sign", str(tmp_path / "release.key"))

@@ -406,6 +406,20 @@ def tag_problem(tag: str, channel: tuple[str, str, str] | None, provenance: list
     return f"the tag {tag} names a manifest whose signature binds it to tag {named}, not {tag} (the tag was re-pointed)"
 
 
+def _own_key_tag(tag: str, manifest_raw: bytes) -> bool:
+    """Whether `tag` is the `<kind>-<key>` tag of the kind and key the signed manifest.json names: bound by the
+    signature over that manifest already (another artifact under that tag would need its own trusted signature)."""
+    import json
+
+    from trtpipe.store.oci import key_tag
+
+    try:
+        manifest = json.loads(manifest_raw)
+        return isinstance(manifest, dict) and tag == key_tag(str(manifest["kind"]), str(manifest["key"]))
+    except (ValueError, KeyError):
+        return False
+
+
 class PullGate:
     """Called by the registry pull with the verified-but-not-installed files: refuse what the policy does
     not accept (audited); keep the signatures it found beside the entry.
@@ -434,7 +448,7 @@ class PullGate:
             judgement = judge_folder(view, found.bundles, self.policy, channel)
         subject = f"{remote.kind}/{remote.key[:16]} ({remote.artifact_digest})"
         problem = None
-        if judgement.allowed and self.policy is not None and tag and judgement.verified:
+        if judgement.allowed and self.policy is not None and tag and judgement.verified and not _own_key_tag(tag, raw):
             problem = tag_problem(tag, cid, found.provenance, self.policy, remote.artifact_digest)
         if judgement.allowed and self.policy is not None and cid is not None and self.policy.requires_signature(channel):
             problem = channel_tag_binding_problem(self.registry, self.home, cid, self.policy, remote.artifact_digest)
