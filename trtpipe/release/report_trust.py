@@ -82,7 +82,8 @@ def _provenance(home: Path, digest: str, channel: str, policy: Any) -> tuple[Pro
     if about != digest.removeprefix("sha256:"):
         return "invalid", f"the attestation is about another artifact ({first.get('name', 'no subject')})"
     if opened.verified_by is not None:
-        return "present", f"SLSA provenance signed by trusted key {opened.verified_by} (key id {keys[opened.verified_by].key_id[:16]})"
+        key_id = keys[opened.verified_by].key_id[:16]
+        return "present", f"SLSA provenance signed by trusted key {opened.verified_by} (key id {key_id})"
     if policy is None:
         return "present", "SLSA provenance, signature not verified (no trust policy: no key to check it against)"
     return "present", (f"SLSA provenance NOT verified: its signature verifies under none of the keys policy "

@@ -361,11 +361,14 @@ def channel_tag_binding_problem(registry: Any, home: Path, cid: tuple[str, str, 
     from trtpipe.release.trail import ReleaseKey, replay
 
     shared = SharedChannel(Path(home), *cid)
-    where = f"{getattr(registry, 'url', 'the registry')}:{shared.tag}"
+    if registry is None or not hasattr(registry, "get_channel_trail"):
+        return f"the channel's trail cannot be read from {registry or 'this remote'}, so nothing binds the channel tag"
+    where = f"{registry.url}:{shared.tag}"
     problems: list[str] = []
     for name, public in policy.trusted_keys(cid[2]).items():
         try:
             copy = read_registry(registry, shared, ReleaseKey(public))
+            records = as_records(copy.records, where) if copy is not None and not copy.legacy else []
         except TrtpipeError as err:
             return f"the channel's trail {where} cannot be read ({err.one_line()})"
         if copy is None:
@@ -375,11 +378,11 @@ def channel_tag_binding_problem(registry: Any, home: Path, cid: tuple[str, str, 
         if copy.problems:
             problems = problems or copy.problems
             continue
-        pointer = replay(as_records(copy.records, where)).pointers.get(cid)
+        pointer = replay(records).pointers.get(cid)
         named = pointer.digest if pointer is not None else None
         if named != artifact_digest:
-            return (f"the channel tag names {artifact_digest}, but channel {shared.label}'s trail (signed by {name}) says "
-                    f"{named or 'nothing'} (the tag was moved outside trtpipe)")
+            return (f"the channel tag names {artifact_digest}, but channel {shared.label}'s trail (signed by {name}, "
+                    f"key id {public.key_id[:16]}) says {named or 'nothing'} (the tag was moved outside trtpipe)")
         return None
     return problems[0] if problems else f"policy {policy.source} lists no key for channel {cid[2]!r}"
 
@@ -402,7 +405,10 @@ def tag_problem(tag: str, channel: tuple[str, str, str] | None, provenance: list
                 f"{tag} is not proven to be its own")
     if tag in signed:
         return None
-    named = ", ".join(t for t in signed if not t.startswith(("engine-", "repository-", "checkpoint-"))) or ", ".join(signed)
+    from trtpipe.store.oci import KINDS
+
+    key_tags = tuple(f"{kind}-" for kind in KINDS)  # the version tags say more than the key tag
+    named = ", ".join(t for t in signed if not t.startswith(key_tags)) or ", ".join(signed)
     return f"the tag {tag} names a manifest whose signature binds it to tag {named}, not {tag} (the tag was re-pointed)"
 
 
@@ -450,15 +456,18 @@ class PullGate:
         problem = None
         if judgement.allowed and self.policy is not None and tag and judgement.verified and not _own_key_tag(tag, raw):
             problem = tag_problem(tag, cid, found.provenance, self.policy, remote.artifact_digest)
-        if judgement.allowed and self.policy is not None and cid is not None and self.policy.requires_signature(channel):
+        if judgement.allowed and self.policy is not None and cid is not None \
+                and self.policy.requires_signature(channel):
             problem = channel_tag_binding_problem(self.registry, self.home, cid, self.policy, remote.artifact_digest)
         if not judgement.allowed or problem is not None:
             reason = problem or judgement.reason()
             record_refusal(self.home, action="pull", subject=subject, digest=remote.artifact_digest, reason=reason,
-                           ref=str(remote.ref), channel=channel or "-", model=str(remote.annotations.get("org.trtpipe.model", "-")),
+                           ref=str(remote.ref), channel=channel or "-",
+                           model=str(remote.annotations.get("org.trtpipe.model", "-")),
                            target=str(remote.annotations.get("org.trtpipe.target.gpu", "-")))
             if problem is not None:
-                raise Untrusted(f"pull refused: {shown} ({remote.kind}/{remote.key[:16]}): {problem}; nothing was installed",
+                raise Untrusted(f"pull refused: {shown} ({remote.kind}/{remote.key[:16]}): {problem}; "
+                                "nothing was installed",
                                 subject=subject, missing=[f"a signature binding the tag {tag}"],
                                 fix=f"pull it by digest ({remote.ref}) if that artifact is the one you want, or have the "
                                     "release key holder push it again with --sign under this tag")
