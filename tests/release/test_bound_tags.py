@@ -109,6 +109,9 @@ def test_a_malformed_referrer_does_not_block_the_genuine_pull(registry_env, stor
     listed.append({"mediaType": oci.OCI_MANIFEST_MEDIA_TYPE, "digest": layerless_digest, "size": len(body),
                    "artifactType": "application/vnd.dev.sigstore.bundle.v0.3+json"})
     client.put_manifest("bound/junkref", index_tag, referrers._index(listed), media_type=referrers.INDEX_MEDIA_TYPE)
+    # A provenance referrer holding junk.
+    referrers.attach(client, "bound/junkref", subject, artifact_type="application/vnd.in-toto+json", payload=b"{junk",
+                     payload_media_type="application/vnd.dsse.envelope.v1+json", annotations={})
     # One more referrer, attached and then deleted: the index still lists it.
     gone = referrers.attach(client, "bound/junkref", subject, artifact_type="application/vnd.dev.sigstore.bundle.v0.3+json",
                             payload=b"soon gone", payload_media_type="application/vnd.dev.sigstore.bundle.v0.3+json",
@@ -124,6 +127,8 @@ def test_a_malformed_referrer_does_not_block_the_genuine_pull(registry_env, stor
     assert f"referrer {layerless_digest} skipped" in err and f"referrer {gone} skipped" in err, err
     assert "verified" in err and "trusted key release" in err
     assert not _refused_pulls(other)
+    code, out, err = cli("cache", "show", url + ":v1", "--provenance", "--policy", _policy(tmp_path), "--json")
+    assert code == 0 and json.loads(out)["verified"], err
     # Without a policy too.
     _elsewhere(monkeypatch, tmp_path, "laptop")
     code, _, err = cli("cache", "pull", url + ":v1")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtpipe.errors import IntegrityError, Untrusted
+from trtpipe.errors import IntegrityError, InvalidInput, Untrusted
 from trtpipe.release.keys import PrivateKey
 from trtpipe.release.policy import TrustPolicy, Verdict
 from trtpipe.release.signing import (
@@ -640,7 +640,14 @@ def show_provenance(ref: str, store: Any, home: Path, policy: TrustPolicy | None
             return {"subject": subject, "signature": "unsigned: computed now from the store (not pushed with a key)",
                     "signed_by": None, "verified": False, "statement": make_statement(entry, store.root)}
         envelopes = [str(record["provenance"]).encode("utf-8")]
-    opened = [open_envelope(body, keys, subject) for body in envelopes]
+    opened, unreadable = [], []
+    for body in envelopes:  # an envelope anyone attached that does not parse is skipped, not fatal
+        try:
+            opened.append(open_envelope(body, keys, subject))
+        except InvalidInput as err:
+            unreadable.append(err)
+    if not opened:
+        raise unreadable[0]
     best = next((o for o in opened if o.verified_by), opened[0])
     subjects = best.statement.get("subject") or [{}]
     if subjects[0].get("digest", {}).get("sha256") != digest.removeprefix("sha256:"):
