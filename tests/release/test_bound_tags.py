@@ -305,10 +305,13 @@ def test_a_channel_tag_moved_back_is_refused_at_pull(registry_env, store_entry, 
     line = err.strip().splitlines()[0]
     assert "pull refused" in line and refs[0]["artifact_digest"] in line and refs[1]["artifact_digest"] in line, err
     assert len(_refused_pulls(deploy)) == 1
-    # And the workspace that promoted reports it.
+    # And the workspace that promoted reports it, with the release key set as well as without.
     monkeypatch.setenv("TRTPIPE_HOME", str(home))
     code, out, _ = cli("channels", "--verify")
     assert code == 1 and refs[0]["artifact_digest"] in out
+    monkeypatch.setenv("TRTPIPE_SIGNING_KEY", str(tmp_path / "release.key"))
+    code, out, _ = cli("channels", "--verify")
+    assert code == 1 and "tiny-llama.cpu-reference.prod: the channel tag names " + refs[0]["artifact_digest"] in out, out
 
 
 def test_a_channel_tag_whose_trail_is_unsigned_is_refused_at_pull(registry_env, store_entry, cli, tmp_path,
