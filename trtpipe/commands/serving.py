@@ -153,7 +153,8 @@ def serve_command(
     if trust is not None:
         from trtpipe.release.trust import require_trusted_folder
 
-        require_trusted_folder(request.repo, trust, home=workspace.root, action="serve")
+        judged = require_trusted_folder(request.repo, trust, home=workspace.root, action="serve")
+        typer.echo(f"verified: {request.repo}: {judged.reason()}", err=True)  # the verified signer, never a claimed one
     manifest = read_manifest(request.repo)
     launcher = None
     if not manifest.get("reference"):

@@ -588,6 +588,7 @@ class RemoteArtifact:
     oci_digest: str
     manifest_bytes: bytes
     manifest: dict[str, Any]
+    tag: str | None = None  # the tag it was resolved from (None: by digest): what a pull gate checks the signature binds
 
     @property
     def annotations(self) -> dict[str, str]:
@@ -798,7 +799,7 @@ def resolve_remote(client: OciClient, ref: OciRef) -> RemoteArtifact:
     if why is not None:
         raise IntegrityError(f"{ref}: {why}; refused before downloading anything", path=str(ref),
                              fix="it was not pushed by trtpipe, or was tampered with; push it again from a good copy")
-    return RemoteArtifact(ref.with_digest(oci_digest), oci_digest, body, manifest)
+    return RemoteArtifact(ref.with_digest(oci_digest), oci_digest, body, manifest, tag=None if ref.digest else ref.tag)
 
 
 def _is_size(value: Any) -> bool:
