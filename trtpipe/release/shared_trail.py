@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from trtpipe.atomic import write_text_atomically
 from trtpipe.chained import ChainedLog, HeadKey, chained_line, head_bytes_of, head_document, scan_bytes, signature_verifies
 from trtpipe.errors import Conflict, IntegrityError, TagMoved, TrtpipeError
-from trtpipe.release.audit import AuditRecord
+from trtpipe.release.audit import AuditRecord, marks_dir
 from trtpipe.store.remote import RemoteCache
 
 MAX_ATTEMPTS = 6
@@ -102,7 +102,8 @@ class SharedChannel:
     def log(self) -> ChainedLog:
         path = Path(self.home) / "audit" / "channels" / self.model / self.target / f"{self.channel}.jsonl"
         # The head names the channel, not the file: the same trail is the same log in every workspace.
-        return ChainedLog(path, what=f"trail of channel {self.label}", log_name=f"channel-trail:{self.label}")
+        mark = marks_dir(self.home) / "channels" / self.model / self.target / f"{self.channel}.head.json"
+        return ChainedLog(path, what=f"trail of channel {self.label}", log_name=f"channel-trail:{self.label}", mark=mark)
 
     @property
     def source_path(self) -> Path:
@@ -290,6 +291,17 @@ def compare(shared: SharedChannel, local: list[dict[str, Any]], local_problems: 
     return Standing(shared, "same", [], copy.records, copy)
 
 
+def _head_of(copy: RegistryCopy | None) -> dict[str, Any] | None:
+    """The registry copy's head (what the next head's sequence follows), None when there is none to follow."""
+    if copy is None or copy.legacy:
+        return None
+    try:
+        head = json.loads(copy.head_raw)
+    except ValueError:
+        return None
+    return head if isinstance(head, dict) else None
+
+
 def _written(shared: SharedChannel) -> list[str]:
     try:
         source = shared.source()
@@ -350,7 +362,7 @@ def append(shared: SharedChannel, remote: RemoteCache, key: HeadKey | None, fiel
             records.append(body)
             written.append(body)
             data += line
-        head = head_bytes_of(head_document(shared.log.log_name, records, key))
+        head = head_bytes_of(head_document(shared.log.log_name, records, key, previous=_head_of(copy)))
         expect = copy.digest if copy is not None else None
         try:
             remote.put_channel_trail(shared.tag, head, data, expect=expect)
