@@ -10,17 +10,27 @@ the log: the record count and the last hash, written after every append) anchors
 - without a key, a shortened, emptied or deleted log and a re-hashed one are detected unless the head
   was rewritten to match (anyone who can write the log can write the head);
 - with a key (the release key, `trtpipe.release.keys`), the head carries a signature over the log's
-  name, its record count and last hash; rewriting the head needs the key, so a shortened, emptied,
-  deleted or re-hashed log is detected whenever the head is checked against the key's public half.
-  Deleting the log AND its head leaves nothing to check here (an empty workspace looks the same):
-  the channel pointers (`trtpipe.release.trail`) and the registry's copy of the head are what show it.
+  name, its record count, last hash and sequence; rewriting the head needs the key, so a shortened,
+  emptied, deleted or re-hashed log is detected whenever the head is checked against the key's public
+  half. Deleting the log AND its head leaves nothing to check here (an empty workspace looks the same):
+  the channel pointers (`trtpipe.release.trail`), the high-water mark and the registry's copy show it.
 
-Appends happen under a lock (`<name>.lock`), as one write() on an O_APPEND descriptor, fsynced; the
-head is then replaced atomically. A crash between the two leaves the head one record behind (reported
-by `verify`; the next append re-anchors it and says so). A torn last line (a crash or a full disk in
-the middle of a write) is either completed (it is a whole record that lacks only its newline) or cut
-off (truncated back to the last whole record); the caller is told, so the repair can be recorded.
-Nothing in this module decides what a record means.
+Heads are numbered (`sequence`, one more with every head written; a head written before heads carried
+one counts as its record count) and the newest seen is kept as the log's high-water mark (`mark`, a path
+outside the log's folder): an older head put back, genuinely signed or not, or a log cut back together
+with its head, is older than the mark and reported, and nothing is appended to it.
+
+Under a signing key an unsigned, foreign-signed or missing head is tamper, never a head lagging behind:
+appends refuse it (`adopt` is the key holder's explicit word for a log kept without the key until now).
+Appends happen under a lock (`<name>.lock`): with a key the new head is signed and stored as the pending
+head (`<name>.pending.json`) first; then each record is one write() on an O_APPEND descriptor, fsynced;
+then the head is replaced atomically and the mark raised. A crash before the head leaves records it does
+not anchor (reported by `verify`; the next append re-anchors them and says so, under a key only when the
+signed pending head covers exactly them). A torn last line (a crash or a full disk in the middle of a
+write) is either completed (it is a whole record that lacks only its newline) or cut off (truncated back
+to the last whole record), under a key only when the head's signature covers what is left; the caller
+is told, so the repair can be recorded. Nothing in this module decides what a record means.
+What this detects with and without a key, and what it cannot: docs/trail-integrity.md.
 """
 
 from __future__ import annotations
