@@ -333,3 +333,19 @@ def test_an_older_signed_trail_put_back_in_the_registry_and_the_workspace_is_cau
     # The runner adopted more than the registry holds now: shortened.
     code, problems = runner.verify()
     assert code == 1 and any("shortened" in p for p in problems), problems
+
+
+def test_a_signed_registry_trail_is_extended_only_with_the_key(signing_key, two_workspaces, tmp_path, monkeypatch) -> None:
+    laptop, runner, url, refs = two_workspaces
+    code, _, err = laptop.run("promote", refs[0]["ref"], "--to", CHANNEL)
+    assert code == 0, err
+    before, _ = registry_trail(url)
+    monkeypatch.delenv("TRTPIPE_SIGNING_KEY")
+    keyless = Workspace(tmp_path / "keyless", "eve", laptop._cli, monkeypatch)
+    ResultsLog(keyless.home).record(refs[1]["artifact_digest"], "smoke", True, {})
+    code, _, err = keyless.run("promote", refs[1]["ref"], "--to", CHANNEL)
+    assert code == 1 and "without the release key would leave it unsigned" in err and "TRTPIPE_SIGNING_KEY" in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert registry_trail(url)[0].digest == before.digest  # the registry's copy stays signed
+    monkeypatch.setenv("TRTPIPE_SIGNING_KEY", str(signing_key))
+    assert laptop.verify() == (0, [])

@@ -29,7 +29,9 @@ holding only this channel's records; and it must extend this workspace's copy re
 or differing at some record: the registry's trail was shortened or rewritten (or, at a record this
 workspace wrote, lost to the race above), reported and refused. Without a key, a rewrite is caught
 by every workspace that had adopted the records rewritten; one that never saw them (a fresh one)
-cannot tell; with a key, a rewrite without the key fails the head's signature everywhere.
+cannot tell; with a key, a rewrite without the key fails the head's signature everywhere. A signed registry
+trail is extended only with the key (`require_signer`): a keyless move would leave an unsigned head there.
+Each head written carries the next sequence after the registry head it extends (`trtpipe.chained`).
 """
 
 from __future__ import annotations
@@ -338,6 +340,19 @@ def adopt(shared: SharedChannel, found: Standing, remote_url: str, *, mine: list
 # --------------------------------------------------------------------------- writing
 
 
+def require_signer(copy: RegistryCopy | None, key: HeadKey | None) -> None:
+    """A signed registry trail is extended only with the key: a move without it would write an unsigned head
+    there, which every workspace with the key refuses from then on (and which is what a forger leaves)."""
+    if copy is None or copy.legacy or (key is not None and key.can_sign):
+        return
+    head = _head_of(copy) or {}
+    if head.get("signature"):
+        raise IntegrityError(f"{copy.where}: the channel's trail is signed (key {str(head.get('key_id'))[:16]}); a move "
+                             "without the release key would leave it unsigned; nothing was changed", path=copy.where,
+                             fix="set TRTPIPE_SIGNING_KEY to the release key where this channel is promoted and rolled back")
+
+
+
 FieldsFor = Callable[[list[AuditRecord]], list[dict[str, Any]]]
 
 
@@ -352,6 +367,7 @@ def append(shared: SharedChannel, remote: RemoteCache, key: HeadKey | None, fiel
     for attempt in range(1, MAX_ATTEMPTS + 1):
         found = standing(shared, remote, key)
         require_consistent(found)
+        require_signer(found.registry, key)
         adopt(shared, found, remote.url)
         copy = found.registry
         records = list(found.truth)
