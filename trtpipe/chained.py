@@ -274,9 +274,6 @@ class ChainedLog:
             self._raise_mark(head, best_effort=True)
         return problems
 
-    def _head_problems(self, scan: Scan, key: HeadKey | None) -> list[str]:
-        return [message for _, message in self._head_findings(scan, self.read_head(), key)]
-
     def _head_findings(self, scan: Scan, head: dict[str, Any] | None, key: HeadKey | None) -> list[tuple[str, str]]:
         n = len(scan.records)
         if head is None:

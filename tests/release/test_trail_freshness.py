@@ -252,3 +252,21 @@ def test_a_brand_new_workspace_with_the_key_signs_from_its_first_record(isolated
     head = json.loads(head_path(isolated_home).read_text())
     assert head["signature"] and head["sequence"] == 1 and head["records"] == 1
     assert cli("channels", "--verify", "--public-key", str(keys["public"]))[0] == 0
+
+
+def test_an_older_signed_result_log_put_back_is_caught(isolated_home, store_entry, cli, keys, tmp_path) -> None:
+    entry = store_entry(isolated_home, "d4" * 8, seed="d")
+    results = ResultsLog(isolated_home, release_key(Settings.from_env()))
+    results.record(entry.digest, "smoke", True, {"checks": 6})
+    path = isolated_home / "results" / (entry.digest.removeprefix("sha256:") + ".jsonl")
+    head = path.with_name(path.name.removesuffix(".jsonl") + ".head.json")
+    passed = (path.read_bytes(), head.read_bytes())
+    results.record(entry.digest, "smoke", False, {"error": "model not ready"})
+    code, _, err = cli("promote", entry.digest, "--to", "prod")
+    assert code == 1 and "smoke failed" in err and prod(isolated_home) is None, err
+    # Put back the log and its genuinely signed head from before the failure: the earlier pass is the latest again.
+    path.write_bytes(passed[0])
+    head.write_bytes(passed[1])
+    code, _, err = cli("promote", entry.digest, "--to", "prod")
+    assert code == 1 and "rewound" in err and path.name in err and len(err.strip().splitlines()) == 1, err
+    assert prod(isolated_home) is None
