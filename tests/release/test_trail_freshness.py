@@ -228,6 +228,8 @@ def test_heads_written_before_sequences_still_verify_and_the_sequence_is_signed(
 def test_a_trail_kept_without_a_key_is_adopted_once_explicitly(isolated_home, store_entry, cli, tmp_path, monkeypatch) -> None:
     a = smoked(isolated_home, store_entry, "a1")
     assert cli("promote", a.digest, "--to", "prod")[0] == 0  # no key yet: an unsigned head
+    code, _, err = cli("channels", "--adopt-trail")  # adopting signs: not without the key
+    assert code != 0 and "release key is needed" in err and len(err.strip().splitlines()) == 1, err
     key = generate_key()
     write_key_pair(key, tmp_path / "release.key", tmp_path / "release.pub")
     monkeypatch.setenv("TRTPIPE_SIGNING_KEY", str(tmp_path / "release.key"))

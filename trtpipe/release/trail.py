@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtpipe.errors import IntegrityError, NotFound, TrtpipeError
+from trtpipe.errors import IntegrityError, NotFound, TrtpipeError, UsageError
 from trtpipe.release.audit import TRAIL_WIDE, AuditRecord, append_audit, read_audit, trail_log
 from trtpipe.release.channels import ChannelPointer, ChannelScope, ChannelStore, PointerTarget, now_iso
 from trtpipe.release.keys import PrivateKey, PublicKey, load_public_key, load_signing_key, sign_bytes, verify_bytes
@@ -217,8 +217,6 @@ def adopt_trail(home: Path, key: ReleaseKey | None, *, who: str) -> AuditRecord 
     keyed append never does this by itself: an unsigned head is what a trail extended without the key looks
     like. Refused on a broken chain, a shortened or rewritten trail, or one older than its high-water mark.
     Returns the record, or None when the head already verifies (nothing to adopt). The caller holds the release lock."""
-    from trtpipe.errors import UsageError
-
     if key is None or not key.can_sign:
         raise UsageError("adopting the audit trail signs its head: the release key is needed",
                          fix="set TRTPIPE_SIGNING_KEY to the release key (its private half) and run it again")
