@@ -325,7 +325,8 @@ def test_an_older_signed_trail_put_back_in_the_registry_and_the_workspace_is_cau
     import subprocess
 
     public = tmp_path / "release.pub"
-    subprocess.run(["openssl", "ec", "-in", str(signing_key), "-pubout", "-out", str(public)], check=True, capture_output=True)
+    subprocess.run(["openssl", "ec", "-in", str(signing_key), "-pubout", "-out", str(public)],
+                   check=True, capture_output=True)
     code, out, _ = laptop.run("channels", "--verify", "--public-key", str(public))
     assert code == 1 and "rewound" in out, out
     code, _, err = laptop.run("promote", refs[3]["ref"], "--to", CHANNEL)
@@ -335,7 +336,8 @@ def test_an_older_signed_trail_put_back_in_the_registry_and_the_workspace_is_cau
     assert code == 1 and any("shortened" in p for p in problems), problems
 
 
-def test_a_signed_registry_trail_is_extended_only_with_the_key(signing_key, two_workspaces, tmp_path, monkeypatch) -> None:
+def test_a_signed_registry_trail_is_extended_only_with_the_key(signing_key, two_workspaces, tmp_path,
+                                                                monkeypatch) -> None:
     laptop, runner, url, refs = two_workspaces
     code, _, err = laptop.run("promote", refs[0]["ref"], "--to", CHANNEL)
     assert code == 0, err

@@ -78,7 +78,8 @@ def forge_promote(home: Path, digest: str, how: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["unsigned-head", "head-left-signed", "head-deleted"])
-def test_a_forged_promote_is_not_laundered_by_the_next_keyed_promote(isolated_home, store_entry, cli, keys, how) -> None:
+def test_a_forged_promote_is_not_laundered_by_the_next_keyed_promote(isolated_home, store_entry, cli, keys,
+                                                                     how) -> None:
     a, b = smoked(isolated_home, store_entry, "a1"), smoked(isolated_home, store_entry, "b2")
     untested = store_entry(isolated_home, "c3" * 8, seed="c")  # no gate ever passed for it
     assert cli("promote", a.digest, "--to", "prod")[0] == 0
@@ -198,7 +199,8 @@ def test_a_torn_line_is_mended_under_the_key_only_when_the_signed_head_covers_th
         assert path.read_text().endswith(tail)  # not even the newline was added
 
 
-def test_heads_written_before_sequences_still_verify_and_the_sequence_is_signed(isolated_home, store_entry, cli, keys) -> None:
+def test_heads_written_before_sequences_still_verify_and_the_sequence_is_signed(isolated_home, store_entry, cli,
+                                                                                keys) -> None:
     a, b = smoked(isolated_home, store_entry, "a1"), smoked(isolated_home, store_entry, "b2")
     assert cli("promote", a.digest, "--to", "dev")[0] == 0
     assert cli("promote", a.digest, "--to", "prod")[0] == 0
@@ -225,7 +227,8 @@ def test_heads_written_before_sequences_still_verify_and_the_sequence_is_signed(
     assert cli("channels", "--verify", "--public-key", str(keys["public"]))[0] == 0
 
 
-def test_a_trail_kept_without_a_key_is_adopted_once_explicitly(isolated_home, store_entry, cli, tmp_path, monkeypatch) -> None:
+def test_a_trail_kept_without_a_key_is_adopted_once_explicitly(isolated_home, store_entry, cli, tmp_path,
+                                                               monkeypatch) -> None:
     a = smoked(isolated_home, store_entry, "a1")
     assert cli("promote", a.digest, "--to", "prod")[0] == 0  # no key yet: an unsigned head
     code, _, err = cli("channels", "--adopt-trail")  # adopting signs: not without the key
@@ -239,7 +242,8 @@ def test_a_trail_kept_without_a_key_is_adopted_once_explicitly(isolated_home, st
     assert cli("channels", "--verify")[0] == 1
     code, out, err = cli("channels", "--adopt-trail")
     assert code == 0 and "audit trail adopted" in out, (out, err)
-    assert read_audit(isolated_home)[-1].action == "repair" and "adopted" in (read_audit(isolated_home)[-1].detail or "")
+    last = read_audit(isolated_home)[-1]
+    assert last.action == "repair" and "adopted" in (last.detail or "")
     code, out, _ = cli("channels", "--adopt-trail", "--verify")
     assert code == 0 and "nothing to adopt" in out
     # (dev: prod's current artifact has only the unsigned results recorded before the key, which are not evidence now)
