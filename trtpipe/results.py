@@ -109,7 +109,10 @@ class ResultsLog:
         return self.dir / (digest.split(":", 1)[1] + ".jsonl")
 
     def _log(self, digest: str) -> ChainedLog:
-        return ChainedLog(self._path(digest), what="result log")
+        # The high-water mark lives outside results/ (beside the trails' marks): an older, genuinely signed
+        # log and head put back (a failed run dropped so an earlier pass is the latest) is older than it.
+        mark = self.home / "marks" / "results" / (digest.split(":", 1)[1] + ".head.json")
+        return ChainedLog(self._path(digest), what="result log", mark=mark)
 
     def record(
         self,

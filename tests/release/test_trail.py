@@ -158,7 +158,11 @@ def test_without_a_key_a_consistent_rewrite_of_trail_and_head_passes_with_a_key_
     path.write_text("\n".join(lines) + "\n")
     head.update(hash=json.loads(lines[-1])["hash"])
     head_path.write_text(json.dumps(head))
-    assert verify_trail(isolated_home) == []  # without the key: undetectable (the documented limit)
+    # Without the key the workspace's high-water mark (outside audit/) still remembers the record rewritten...
+    assert any("rewritten" in p and "high-water mark" in p for p in verify_trail(isolated_home))
+    # ...but whoever can write the whole workspace removes it too: then undetectable (the documented limit).
+    shutil.rmtree(isolated_home / "marks")
+    assert verify_trail(isolated_home) == []
     assert any("signature does not verify" in p for p in verify_trail(isolated_home, signed))
     code, out, _ = cli("channels", "--verify", "--public-key", str(tmp_path / "release.pub"))
     assert code == 1 and "signature does not verify" in out
@@ -167,9 +171,14 @@ def test_without_a_key_a_consistent_rewrite_of_trail_and_head_passes_with_a_key_
     head_path.write_text(json.dumps(head))
     assert any("not signed" in p for p in verify_trail(isolated_home, signed))
     # Deleting trail and head leaves no log to check (a fresh workspace looks the same): the pointers
-    # still name what the trail no longer says.
+    # still name what the trail no longer says, and the high-water mark (kept again by the verify that
+    # found the trail intact) what the trail held.
     path.unlink()
     head_path.unlink()
+    problems = verify_trail(isolated_home, signed)
+    assert len(problems) == 3 and "cut back: it holds 0 records" in problems[0], problems
+    assert all("last word is nothing" in p for p in problems[1:]), problems
+    shutil.rmtree(isolated_home / "marks")
     problems = verify_trail(isolated_home, signed)
     assert len(problems) == 2 and all("last word is nothing" in p for p in problems), problems
 

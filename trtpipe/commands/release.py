@@ -92,6 +92,9 @@ def channels_command(
     registry: bool = typer.Option(True, "--registry/--no-registry", help="Read each shared channel's trail from its registry "
                                   "(catching up when this workspace is behind); with --verify also check it against this "
                                   "workspace's copy and each channel tag against its trail."),
+    adopt_trail: bool = typer.Option(False, "--adopt-trail", help="Take the audit trail as it stands (kept without the "
+                                     "release key until now) and sign its head with TRTPIPE_SIGNING_KEY, recorded; "
+                                     "a keyed promote refuses an unsigned head until then."),
     store: StoreOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -101,6 +104,15 @@ def channels_command(
 
     workspace = open_workspace(store)
     home = workspace.root
+    if adopt_trail:
+        from trtpipe.release.channels import ChannelStore
+        from trtpipe.release.trail import adopt_trail as adopt
+        from trtpipe.results import current_user
+
+        with ChannelStore(home).lock():
+            adopted = adopt(home, release_key(workspace.settings), who=current_user())
+        typer.echo(f"audit trail adopted: its head is signed by the release key (audit #{adopted.seq})" if adopted
+                   else "audit trail: its head is already signed by the release key (nothing to adopt)", err=as_json)
     if registry:
         catch_up(home, workspace.settings)  # a shared channel shows what its registry trail says now
     verdict = trail_verdict(home, release_key(workspace.settings, public_key), workspace.settings,

@@ -24,8 +24,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtpipe.errors import IntegrityError, NotFound, TrtpipeError
-from trtpipe.release.audit import AuditRecord, append_audit, read_audit, trail_log
+from trtpipe.errors import IntegrityError, NotFound, TrtpipeError, UsageError
+from trtpipe.release.audit import TRAIL_WIDE, AuditRecord, append_audit, read_audit, trail_log
 from trtpipe.release.channels import ChannelPointer, ChannelScope, ChannelStore, PointerTarget, now_iso
 from trtpipe.release.keys import PrivateKey, PublicKey, load_public_key, load_signing_key, sign_bytes, verify_bytes
 from trtpipe.release.shared_trail import SharedChannel, Standing, channel_tag, shared_channels, standing, trail_tag
@@ -209,6 +209,26 @@ def reconcile(home: Path, scope: ChannelScope, channel: str, *, who: str, key: R
                         target=scope.target, from_digest=found.pointer.digest if found.pointer else None,
                         to_digest=found.trail.digest, ref=found.trail.ref,
                         detail="completed an interrupted move: the pointer now names what the trail's last record says")
+
+
+def adopt_trail(home: Path, key: ReleaseKey | None, *, who: str) -> AuditRecord | None:
+    """Take the workspace trail as it stands and sign its head with the release key: the key holder's explicit
+    decision for a trail kept without the key until now (or under another key), recorded as a `repair`. A
+    keyed append never does this by itself: an unsigned head is what a trail extended without the key looks
+    like. Refused on a broken chain, a shortened or rewritten trail, or one older than its high-water mark.
+    Returns the record, or None when the head already verifies (nothing to adopt). The caller holds the release lock."""
+    if key is None or not key.can_sign:
+        raise UsageError("adopting the audit trail signs its head: the release key is needed",
+                         fix="set TRTPIPE_SIGNING_KEY to the release key (its private half) and run it again")
+    log = trail_log(home)
+    if not log.path.exists() and log.read_head() is None:
+        return None
+    if not log.verify(key):
+        return None
+    return append_audit(home, key=key, adopt=True, at=now_iso(), who=who, action="repair", channel=TRAIL_WIDE,
+                        model=TRAIL_WIDE, target=TRAIL_WIDE, from_digest=None, to_digest=None,
+                        detail=f"the trail was adopted as it stood and its head signed by the release key {key.key_id[:16]} "
+                               "(trtpipe channels --adopt-trail)")
 
 
 def trail_head_tag(model: str, target: str, channel: str) -> str:
