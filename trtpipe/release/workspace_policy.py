@@ -132,14 +132,14 @@ def workspace_policy(home: Path) -> TrustPolicy | None:
         if recorded is None:
             return None
         raise IntegrityError(f"{path}: missing, but the audit trail records workspace policy {recorded}; nothing was done",
-                             path=str(path), fix="restore it with `trtpipe policy set FILE` (recorded), or run with "
-                                                 "--no-policy (recorded)")
+                             path=str(path), fix="set the workspace's policy again (recorded), or run without a policy "
+                                                 "(recorded)")
     found = _digest(read_small_file(path, "trust policy"))
     if found != recorded:
         said = f"records {recorded}" if recorded else "records no workspace policy"
         raise IntegrityError(f"{path}: holds {found}, but the audit trail {said} (edited outside `trtpipe policy set`); "
                              "nothing was done", path=str(path),
-                             fix="set the intended policy with `trtpipe policy set FILE` (recorded)")
+                             fix="set the intended policy again (recorded), not by editing the copy")
     return load_policy(path)
 
 
@@ -164,8 +164,8 @@ def policy_for(home: Path, explicit: Path | None, setting: Path | None, *, no_po
             where = "--policy" if named is explicit else "TRTPIPE_POLICY"
             raise UsageError(f"{where} {named} is not this workspace's policy ({policy_file(home)}), which every "
                              f"{command} here runs under; nothing was done",
-                             fix=f"drop {where}, change the workspace's policy with `trtpipe policy set FILE` "
-                                 "(recorded), or run with --no-policy (recorded)")
+                             fix=f"drop {where}, make that the workspace's policy (recorded), or run without a policy "
+                                 "(recorded)")
     return own
 
 
