@@ -180,6 +180,11 @@ def test_a_rewrite_of_the_adopted_trail_disagrees_with_the_registrys(registry_en
     head = json.loads(saved[1])
     head["hash"] = records[-1]["hash"]
     log.head_path.write_text(json.dumps(head))
+    # The pointer records who set each digest, and verify compares that with the trail: the rewrite shows there ...
+    assert any("set by someone-else" in p for p in verify_trail(home))
+    from trtpipe.release.trail import project_pointer
+
+    project_pointer(home, SharedChannel(home, "tiny-llama", "cpu-reference", "prod"))  # ... unless rewritten too
     assert verify_trail(home) == []  # no key, no registry: undetectable
     code, out, _ = cli("channels", "--verify")
     assert code == 1 and "rewritten: record 1 differs" in out and "trail.tiny-llama.cpu-reference.prod" in out

@@ -159,10 +159,11 @@ class Disagreement:
                if self.interrupted else "the pointer was changed outside trtpipe, or the trail lost records")
         which = f"the channel's trail ({self.trail_path})" if self.trail_path else "the audit trail"
         if self.pointer is not None and self.trail is not None and same_pointer(self.pointer, self.trail):
-            (by, at, ref), (trail_by, trail_at, trail_ref) = next(
-                (p, t) for p, t in zip(_stamps(self.pointer), _stamps(self.trail)) if p != t)
-            return (f"{path}: the pointer names {says} set by {by} at {at} (ref {ref}), but {which} records it set by "
-                    f"{trail_by} at {trail_at} (ref {trail_ref}) (the pointer was changed outside trtpipe)")
+            index, (by, at, ref), (trail_by, trail_at, trail_ref) = next(
+                (i, p, t) for i, (p, t) in enumerate(zip(_stamps(self.pointer), _stamps(self.trail))) if p != t)
+            what = says if index == 0 else f"{self.pointer.history[index - 1].digest} (its history entry {index})"
+            return (f"{path}: the pointer says {what} was set by {by} at {at} (ref {ref}), but {which} records it set "
+                    f"by {trail_by} at {trail_at} (ref {trail_ref}) (the pointer was changed outside trtpipe)")
         return f"{path}: the pointer names {says}, {which}'s last word is {last} ({why})"
 
 
