@@ -100,6 +100,9 @@ def test_an_oversized_policy_is_refused_after_reading_at_most_its_bound(tmp_path
     ("keys: {release: release.pub}\ndefault: {require_signature: false}\nchannels:\n  dev: {}\n  Prod: {}\n",
      (":5:", "channels.Prod: not a known channel", "dev, staging, prod")),
     ("version: '1'\nkeys: {release: release.pub}\n", (":1:", "version")),
+    # Nested aliases ("billion laughs"): 9 levels of 9 would be walked and validated 9**9 times.
+    ("keys: {release: release.pub}\nx0: &x0 [a, a, a, a, a, a, a, a, a]\n"
+     + "".join(f"x{i}: &x{i} [{', '.join([f'*x{i - 1}'] * 9)}]\n" for i in range(1, 10)), (":2:", "alias")),
 ])
 def test_lax_yaml_is_refused_at_its_line(tmp_path: Path, keys, body: str, needles: tuple[str, ...]) -> None:
     policy = _write(tmp_path, body)

@@ -182,9 +182,17 @@ class _StrictLoader(yaml.SafeLoader):
     """SafeLoader that keeps each node, so duplicate keys and field lines can be found before construction."""
 
 
-def _walk(node: yaml.Node, at: tuple[Any, ...], lines: dict[tuple[Any, ...], int], origin: Path) -> None:
+def _walk(node: yaml.Node, at: tuple[Any, ...], lines: dict[tuple[Any, ...], int], origin: Path,
+          seen_nodes: set[int] | None = None) -> None:
     """Record the line of every mapping key and list item under `at`; refuse a key given twice in one mapping
-    (yaml keeps the last one silently: a second, laxer `default:` would win)."""
+    (yaml keeps the last one silently: a second, laxer `default:` would win) and an alias of a mapping or list
+    (a policy needs none, and nested aliases make a 1 MiB file expand without bound: "billion laughs")."""
+    seen_nodes = set() if seen_nodes is None else seen_nodes
+    if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+        if id(node) in seen_nodes:
+            raise InvalidInput(f"{origin}:{node.start_mark.line + 1}: {_field_of(at)}: a YAML alias (*name) of a "
+                               "mapping or list; a trust policy allows none", fix="write the value out in full")
+        seen_nodes.add(id(node))
     if isinstance(node, yaml.MappingNode):
         seen: dict[Any, int] = {}
         for key_node, value_node in node.value:
@@ -195,11 +203,11 @@ def _walk(node: yaml.Node, at: tuple[Any, ...], lines: dict[tuple[Any, ...], int
                                    fix="keep one of them: a policy key means one thing")
             seen[key] = line
             lines[(*at, key)] = line
-            _walk(value_node, (*at, key), lines, origin)
+            _walk(value_node, (*at, key), lines, origin, seen_nodes)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             lines[(*at, index)] = item.start_mark.line + 1
-            _walk(item, (*at, index), lines, origin)
+            _walk(item, (*at, index), lines, origin, seen_nodes)
 
 
 def _parse(path: Path, text: str) -> tuple[Any, dict[tuple[Any, ...], int]]:
