@@ -179,3 +179,20 @@ def test_a_hand_edit_of_set_by_or_set_at_is_reported_by_verify(no_env_policy: Pa
         assert code == 1 and "audit chain BROKEN" in out and value in out and "changed outside trtpipe" in out, out
     path.write_text(genuine)
     assert cli("channels", "--verify", "--no-registry")[0] == 0
+
+
+def test_promote_with_no_policy_runs_without_it_and_is_audited(no_env_policy: Path, tmp_path: Path, store_entry,
+                                                               cli) -> None:
+    home = no_env_policy
+    source = _policy(tmp_path)
+    assert cli("policy", "set", str(source))[0] == 0
+    entry = store_entry(home, "a7" * 8, seed="g")
+    ResultsLog(home).record(entry.digest, "smoke", True, {})
+    code, _, err = cli("promote", entry.digest, "--to", "prod", "--no-policy", "--policy", str(source))
+    assert code == 2 and "contradict" in _one_line(err)
+    assert cli("promote", entry.digest, "--to", "prod")[0] != 0  # unsigned: the workspace policy refuses it
+    code, _, err = cli("promote", entry.digest, "--to", "prod", "--no-policy")
+    assert code == 0, err
+    assert _prod(home) == entry.digest
+    (bypass,) = [r for r in read_audit(home) if r.action == "policy" and r.reason]
+    assert bypass.reason == "promote --no-policy" and bypass.from_digest and bypass.from_digest.startswith("sha256:")

@@ -47,10 +47,15 @@ def promote_command(
     if force and not (reason and reason.strip()):
         raise UsageError("--force needs --reason", fix='say why, e.g. --force --reason "hotfix for incident 123, smoke run by hand"')
     workspace = open_workspace(store)
+    trust = load_policy_option(policy, workspace, no_policy=no_policy, command="promote")
+    settings = workspace.settings
+    if no_policy:  # promote reads TRTPIPE_POLICY for hand-recorded results when given no policy: none means none
+        from dataclasses import replace
+
+        settings = replace(settings, policy=None)
     outcome = promote(
         workspace.root, ref, to, force=force, reason=reason, spec_path=spec, model=model, target=target,
-        expect_from=UNSET if expect_from is None else expect_from, settings=workspace.settings,
-        policy=load_policy_option(policy, workspace, no_policy=no_policy, command="promote"), dry_run=dry_run,
+        expect_from=UNSET if expect_from is None else expect_from, settings=settings, policy=trust, dry_run=dry_run,
     )
     if as_json:
         _print_json(outcome.as_dict())
