@@ -26,7 +26,8 @@ pytestmark = pytest.mark.timeout(300)
 SCOPE = ChannelScope(model="tiny-llama", target="cpu-reference")
 # prod requires a release signature; dev and the default (pull, serve, build) do not ... except where a test
 # says so: what matters is that the workspace's rule applies with nothing in the environment.
-POLICY = "keys:\n  release: release.pub\ndefault: {require_signature: false}\nchannels:\n  prod: {require_signature: true}\n"
+POLICY = ("keys:\n  release: release.pub\ndefault: {require_signature: false}\n"
+          "channels:\n  prod: {require_signature: true}\n")
 
 
 @pytest.fixture

@@ -17,7 +17,8 @@ NoPolicyOption = Annotated[bool, typer.Option(
     "--no-policy", help="Run without any trust policy, even the workspace's own (recorded in the audit trail).")]
 
 
-def load_policy_option(policy: Path | None, workspace: Any, *, no_policy: bool = False, command: str = "command") -> Any:
+def load_policy_option(policy: Path | None, workspace: Any, *, no_policy: bool = False,
+                       command: str = "command") -> Any:
     """The TrustPolicy the command runs under (the workspace's own when it has one), or None (then nothing
     heavy is imported: a warm build stays light). `no_policy`: None, recorded in the audit trail."""
     from trtpipe.release.workspace_policy import may_have_policy

@@ -251,7 +251,8 @@ def load_policy(path: Path | str) -> TrustPolicy:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise InvalidInput(f"{path}: cannot read the trust policy ({exc})", fix="make it a readable UTF-8 file") from None
+        raise InvalidInput(f"{path}: cannot read the trust policy ({exc})",
+                           fix="make it a readable UTF-8 file") from None
     data, lines = _parse(path, text)
     if data is None:
         data = {}
@@ -282,7 +283,8 @@ def load_policy(path: Path | str) -> TrustPolicy:
                                    f"{name!r} is not a key of this policy",
                                    fix=f"add it under keys: (known: {', '.join(parsed.keys) or 'none'})")
         if rule.require_signature and not parsed.keys:
-            raise InvalidInput(f"{_at(path, lines, tuple(where.split('.')))}: {where}.require_signature: a signature is "
+            raise InvalidInput(f"{_at(path, lines, tuple(where.split('.')))}: {where}.require_signature: a "
+                               "signature is "
                                "required but the policy lists no keys",
                                fix="list the trusted public keys under keys:, or set require_signature: false")
     keys: dict[str, PublicKey] = {}
@@ -296,7 +298,8 @@ def load_policy(path: Path | str) -> TrustPolicy:
         except InvalidInput as exc:
             raise InvalidInput(f"{_at(path, lines, ('keys', name))}: keys.{name}: {exc.message}", fix=exc.fix) from None
         if isinstance(entry, KeyPin) and not _key_matches(keys[name], entry.id):
-            raise InvalidInput(f"{_at(path, lines, ('keys', name))}: keys.{name}: {full} holds key {keys[name].key_id}, "
+            raise InvalidInput(f"{_at(path, lines, ('keys', name))}: keys.{name}: {full} holds key "
+                               f"{keys[name].key_id}, "
                                f"not the pinned key {entry.id.removeprefix('sha256:')}",
                                fix="restore the pinned key file, or pin the new key's id if it was replaced on purpose")
     return TrustPolicy(source=str(path), file=parsed, keys=keys)

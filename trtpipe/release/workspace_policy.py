@@ -131,13 +131,15 @@ def workspace_policy(home: Path) -> TrustPolicy | None:
     if not path.exists() and not path.is_symlink():
         if recorded is None:
             return None
-        raise IntegrityError(f"{path}: missing, but the audit trail records workspace policy {recorded}; nothing was done",
+        raise IntegrityError(f"{path}: missing, but the audit trail records workspace policy {recorded}; "
+                             "nothing was done",
                              path=str(path), fix="set the workspace's policy again (recorded), or run without a policy "
                                                  "(recorded)")
     found = _digest(read_small_file(path, "trust policy"))
     if found != recorded:
         said = f"records {recorded}" if recorded else "records no workspace policy"
-        raise IntegrityError(f"{path}: holds {found}, but the audit trail {said} (edited outside `trtpipe policy set`); "
+        raise IntegrityError(f"{path}: holds {found}, but the audit trail {said} (edited outside "
+                             "`trtpipe policy set`); "
                              "nothing was done", path=str(path),
                              fix="set the intended policy again (recorded), not by editing the copy")
     return load_policy(path)
