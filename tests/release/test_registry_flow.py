@@ -183,9 +183,14 @@ def test_a_rewrite_of_the_adopted_trail_disagrees_with_the_registrys(registry_en
     log.head_path.write_text(json.dumps(head))
     # No key, no registry: only this workspace's high-water mark (outside audit/) remembers record 2 as it was...
     assert any("rewritten" in p and "high-water mark" in p for p in verify_trail(home))
-    # ...and whoever can write the whole workspace removes it too: then undetectable here.
+    # ...and whoever can write the whole workspace removes it too; the pointer records who set each digest, and
+    # verify compares that with the trail: the rewrite shows there ...
     shutil.rmtree(home / "marks")
-    assert verify_trail(home) == []
+    assert any("set by someone-else" in p for p in verify_trail(home))
+    from trtpipe.release.trail import project_pointer
+
+    project_pointer(home, SharedChannel(home, "tiny-llama", "cpu-reference", "prod"))  # ... unless rewritten too
+    assert verify_trail(home) == []  # no key, no registry, no mark: undetectable
     code, out, _ = cli("channels", "--verify")
     assert code == 1 and "rewritten: record 1 differs" in out and "trail.tiny-llama.cpu-reference.prod" in out
     shutil.rmtree(home / "marks")  # the verifies above marked the rewritten copy: gone again, as the attacker has it

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from trtpipe.commands.output import JsonOption, StoreOption, open_workspace
-from trtpipe.commands.trust_options import PolicyOption, load_policy_option
+from trtpipe.commands.trust_options import NoPolicyOption, PolicyOption, load_policy_option
 from trtpipe.errors import Interrupted
 
 
@@ -71,6 +71,7 @@ def register(app: typer.Typer) -> None:
         json_out: JsonOption = False,
         store: StoreOption = None,
         policy: PolicyOption = None,
+        no_policy: NoPolicyOption = False,
         remote_mode: Annotated[Optional[str], typer.Option(
             "--remote-mode", help="How the remote cache (--store oci://...) is used: read-write (pull hits, push what "
                                   "was built) or read-only (pull hits, never push: pull requests, forks); default: "
@@ -85,7 +86,7 @@ def register(app: typer.Typer) -> None:
 
         workspace = open_workspace(store)
         use = remote_use(workspace.settings, mode=remote_mode, required=require_remote)
-        trust = load_policy_option(policy, workspace.settings)
+        trust = load_policy_option(policy, workspace, no_policy=no_policy, command="build")
         started = time.time()
         try:
             report = None

@@ -22,8 +22,9 @@ from trtpipe.chained import GENESIS, ChainedLog, HeadKey, Repair
 from trtpipe.errors import IntegrityError
 
 # repair: the trail mended itself (a torn line, a lagging head) or a channel pointer was brought back to
-# the trail's last word; aborted: the promotion `undoes` names did not complete (nothing moved).
-AuditAction = Literal["promote", "force-promote", "rollback", "refused", "conflict", "repair", "aborted"]
+# the trail's last word; aborted: the promotion `undoes` names did not complete (nothing moved); policy: the
+# workspace's trust policy was set, or a command ran with --no-policy (`trtpipe.release.workspace_policy`).
+AuditAction = Literal["promote", "force-promote", "rollback", "refused", "conflict", "repair", "aborted", "policy"]
 TRAIL_WIDE = "*"  # the channel/model/target of a record about the trail itself
 
 __all__ = ["GENESIS", "AuditRecord", "append_audit", "audit_path", "marks_dir", "read_audit", "verify_audit", "trail_log"]

@@ -583,8 +583,10 @@ def catch_up(home: Path, settings: Settings | None, *, channel: str | None = Non
 
 
 def rollback(home: Path, channel: str, *, model: str | None = None, target: str | None = None, reason: str | None = None,
-             settings: Settings | None = None) -> AuditRecord:
-    """Move `channel` back to the digest it held before its latest promotion (recorded)."""
+             settings: Settings | None = None, policy: TrustPolicy | None = None) -> AuditRecord:
+    """Move `channel` back to the digest it held before its latest promotion (recorded). Under a trust policy
+    the earlier digest must satisfy the channel's rule as a promotion into it would: a rollback is a move
+    into the channel, and the digest it returns to may predate the policy (an unsigned artifact back in prod)."""
     check_name("channel", channel)
     channels = ChannelStore(home)
     catch_up(home, settings, channel=channel)
@@ -609,6 +611,9 @@ def rollback(home: Path, channel: str, *, model: str | None = None, target: str 
             raise NotFound(f"channel {channel} of {chosen.scope} has no earlier digest to roll back to",
                            what="earlier digest", ref=channel, fix="promote the wanted artifact instead")
         previous = now.history[-1]
+        if policy is not None:
+            require_trusted_digest(home, previous.digest, policy, channel, model=now.model, target=now.target,
+                                   action="rollback")
         tag = channel_tag(now.model, now.target, channel) if previous.ref and is_remote_url(previous.ref) else None
         fields = dict(at=now_iso(), who=who, action="rollback", channel=channel, model=now.model, target=now.target,
                       from_digest=now.digest, to_digest=previous.digest, ref=previous.ref, reason=reason,

@@ -131,6 +131,17 @@ def same_pointer(a: ChannelPointer | None, b: ChannelPointer | None) -> bool:
     return a.digest == b.digest and [h.digest for h in a.history] == [h.digest for h in b.history]
 
 
+def _stamps(p: ChannelPointer) -> list[tuple[str, str, str | None]]:
+    return [(p.set_by, p.set_at, p.ref), *((h.set_by, h.set_at, h.ref) for h in p.history)]
+
+
+def same_record(a: ChannelPointer | None, b: ChannelPointer | None) -> bool:
+    """`same_pointer`, and who set it, when and from which ref (its history's too) as the trail records them:
+    what `channels --verify` compares, so a hand edit of `set_by`/`set_at` is a disagreement. (Moves decide
+    on `same_pointer`: what a channel serves is its digest and history.)"""
+    return same_pointer(a, b) and (a is None or b is None or _stamps(a) == _stamps(b))
+
+
 @dataclass(frozen=True)
 class Disagreement:
     cid: ChannelId
@@ -147,6 +158,12 @@ class Disagreement:
         why = ("a promotion or rollback was interrupted after its audit record and before the pointer moved"
                if self.interrupted else "the pointer was changed outside trtpipe, or the trail lost records")
         which = f"the channel's trail ({self.trail_path})" if self.trail_path else "the audit trail"
+        if self.pointer is not None and self.trail is not None and same_pointer(self.pointer, self.trail):
+            index, (by, at, ref), (trail_by, trail_at, trail_ref) = next(
+                (i, p, t) for i, (p, t) in enumerate(zip(_stamps(self.pointer), _stamps(self.trail))) if p != t)
+            what = says if index == 0 else f"{self.pointer.history[index - 1].digest} (its history entry {index})"
+            return (f"{path}: the pointer says {what} was set by {by} at {at} (ref {ref}), but {which} records it set "
+                    f"by {trail_by} at {trail_at} (ref {trail_ref}) (the pointer was changed outside trtpipe)")
         return f"{path}: the pointer names {says}, {which}'s last word is {last} ({why})"
 
 
@@ -162,13 +179,13 @@ def disagreements(home: Path, records: list[AuditRecord] | None = None) -> list[
         pointer = pointers.get(cid)
         if cid in shared:
             states = replay_prefixes(shared[cid].local_records(), cid)
-            if not same_pointer(pointer, states[-1]):
-                out.append(Disagreement(cid, pointer, states[-1], any(same_pointer(pointer, s) for s in states[:-1]),
+            if not same_record(pointer, states[-1]):
+                out.append(Disagreement(cid, pointer, states[-1], any(same_record(pointer, s) for s in states[:-1]),
                                         trail_path=str(shared[cid].log.path)))
             continue
         trail = replayed.pointers.get(cid)
-        if not same_pointer(pointer, trail):
-            interrupted = cid in replayed.last_move and same_pointer(pointer, replayed.before_last_move.get(cid))
+        if not same_record(pointer, trail):
+            interrupted = cid in replayed.last_move and same_record(pointer, replayed.before_last_move.get(cid))
             out.append(Disagreement(cid, pointer, trail, interrupted))
     return out
 

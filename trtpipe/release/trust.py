@@ -599,9 +599,9 @@ def require_trusted_folder(folder: Path, policy: TrustPolicy, *, home: Path, act
 
 
 def require_trusted_digest(home: Path, digest: str, policy: TrustPolicy, channel: str, *, model: str = "-",
-                           target: str = "-") -> Judgement | None:
-    """Promotion into `channel`: when its rule requires a signature, the artifact must be in the local store
-    (a signature is checked over the files) and signed by a key the rule trusts."""
+                           target: str = "-", action: str = "promote") -> Judgement | None:
+    """A move into `channel` (`action`: promote, rollback): when its rule requires a signature, the artifact
+    must be in the local store (a signature is checked over the files) and signed by a key the rule trusts."""
     from trtpipe.errors import NotFound
     from trtpipe.store.local import Store
 
@@ -615,12 +615,12 @@ def require_trusted_digest(home: Path, digest: str, policy: TrustPolicy, channel
     if entry is None or entry.digest != digest:
         reason = (f"{digest} is not in the local store, so its signature cannot be checked over its files "
                   f"(channel {channel!r} of policy {policy.source} requires one)")
-        record_refusal(home, action="promote", subject=digest, digest=digest, reason=reason, channel=channel,
+        record_refusal(home, action=action, subject=digest, digest=digest, reason=reason, channel=channel,
                        model=model, target=target)
-        raise Untrusted(f"promote refused: {reason}", subject=digest,
+        raise Untrusted(f"{action} refused: {reason}", subject=digest,
                         missing=[f"a signature by {n}" for n in policy.trusted_keys(channel)],
                         fix="pull the artifact into the store first (its signature is verified over its files)")
-    return require_trusted(entry, policy, channel, store_root=home, home=home, action="promote", model=model,
+    return require_trusted(entry, policy, channel, store_root=home, home=home, action=action, model=model,
                            target=target)
 
 
