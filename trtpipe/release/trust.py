@@ -485,7 +485,7 @@ class PullGate:
                                 "nothing was installed",
                                 subject=subject, missing=[f"a signature binding the tag {tag}"],
                                 fix=f"pull it by digest ({remote.ref}) if that artifact is the one you want, or have the "
-                                    "release key holder push it again with --sign under this tag")
+                                    "release key holder sign it again under this tag")
             missing = ([f"a signature by {n}" for n in self.policy.trusted_keys(channel)] if self.policy is not None else [])
             raise Untrusted(f"pull refused: {shown} ({remote.kind}/{remote.key[:16]}) is "
                             f"{'tampered: ' if judgement.tampered else ''}{reason}; nothing was installed",
