@@ -83,7 +83,7 @@ def read_served_identity(url: str, *, timeout: float = 30) -> ServedIdentity:
         except Exception as err:  # unreachable server, or not Triton: one line from tritonclient
             raise NotFound(f"cannot ask {url} what it serves: {str(err).splitlines()[0] if str(err) else err}",
                            what="server", ref=url, fix="start the server first and give its gRPC address") from None
-        names = sorted({m["name"] for m in index if m.get("state", "READY") == "READY"})
+        names = sorted({m["name"] for m in index if m.get("state") == "READY"})  # an unloaded folder is listed, without a state
         seen: dict[str, dict[str, str | None]] = {}
         for name in names:
             config = client.get_model_config(name, as_json=True, client_timeout=timeout).get("config", {})
