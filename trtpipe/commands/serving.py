@@ -150,10 +150,18 @@ def serve_command(
 
     workspace = open_workspace(store)
     trust = load_policy_option(trust_policy, workspace.settings)
+    verified = None
     if trust is not None:
         from trtpipe.release.trust import require_trusted_folder
 
-        require_trusted_folder(request.repo, trust, home=workspace.root, action="serve")
+        # The whole folder: a file or model folder its signed manifest does not list is refused, and the
+        # serving directory is filled from this verified list (nothing added after the check is served).
+        verified = require_trusted_folder(request.repo, trust, home=workspace.root, action="serve")
+    if verified is None or not verified.signature_verified:
+        why = ("no trust policy is set" if trust is None
+               else f"policy {trust.source} lets it through without a verified signature")
+        typer.echo(f"warning: serving unverified content: {why}, so nothing checked that {request.repo} is what "
+                   "was signed (set TRTPIPE_POLICY or --policy to require it)", err=True)
     manifest = read_manifest(request.repo)
     launcher = None
     if not manifest.get("reference"):
@@ -161,7 +169,7 @@ def serve_command(
         grpc_port, http_port, metrics_port = grpc_port or 8001, http_port or 8000, metrics_port or 8002
         if print_only:
             # For someone else to run: a kept serving directory, one per digest (trtpipe does not own that server).
-            serving = prepare(request.repo, kept=True)
+            serving = prepare(request.repo, kept=True, verified=verified)
             typer.echo(shlex.join(docker_command(serving.path, manifest, grpc_port=grpc_port, http_port=http_port,
                                                  metrics_port=metrics_port,
                                                  name=container_name(serving.repository_digest, grpc_port))))
@@ -182,7 +190,8 @@ def serve_command(
     with stop_on_signals(stop):
         serve_watched(request.repo, on_event=lambda event: _print_serve_event(event, request.repo, as_json),
                       stop=stop, policy=policy, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
-                      start_timeout=start_timeout, launcher=launcher, ready_file=ready_file, server_log=server_log)
+                      start_timeout=start_timeout, launcher=launcher, ready_file=ready_file, server_log=server_log,
+                      verified=verified)
 
 
 # Seconds a detached serve may take beyond its --start-timeout: validation, the serving directory, the identity

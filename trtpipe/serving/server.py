@@ -552,10 +552,12 @@ def start_server(
     log_path: Path | None = None,
     validate: bool = True,
     launcher: Launcher | None = None,
+    verified: Any = None,
 ) -> TritonServerHandle:
     """Start a server on a serving directory of `repo` and wait until every model is ready and the server reports
     the repository's digest. `launcher`: how (default: what the repository's manifest asks for, `launcher_for`).
-    The serving directory is removed when the server stops."""
+    The serving directory is removed when the server stops. `verified`: what a trust policy verified
+    (`trtpipe.release.trust.require_trusted_folder`); the serving directory then holds exactly those files."""
     from trtpipe.serving.publish import read_manifest
     from trtpipe.serving.serving_dir import prepare
     from trtpipe.serving.validate import errors_only, validate_repository
@@ -573,7 +575,7 @@ def start_server(
     check_ports(host, dict(zip(SERVICES, (grpc_port, http_port, metrics_port))))
     if launcher is None:
         launcher = launcher_for(manifest)
-    serving = prepare(repo)
+    serving = prepare(repo, verified=verified)
     try:
         return _start(serving, launcher=launcher, host=host, start_timeout=start_timeout,
                       ports=(grpc_port, http_port, metrics_port), log_path=log_path)
