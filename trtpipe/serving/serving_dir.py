@@ -10,7 +10,12 @@ serving directory outside the entry (`<store>/serving/<digest12>-<unique>/`, see
 - everything else (config.pbtxt, model.py, tokenizer files, trtpipe.json) is copied: small, and
   free to change;
 - every config.pbtxt copy gets the `trtpipe_repository_digest` parameter: the repository's artifact
-  digest, which cannot be inside the content it is the digest of (`trtpipe.serving.identity`).
+  digest, which cannot be inside the content it is the digest of (`trtpipe.serving.identity`), and
+  `trtpipe_serve_token`, this serve's random token, which the lease's lock file pairs with that digest
+  (smoke and bench record only against a server whose token names a live serve of the digest);
+- only the files the entry's manifest lists are served (for a verified copy outside the store, the list
+  the trust policy verified), and each copied file is hashed as it is copied and refused if it is not
+  the sha256 that manifest names.
 Before anything is linked, the entry is verified (every file's sha256 through the digest cache: a
 file unchanged since it was last hashed is not read again), so a damaged entry is never served.
 The directory is removed when the server stops; one left by a killed server is removed by the next
@@ -25,6 +30,7 @@ import errno
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import tempfile
 import uuid
@@ -59,6 +65,9 @@ class ServingDir:
     kept: bool = False
     linked: list[str] = field(default_factory=list)  # relative paths hard-linked to the store
     copied: list[str] = field(default_factory=list)
+    # This serve's token (trtpipe.serving.identity.SERVE_TOKEN), with the digest in the lease's serve record; None
+    # for a kept directory (a server trtpipe does not own: results against it are not recorded).
+    serve_token: str | None = None
     _lease: object | None = field(default=None, repr=False)
     _stamps: list[tuple[Path, Path]] = field(default_factory=list, repr=False)  # (store file, serving link)
     _store: object | None = field(default=None, repr=False)
@@ -122,7 +131,13 @@ def prepare(repo: Path, *, kept: bool = False, verified: VerifiedSet | None = No
     """A serving directory for the published repository `repo` (see the module docstring). `verified`: what a
     trust policy checked (`trtpipe.release.trust.require_trusted_folder`): exactly its files are copied, each
     checked against its signed sha256 as it is copied, so nothing added or changed after the check is served."""
-    from trtpipe.store.serving_dirs import kept_serving_dir, new_serving_dir, remove_stale, serving_root
+    from trtpipe.store.serving_dirs import (
+        kept_serving_dir,
+        new_serving_dir,
+        remove_stale,
+        serving_root,
+        write_serve_record,
+    )
 
     repo = Path(repo).resolve()
     store, entry = _store_entry(repo)
@@ -185,6 +200,10 @@ def prepare(repo: Path, *, kept: bool = False, verified: VerifiedSet | None = No
     lease = new_serving_dir(base, label)
     serving = ServingDir(path=lease.path, source=repo, repository_digest=digest, _lease=lease, _store=store)
     try:
+        if digest is not None:
+            serving.serve_token = secrets.token_hex(16)
+            # Written before any file: the record says which digest this serve checked every byte against.
+            write_serve_record(lease, {"digest": digest, "token": serving.serve_token})
         _fill(serving, repo, files, link, digest, expected)
     except BaseException:
         serving.remove()
@@ -246,7 +265,10 @@ def _fill(serving: ServingDir, repo: Path, files: dict[str, str], link: set[str]
         serving.copied.append(rel)
         if digest is not None and dst.name == "config.pbtxt":
             text = dst.read_text()
-            dst.write_text(identity.add_parameters(text, {identity.REPOSITORY_DIGEST: digest}, where=f"{repo / rel}"))
+            values = {identity.REPOSITORY_DIGEST: digest}
+            if serving.serve_token is not None:
+                values[identity.SERVE_TOKEN] = serving.serve_token
+            dst.write_text(identity.add_parameters(text, values, where=f"{repo / rel}"))
 
 
 def _sha256_file(path: Path) -> str:
