@@ -156,6 +156,7 @@ def test_library_fix_texts_name_no_command_or_flag() -> None:
          "--to prod --force --reason"),
         (Conflict("x", resource="channel m/t/prod"), "trtpipe history --channel"),
         (IntegrityError("x", path="/s/repository/k", in_store=True), "trtpipe cache verify --repair"),
+        (IntegrityError("x", path="/home/policy/policy.yaml"), "trtpipe policy set FILE"),
         (MissingCapability("x"), "trtpipe check --spec"),
         (MissingCapability("keyless sigstore signing failed (x)"), "--sign KEY"),
         (Untrusted("x", subject="repository/k", missing=["a signature by release"]), "trtpipe cache push REF"),

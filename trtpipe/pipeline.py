@@ -31,7 +31,7 @@ from pydantic import BaseModel
 from trtpipe import build_record, warm
 from trtpipe.build_report import BuildReport, Outcome, StagePrinter, StageReport
 from trtpipe.disk import disk_full, disk_full_error
-from trtpipe.errors import DiskFull, TrtpipeError, Untrusted, UsageError
+from trtpipe.errors import DiskFull, IntegrityError, InvalidInput, TrtpipeError, Untrusted, UsageError
 from trtpipe.plan import memory_plan
 from trtpipe.resolve import ResolvedSpec, resolve
 from trtpipe.spec_loader import load_spec
@@ -75,6 +75,9 @@ def _now_iso() -> str:
 # The release area's trust policy provides one (the runner imports nothing of it); without one, a pulled
 # entry is used and the build says that no policy checked it.
 PulledCheck = Callable[[Entry], tuple[bool, str]]
+# Signs what a build pushed (remote, what the push left, the entry) and says how, in a few words; the release
+# area's `sign_pushed` with the workspace's key is one. The runner knows no key: the shell hands it one.
+PushSigner = Callable[[Any, Any, Entry], str]
 # Picks the stages for a resolved spec (and may adjust it): (the spec as the stages see it, its stages).
 Chooser = Callable[[ResolvedSpec], tuple[ResolvedSpec, BackendStages]]
 
@@ -86,8 +89,8 @@ def _unchecked_pulled_note(store: Store, entry: Entry) -> str | None:
         return None
     if not record["bundles"]:
         return f"using an unsigned pulled entry (from {record['pulled_from']}); no trust policy checks it"
-    claimed = ", ".join(sorted({str(b.get('claimed_key_id', ''))[:16] for b in record["bundles"]}))
-    return f"using a pulled entry signed by key {claimed} (from {record['pulled_from']}), unchecked: no trust policy"
+    # Which key signed it is not known without a key to verify against (the key id is the pusher's claim).
+    return f"using a pulled entry carrying a signature (from {record['pulled_from']}), not verified: no trust policy"
 
 
 def _empty(folder: Path) -> None:
@@ -104,7 +107,7 @@ class _Runner:
         self, spec_path: Path, store: Store, *, dry_run: bool, force: tuple[str, ...], verify: bool, progress: bool,
         remote: Any = None, on_stage: Callable[[StageReport], None] | None = None,
         pulled_check: PulledCheck | None = None, need_weights: bool | None = None,
-        choose: Chooser | None = None, remote_use: RemoteUse | None = None,
+        choose: Chooser | None = None, remote_use: RemoteUse | None = None, sign_push: PushSigner | None = None,
     ) -> None:
         self.spec_path = spec_path
         # Whether resolve needs the model's weights (default: a build does, a dry run does not), and what picks the
@@ -116,6 +119,7 @@ class _Runner:
         self.remote = remote  # a remote cache (probe / find / pull_into / push), or None once it is away
         self.remote_use = remote_use if remote_use is not None else RemoteUse()
         self.pulled_check = pulled_check  # judges entries that came from a registry (a trust policy), or None
+        self.sign_push = sign_push  # signs each pushed entry (the workspace's key), or None: pushes are unsigned
         self.dry_run = dry_run
         self.force = force
         self.verify = verify
@@ -253,6 +257,9 @@ class _Runner:
         if outcome == "would-build" and not forced and self.remote is not None:
             try:
                 found = self.remote.find(kind, key.key)
+            except (IntegrityError, InvalidInput) as refused:  # a key tag naming no entry of this key: a miss
+                self.printer.note(f"  {stage.name:<11} {refused.one_line()}; would build it here", style="yellow")
+                found = None
             except TrtpipeError as err:
                 if not is_unavailable(err):
                     raise
@@ -307,6 +314,7 @@ class _Runner:
         push_note: str | None = None
         facts: dict[str, Any] | None = None
         trust_note: str | None = None
+        refused_note: str | None = None  # the remote's entry of this key did not verify: a miss, and why
         if entry is not None:
             usable, trust_note = self._judge_pulled(entry)
             if not usable:
@@ -325,9 +333,12 @@ class _Runner:
                     if self.remote is not None and not forced:
                         try:
                             entry = self.remote.pull_into(handle)
-                        except Untrusted as refused:  # the pull's trust gate: build it here instead
+                        # The pull's trust gate refused it, or what the key tag names is no entry of this key (a
+                        # planted or damaged manifest): a miss, said; build it here (the push replaces the tag).
+                        except (Untrusted, IntegrityError, InvalidInput) as refused:
                             self.printer.note(f"  {stage.name:<11} {refused.one_line()}; building it here",
                                               style="yellow")
+                            refused_note = f"remote entry refused ({refused.message}); built here"
                             _empty(Path(handle.dir))
                             entry = None
                         except TrtpipeError as err:  # the cache went away mid-build: build it here instead
@@ -360,6 +371,8 @@ class _Runner:
             self.printer.note(f"  {stage.name:<11} {trust_note}", style="yellow")
             notes = f"{notes}; {trust_note}" if notes else trust_note
         detail = push_note or ("reused a concurrent build" if waited and outcome == "hit" else None)
+        if refused_note and outcome in ("built", "imported"):
+            detail = f"{refused_note}; {detail}" if detail else refused_note
         if notes:
             detail = f"{detail}; {notes}" if detail else notes
         self._add(StageReport(name=stage.name, outcome=outcome, key=key.key, digest=entry.digest, path=str(entry.path),
@@ -422,7 +435,7 @@ class _Runner:
             return f"not pushed: the remote cache {self.remote} is read-only here"
         remote = self.remote
         try:
-            remote.push(entry)
+            pushed = remote.push(entry)
         except TrtpipeError as err:
             if is_unavailable(err):
                 self._remote_away(err)  # raises when the remote is required
@@ -430,7 +443,21 @@ class _Runner:
                 self.printer.note(f"warning: could not push {entry.kind} to {remote}: {err.one_line()}",
                                   style="yellow")
             return f"push to {remote} failed: {err.one_line()}"
-        return f"pushed to {remote}"
+        # Under a policy an unsigned entry is never a hit anywhere: sign it here, or the cache is write-only.
+        said: list[str] = []
+        if self.sign_push is not None:
+            try:
+                said.append(self.sign_push(remote, pushed, entry))
+            except TrtpipeError as err:
+                if is_unavailable(err):
+                    self._remote_away(err)
+                self.printer.note(f"warning: pushed {entry.kind} to {remote} but could not sign it: {err.one_line()}",
+                                  style="yellow")
+                said.append(f"unsigned: signing failed: {err.one_line()}")
+        replaced = getattr(pushed, "replaced", None)
+        if replaced:
+            said.append(f"its key tag named {replaced}, which did not verify here; key tag moved to this entry")
+        return f"pushed to {remote}" + (f" ({'; '.join(said)})" if said else "")
 
     def _reach_remote(self) -> None:
         """Before the first stage: is the remote cache there, and does it take the credentials? (One short
@@ -567,6 +594,7 @@ def run_build(
     on_stage: Callable[[StageReport], None] | None = None,
     pulled_check: PulledCheck | None = None,
     remote_use: RemoteUse | None = None,
+    sign_push: PushSigner | None = None,
 ) -> BuildReport:
     """Build (or reuse) every stage of a spec. Raises TrtpipeError when a stage fails (BuildInterrupted on
     Ctrl-C); the report's status is "dry-run" for a dry run.
@@ -576,7 +604,8 @@ def run_build(
     `remote_use`: how (read-write or read-only, required or best effort: `trtpipe.store.remote.RemoteUse`;
     default: as TRTPIPE_REMOTE_MODE and TRTPIPE_REQUIRE_REMOTE say, else read-write and best effort, where a
     cache that is away is a warning and a local build);
-    `on_stage`: called with each step's report as soon as it is known."""
+    `on_stage`: called with each step's report as soon as it is known;
+    `sign_push`: signs each entry the build pushes (the workspace's signing key), or None: pushed unsigned."""
     spec_path = Path(spec_path)
     if not spec_path.is_file():
         raise UsageError(f"{spec_path}: no such spec file", fix="give the path of a build spec YAML")
@@ -585,7 +614,8 @@ def run_build(
     remote_use = remote_use if remote_use is not None else _remote_use_from_settings()
     started_ns = time.time_ns()  # before anything is read: the memo's inputs must be older (trtpipe.warm)
     runner = _Runner(spec_path, opened, dry_run=dry_run, force=forced, verify=verify, progress=progress,
-                     remote=remote, on_stage=on_stage, pulled_check=pulled_check, remote_use=remote_use)
+                     remote=remote, on_stage=on_stage, pulled_check=pulled_check, remote_use=remote_use,
+                     sign_push=sign_push)
     try:
         report = runner.run()
     finally:

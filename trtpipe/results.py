@@ -32,7 +32,7 @@ from typing import Any, Literal
 from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from trtpipe.chained import ChainedLog, HeadKey, canonical
+from trtpipe.chained import ChainedLog, HeadKey, canonical, signature_verifies
 from trtpipe.errors import IntegrityError, TimedOut, UsageError
 
 ResultKind = Literal["smoke", "parity", "bench"]
@@ -109,7 +109,10 @@ class ResultsLog:
         return self.dir / (digest.split(":", 1)[1] + ".jsonl")
 
     def _log(self, digest: str) -> ChainedLog:
-        return ChainedLog(self._path(digest), what="result log")
+        # The high-water mark lives outside results/ (beside the trails' marks): an older, genuinely signed
+        # log and head put back (a failed run dropped so an earlier pass is the latest) is older than it.
+        mark = self.home / "marks" / "results" / (digest.split(":", 1)[1] + ".head.json")
+        return ChainedLog(self._path(digest), what="result log", mark=mark)
 
     def record(
         self,
@@ -170,6 +173,27 @@ class ResultsLog:
                     fix="results logs are append-only; restore the file from a backup",
                 ) from None
         return [r for r in out if r.artifact_digest == digest]
+
+    def signed_prefix(self, digest: str, keys: list[HeadKey]) -> tuple[int, str | None]:
+        """How many of `digest`'s records a head signature by one of `keys` covers, and that key's id ((0, None):
+        the head is unsigned, or no key of `keys` signed it).
+
+        A head's signature covers the log's name, its record count and its last record's hash; the chain links
+        every earlier record to that hash. So the records up to the count are covered, and nothing else: a line
+        appended through `ChainedLog.append` without the key, with the head rewritten unsigned, is covered by no
+        signature (issue 28, attack 6). Read it after `for_digest` has checked the chain."""
+        log = self._log(normalize_digest(digest))
+        head = log.read_head()
+        if not head or head.get("corrupt"):
+            return 0, None
+        signer = next((key for key in keys if signature_verifies(head, key)), None)
+        if signer is None:
+            return 0, None
+        records = log.scan().records
+        count = head["records"]
+        if count > len(records) or (count and records[count - 1].get("hash") != head["hash"]):
+            return 0, None  # the signed head anchors other records than these
+        return count, signer.key_id
 
     def settled(self, digest: str) -> list[ResultRecord]:
         """`for_digest`, read under the log's append lock: an append in flight (its record written, its head not

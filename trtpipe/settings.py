@@ -38,7 +38,8 @@ VARIABLES: dict[str, str] = {
     "GITLAB_USER_LOGIN": "who is acting, in GitLab CI",
     "TRTPIPE_SIGNING_KEY": "the release key pushes sign with when --sign is not given: a PEM EC P-256 private key "
                            "file, or the PEM text itself (a CI secret)",
-    "TRTPIPE_POLICY": "the trust policy file (YAML) pull, serve, build and promote enforce when --policy is not given",
+    "TRTPIPE_POLICY": "the trust policy file (YAML) pull, serve, build, promote and rollback enforce when --policy is "
+                      "not given and the workspace has none of its own (trtpipe policy set)",
     "TRTPIPE_DOCKER": "the container runtime executable GPU serve runs the Triton container with (default: docker on "
                       "PATH)",
     "COLUMNS": "the width tables wrap to when stdout is not a terminal (a pipe, a CI log): at least 120 columns",

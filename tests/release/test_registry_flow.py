@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -180,9 +181,19 @@ def test_a_rewrite_of_the_adopted_trail_disagrees_with_the_registrys(registry_en
     head = json.loads(saved[1])
     head["hash"] = records[-1]["hash"]
     log.head_path.write_text(json.dumps(head))
-    assert verify_trail(home) == []  # no key, no registry: undetectable
+    # No key, no registry: only this workspace's high-water mark (outside audit/) remembers record 2 as it was...
+    assert any("rewritten" in p and "high-water mark" in p for p in verify_trail(home))
+    # ...and whoever can write the whole workspace removes it too; the pointer records who set each digest, and
+    # verify compares that with the trail: the rewrite shows there ...
+    shutil.rmtree(home / "marks")
+    assert any("set by someone-else" in p for p in verify_trail(home))
+    from trtpipe.release.trail import project_pointer
+
+    project_pointer(home, SharedChannel(home, "tiny-llama", "cpu-reference", "prod"))  # ... unless rewritten too
+    assert verify_trail(home) == []  # no key, no registry, no mark: undetectable
     code, out, _ = cli("channels", "--verify")
     assert code == 1 and "rewritten: record 1 differs" in out and "trail.tiny-llama.cpu-reference.prod" in out
+    shutil.rmtree(home / "marks")  # the verifies above marked the rewritten copy: gone again, as the attacker has it
     # Longer than the registry's, with its head to match: the registry's trail holds fewer (shortened there).
     extra = {**records[-1], "seq": 3, "prev_hash": json.loads(saved[0].splitlines()[-1])["hash"]}
     extra["hash"] = record_hash(extra)
@@ -191,4 +202,4 @@ def test_a_rewrite_of_the_adopted_trail_disagrees_with_the_registrys(registry_en
     log.head_path.write_text(json.dumps(head))
     code, out, _ = cli("channels", "--verify", "--json")
     assert code == 1 and any("shortened: the registry's trail holds 2 records, this workspace adopted 3" in p
-                             for p in json.loads(out)["audit_problems"])
+                             for p in json.loads(out)["audit_problems"]), json.loads(out)["audit_problems"]

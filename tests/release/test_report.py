@@ -374,7 +374,7 @@ def test_a_signed_pulled_artifact_shows_signed_with_provenance_and_an_untrusted_
         registry_env, isolated_home: Path, store_entry, tmp_path: Path, cli, monkeypatch) -> None:
     """Signed and pushed with a release key (real registry), pulled into another workspace and promoted there:
     the page reads the kept bundle and provenance. Under a policy listing the release key: signed by it,
-    provenance verified; under one listing another key: untrusted; under none: signed, not verified. A local
+    provenance verified; under one listing another key: untrusted; under none: unverified. A local
     build promoted beside it stays unsigned with no provenance; a file changed after the pull is invalid."""
     from trtpipe.release import keys as K
 
@@ -418,7 +418,7 @@ def test_a_signed_pulled_artifact_shows_signed_with_provenance_and_an_untrusted_
 
     rows, html = report("release")
     assert (rows[signed.digest]["signature"], rows[signed.digest]["signer"], rows[signed.digest]["provenance"]) == (
-        "signed", "release", "present")
+        "signed", f"release (key id {keys['release'].key_id[:16]})", "present")
     row = trust_cells(html, "tiny-llama")
     assert '<span class="badge signed">signed</span> release' in row
     assert '<span class="badge present">present</span>' in row and "signed by trusted key release" in row
@@ -429,16 +429,18 @@ def test_a_signed_pulled_artifact_shows_signed_with_provenance_and_an_untrusted_
 
     rows, html = report("stranger")
     assert (rows[signed.digest]["signature"], rows[signed.digest]["provenance"]) == ("untrusted", "present")
-    assert rows[signed.digest]["signer"] == keys["release"].key_id[:16]
+    assert rows[signed.digest]["signer"] is None  # no key of this policy verified it: no signer to name
     row = trust_cells(html, "tiny-llama")
-    assert '<span class="badge untrusted">untrusted</span>' in row and "does not trust" in row
+    assert '<span class="badge untrusted">untrusted</span>' in row and "verifies under them" in row
+    assert keys["release"].key_id[:16] not in row
     assert "NOT verified" in row
     assert rows[local.digest]["signature"] == "unsigned"
 
     rows, html = report(None)
     assert (rows[signed.digest]["signature"], rows[signed.digest]["signer"], rows[signed.digest]["provenance"]) == (
-        "signed", keys["release"].key_id[:16], "present")
+        "unverified", None, "present")
     assert "not verified: no trust policy" in trust_cells(html, "tiny-llama")
+    assert keys["release"].key_id[:16] not in trust_cells(html, "tiny-llama")
 
     # A file of the pulled entry changed in place (same size): the release key's signature no longer matches.
     from trtpipe.store.local import Store

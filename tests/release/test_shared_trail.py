@@ -294,3 +294,60 @@ def test_a_channel_tag_that_cannot_be_moved_leaves_an_aborted_record_and_the_cha
     for workspace in (laptop, runner):
         assert workspace.verify() == (0, [])
         assert workspace.pointer() == refs[0]["artifact_digest"]
+
+
+def test_an_older_signed_trail_put_back_in_the_registry_and_the_workspace_is_caught(
+        signing_key, two_workspaces, tmp_path, monkeypatch) -> None:
+    import shutil
+
+    laptop, runner, url, refs = two_workspaces
+    assert laptop.run("promote", refs[0]["ref"], "--to", CHANNEL)[0] == 0
+    old_copy, _ = registry_trail(url)
+    saved = tmp_path / "laptop-then"
+    for folder in ("audit", "channels"):
+        shutil.copytree(laptop.home / folder, saved / folder)
+    for ref, workspace in ((refs[1], runner), (refs[2], laptop)):
+        code, _, err = workspace.run("promote", ref["ref"], "--to", CHANNEL)
+        assert code == 0, err
+    head = json.loads(registry_trail(url)[0].head)
+    assert head["sequence"] == 3 and head["signature"]  # each registry head one after the head it extends
+    # Rewind both: the registry's trail tag back to its first (genuinely signed) copy, the laptop's trail and
+    # pointer folders back to what they held then.
+    remote = oci.OciRemote(url)
+    remote.put_channel_trail(TRAIL_TAG, old_copy.head, old_copy.log, expect=registry_trail(url)[0].digest)
+    for folder in ("audit", "channels"):
+        shutil.rmtree(laptop.home / folder)
+        shutil.copytree(saved / folder, laptop.home / folder)
+    assert laptop.pointer() == refs[0]["artifact_digest"]
+    # The laptop's copy and the registry's agree, and the head verifies: the high-water mark shows the rewind.
+    code, problems = laptop.verify()
+    assert code == 1 and any("rewound" in p for p in problems), problems
+    import subprocess
+
+    public = tmp_path / "release.pub"
+    subprocess.run(["openssl", "ec", "-in", str(signing_key), "-pubout", "-out", str(public)],
+                   check=True, capture_output=True)
+    code, out, _ = laptop.run("channels", "--verify", "--public-key", str(public))
+    assert code == 1 and "rewound" in out, out
+    code, _, err = laptop.run("promote", refs[3]["ref"], "--to", CHANNEL)
+    assert code == 1 and "rewound" in err, err
+    # The runner adopted more than the registry holds now: shortened.
+    code, problems = runner.verify()
+    assert code == 1 and any("shortened" in p for p in problems), problems
+
+
+def test_a_signed_registry_trail_is_extended_only_with_the_key(signing_key, two_workspaces, tmp_path,
+                                                                monkeypatch) -> None:
+    laptop, runner, url, refs = two_workspaces
+    code, _, err = laptop.run("promote", refs[0]["ref"], "--to", CHANNEL)
+    assert code == 0, err
+    before, _ = registry_trail(url)
+    monkeypatch.delenv("TRTPIPE_SIGNING_KEY")
+    keyless = Workspace(tmp_path / "keyless", "eve", laptop._cli, monkeypatch)
+    ResultsLog(keyless.home).record(refs[1]["artifact_digest"], "smoke", True, {})
+    code, _, err = keyless.run("promote", refs[1]["ref"], "--to", CHANNEL)
+    assert code == 1 and "without the release key would leave it unsigned" in err and "TRTPIPE_SIGNING_KEY" in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert registry_trail(url)[0].digest == before.digest  # the registry's copy stays signed
+    monkeypatch.setenv("TRTPIPE_SIGNING_KEY", str(signing_key))
+    assert laptop.verify() == (0, [])

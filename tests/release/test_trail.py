@@ -158,6 +158,17 @@ def test_without_a_key_a_consistent_rewrite_of_trail_and_head_passes_with_a_key_
     path.write_text("\n".join(lines) + "\n")
     head.update(hash=json.loads(lines[-1])["hash"])
     head_path.write_text(json.dumps(head))
+    # Without the key the workspace's high-water mark (outside audit/) still remembers the record rewritten...
+    assert any("rewritten" in p and "high-water mark" in p for p in verify_trail(isolated_home))
+    # ...and whoever can write the whole workspace removes it too; the pointers record who set them, and verify
+    # compares that with the trail: the rewrite is still caught ...
+    shutil.rmtree(isolated_home / "marks")
+    assert any("set by release-tester" in p and "set by someone-else" in p for p in verify_trail(isolated_home))
+    # ... unless the pointers are rewritten to match as well, which needs no key either.
+    from trtpipe.release.trail import replay
+
+    for rewritten in replay(read_audit(isolated_home)).pointers.values():
+        ChannelStore(isolated_home).write(rewritten)
     assert verify_trail(isolated_home) == []  # without the key: undetectable (the documented limit)
     assert any("signature does not verify" in p for p in verify_trail(isolated_home, signed))
     code, out, _ = cli("channels", "--verify", "--public-key", str(tmp_path / "release.pub"))
@@ -167,9 +178,14 @@ def test_without_a_key_a_consistent_rewrite_of_trail_and_head_passes_with_a_key_
     head_path.write_text(json.dumps(head))
     assert any("not signed" in p for p in verify_trail(isolated_home, signed))
     # Deleting trail and head leaves no log to check (a fresh workspace looks the same): the pointers
-    # still name what the trail no longer says.
+    # still name what the trail no longer says, and the high-water mark (kept again by the verify that
+    # found the trail intact) what the trail held.
     path.unlink()
     head_path.unlink()
+    problems = verify_trail(isolated_home, signed)
+    assert len(problems) == 3 and "cut back: it holds 0 records" in problems[0], problems
+    assert all("last word is nothing" in p for p in problems[1:]), problems
+    shutil.rmtree(isolated_home / "marks")
     problems = verify_trail(isolated_home, signed)
     assert len(problems) == 2 and all("last word is nothing" in p for p in problems), problems
 

@@ -124,3 +124,98 @@ def test_any_remote_of_the_protocol_serves_as_the_shared_cache(tiny_spec: Path, 
     assert pulled["artifacts"] == built["artifacts"] and pulled["remote"] == url
     assert tools.built_lines(tmp_path / "machine-b") == []
     assert tools.run_cli(tmp_path / "machine-b", "cache", "verify").returncode == 0
+
+
+# --------------------------------------------------------------------------- under a trust policy (issue 28)
+
+
+def _signing_setup(tmp_path: Path, registry, monkeypatch: pytest.MonkeyPatch, repository: str) -> str:
+    """A release key pair, a policy requiring its signature (TRTPIPE_POLICY), the registry's credentials, and
+    the cache's URL; the key is the workspace's (TRTPIPE_SIGNING_KEY), as a CI job that fills the cache has it."""
+    from trtpipe.release import keys as K
+
+    K.write_key_pair(K.generate_key(), tmp_path / "release.key", tmp_path / "release.pub")
+    (tmp_path / "policy.yaml").write_text(f"keys:\n  release: {tmp_path / 'release.pub'}\n"
+                                          "default:\n  require_signature: true\n")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no user Docker config may leak credentials in
+    monkeypatch.delenv("DOCKER_CONFIG", raising=False)
+    monkeypatch.setenv("TRTPIPE_REGISTRY_USERNAME", registry.username)
+    monkeypatch.setenv("TRTPIPE_REGISTRY_PASSWORD", registry.password)
+    monkeypatch.setenv("TRTPIPE_POLICY", str(tmp_path / "policy.yaml"))
+    monkeypatch.setenv("TRTPIPE_SIGNING_KEY", str(tmp_path / "release.key"))
+    return f"oci://{registry.host}/{repository}"
+
+
+def test_under_a_policy_a_second_fresh_workspace_hits_every_stage(registry, tiny_spec: Path, tmp_path: Path, tools,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attack 9: a build that pushes signs what it pushes with the workspace's key, so the cache is not
+    write-only under a policy that requires that key's signature."""
+    remote = _signing_setup(tmp_path, registry, monkeypatch, "trtpipe/signed-cache")
+    first = tools.run_cli(tmp_path / "machine-a", "build", str(tiny_spec), "--store", remote, "--json")
+    assert first.returncode == 0, first.stderr
+    built = json.loads(first.stdout)
+    assert [s["outcome"] for s in built["stages"][2:]] == ["built"] * 3
+    signed = [s["detail"].startswith(f"pushed to {remote} (signed by key ") for s in built["stages"][2:]]
+    assert signed == [True] * 3, built["stages"]
+
+    # A fresh workspace under the same policy, without the key: every stage is a verified remote hit.
+    monkeypatch.delenv("TRTPIPE_SIGNING_KEY")
+    second = tools.run_cli(tmp_path / "machine-b", "build", str(tiny_spec), "--store", remote, "--json")
+    assert second.returncode == 0, second.stderr
+    pulled = json.loads(second.stdout)
+    assert [s["outcome"] for s in pulled["stages"][2:]] == ["pulled"] * 3, pulled["stages"]
+    assert pulled["artifacts"] == built["artifacts"]
+    assert tools.built_lines(tmp_path / "machine-b") == []
+    assert second.stderr.count("signed by trusted key release") == 3, second.stderr
+
+
+def test_a_squatted_key_tag_does_not_block_the_genuine_push(registry, tiny_spec: Path, tmp_path: Path, tools,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Anyone who can push plants `engine-<key>` first (an unsigned engine of their own), and `checkpoint-<key>`
+    naming an entry of another key: the genuine build ignores both (a miss, with a note), pushes its signed entries
+    over the key tags, and the next workspace hits them."""
+    from trtpipe.settings import from_env
+    from trtpipe.store.local import Store
+    from trtpipe.store.oci import OciRemote, key_tag
+
+    remote = _signing_setup(tmp_path, registry, monkeypatch, "trtpipe/squatted-cache")
+    dry = tools.run_cli(tmp_path / "scout", "build", str(tiny_spec), "--dry-run", "--json")
+    keys = {s["name"]: s["key"] for s in json.loads(dry.stdout)["stages"] if s.get("key")}
+    engine_key = keys["engine"]
+    attacker = Store.open(tmp_path / "attacker")
+    with attacker.building("engine", engine_key) as handle:
+        (handle.dir / "rank0.safetensors").write_bytes(b"not the engine" * 1000)
+        planted = handle.commit(inputs={"planted": True})
+    squatter = OciRemote(remote, settings=from_env())
+    planted_oci = squatter.push(planted).oci_digest  # unsigned: the policy trusts nothing of it
+    assert squatter.find("engine", engine_key).artifact_digest == planted.digest
+    with attacker.building("checkpoint", "0" * 64) as handle:
+        (handle.dir / "rank0.safetensors").write_bytes(b"not the checkpoint" * 1000)
+        other = handle.commit(inputs={"planted": True})
+    body = squatter.client.get_manifest(squatter.base.repository, squatter.push(other).oci_digest)
+    squatter.client.put_manifest(squatter.base.repository, key_tag("checkpoint", keys["checkpoint"]), body)
+    dry = tools.run_cli(tmp_path / "machine-a", "build", str(tiny_spec), "--store", remote, "--dry-run", "--json")
+    assert dry.returncode == 0, dry.stderr  # the planted checkpoint tag is a miss, not a failed dry run
+    assert [s["outcome"] for s in json.loads(dry.stdout)["stages"][2:]] == ["would-build", "would-pull", "would-build"]
+
+    first = tools.run_cli(tmp_path / "machine-a", "build", str(tiny_spec), "--store", remote, "--json")
+    assert first.returncode == 0, first.stderr
+    stages = {s["name"]: s for s in json.loads(first.stdout)["stages"]}
+    assert stages["engine"]["outcome"] == "built" and stages["engine"]["digest"] != planted.digest
+    # The planted tags: each a miss, said in the stage's detail.
+    assert stages["engine"]["detail"].startswith("remote entry refused (pull refused: ")
+    assert "unsigned" in stages["engine"]["detail"]
+    assert f"key tag named {planted_oci}" in stages["engine"]["detail"], stages["engine"]
+    assert "which did not verify here; key tag moved to this entry" in stages["engine"]["detail"], stages["engine"]
+    assert stages["checkpoint"]["outcome"] == "built", stages["checkpoint"]
+    checkpoint = stages["checkpoint"]["detail"]
+    assert checkpoint.startswith("remote entry refused (") and "holds checkpoint/000" in checkpoint
+    assert "key tag moved to this entry" in stages["checkpoint"]["detail"]
+    assert squatter.find("engine", engine_key).artifact_digest == stages["engine"]["digest"]
+
+    monkeypatch.delenv("TRTPIPE_SIGNING_KEY")
+    second = tools.run_cli(tmp_path / "machine-b", "build", str(tiny_spec), "--store", remote, "--json")
+    assert second.returncode == 0, second.stderr
+    pulled = {s["name"]: s for s in json.loads(second.stdout)["stages"]}
+    assert [pulled[n]["outcome"] for n in ("checkpoint", "engine", "publish")] == ["pulled"] * 3, pulled
+    assert pulled["engine"]["digest"] == stages["engine"]["digest"]

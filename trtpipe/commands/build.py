@@ -7,12 +7,12 @@ import os
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
 from trtpipe.commands.output import JsonOption, StoreOption, open_workspace
-from trtpipe.commands.trust_options import PolicyOption, load_policy_option
+from trtpipe.commands.trust_options import NoPolicyOption, PolicyOption, load_policy_option
 from trtpipe.errors import Interrupted
 
 
@@ -40,6 +40,22 @@ def _stored_by_this_run(root: Path, since: float) -> list[str]:
     return stored
 
 
+def _push_signer(workspace: Any, remote: Any) -> Any:
+    """What signs each entry the build pushes: the workspace's signing key (TRTPIPE_SIGNING_KEY), or None.
+
+    A build that pushes unsigned entries fills a cache that no workspace under a trust policy can hit (issue 28,
+    attack 9): so where a key is configured, a build signs what it pushes, as `cache push --sign` does. A bad
+    key fails here, before anything is built."""
+    from trtpipe.commands.trust_options import signing_key_option
+
+    key = signing_key_option(None, workspace.settings)
+    if key is None or not hasattr(remote, "client"):  # a remote without referrers has nowhere to keep a signature
+        return None
+    from trtpipe.release.trust import push_signer
+
+    return push_signer(key, store_root=workspace.root)
+
+
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the trtpipe app."""
 
@@ -55,6 +71,7 @@ def register(app: typer.Typer) -> None:
         json_out: JsonOption = False,
         store: StoreOption = None,
         policy: PolicyOption = None,
+        no_policy: NoPolicyOption = False,
         remote_mode: Annotated[Optional[str], typer.Option(
             "--remote-mode", help="How the remote cache (--store oci://...) is used: read-write (pull hits, push what "
                                   "was built) or read-only (pull hits, never push: pull requests, forks); default: "
@@ -69,7 +86,7 @@ def register(app: typer.Typer) -> None:
 
         workspace = open_workspace(store)
         use = remote_use(workspace.settings, mode=remote_mode, required=require_remote)
-        trust = load_policy_option(policy, workspace.settings)
+        trust = load_policy_option(policy, workspace, no_policy=no_policy, command="build")
         started = time.time()
         try:
             report = None
@@ -83,6 +100,7 @@ def register(app: typer.Typer) -> None:
                                                   note=lambda text: typer.echo(text, err=True)))
                 if trust is not None:
                     pulled_check = pulled_checker(trust, store_root=workspace.root, home=workspace.root)
+            sign_push = _push_signer(workspace, remote) if remote is not None and use.pushes else None
             # The warm path reuses a resolution and its entries as they were; a trust policy judges them again.
             if not (dry_run or force or verify) and workspace.remote_url is None and trust is None:
                 # Every input as at the spec's last build: reuse its resolution (trtpipe.warm), else resolve.
@@ -94,7 +112,7 @@ def register(app: typer.Typer) -> None:
 
                 report = run_build(spec, dry_run=dry_run, force=tuple(force or ()), verify=verify,
                                    store=workspace.store, remote=remote, progress=not json_out,
-                                   pulled_check=pulled_check, remote_use=use)
+                                   pulled_check=pulled_check, remote_use=use, sign_push=sign_push)
         except KeyboardInterrupt as interrupt:
             # The runner may hand over its report (what it stored or reused so far); else the store's log says
             # which stages this process built.

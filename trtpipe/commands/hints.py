@@ -96,6 +96,9 @@ HINTS: tuple[Hint, ...] = (
     Hint(Conflict, "see what moved it with `trtpipe history --channel CHANNEL` and promote again", _is_channel),
     Hint(IntegrityError, "check the store and restore damaged artifacts with `trtpipe cache verify --repair`",
          lambda err: bool(getattr(err, "in_store", False))),
+    Hint(IntegrityError, "`trtpipe policy set FILE` sets the workspace's policy (recorded); `trtpipe promote REF --to "
+                         "CHANNEL --no-policy` and the like run without it (recorded)",
+         lambda err: str(getattr(err, "path", "") or "").endswith("/policy/policy.yaml")),
     Hint(Untrusted, "sign artifacts when pushing them: `trtpipe cache push REF --to oci://HOST/REPOSITORY --sign KEY`; "
                     "see who signed one with `trtpipe cache show REF --provenance --policy FILE`"),
     Hint(MissingCapability, "sign with a release key file instead: `trtpipe cache push REF --to oci://HOST/REPOSITORY "

@@ -16,7 +16,8 @@ import typer
 
 from trtpipe.commands.output import JsonOption, StoreOption, open_workspace, print_table
 from trtpipe.commands.output import print_json as _print_json
-from trtpipe.commands.trust_options import PolicyOption, SignOption, load_policy_option, signing_key_option
+from trtpipe.commands.trust_options import NoPolicyOption, PolicyOption, SignOption, load_policy_option, \
+    signing_key_option
 from trtpipe.errors import TrtpipeError, UsageError
 
 
@@ -36,6 +37,7 @@ def promote_command(
                                  "change and record nothing (exit 1 when it would be refused)."),
     store: StoreOption = None,
     policy: PolicyOption = None,
+    no_policy: NoPolicyOption = False,
     as_json: JsonOption = False,
 ) -> None:
     """Point a channel at an artifact whose recorded results pass the channel's gates (and whose signature
@@ -45,10 +47,15 @@ def promote_command(
     if force and not (reason and reason.strip()):
         raise UsageError("--force needs --reason", fix='say why, e.g. --force --reason "hotfix for incident 123, smoke run by hand"')
     workspace = open_workspace(store)
+    trust = load_policy_option(policy, workspace, no_policy=no_policy, command="promote")
+    settings = workspace.settings
+    if no_policy:  # promote reads TRTPIPE_POLICY for hand-recorded results when given no policy: none means none
+        from dataclasses import replace
+
+        settings = replace(settings, policy=None)
     outcome = promote(
         workspace.root, ref, to, force=force, reason=reason, spec_path=spec, model=model, target=target,
-        expect_from=UNSET if expect_from is None else expect_from, settings=workspace.settings,
-        policy=load_policy_option(policy, workspace.settings), dry_run=dry_run,
+        expect_from=UNSET if expect_from is None else expect_from, settings=settings, policy=trust, dry_run=dry_run,
     )
     if as_json:
         _print_json(outcome.as_dict())
@@ -71,13 +78,18 @@ def rollback_command(
     target: Optional[str] = typer.Option(None, "--target", help="The channel's target GPU (needed when several targets have it)."),
     reason: Optional[str] = typer.Option(None, "--reason", help="Why (recorded)."),
     store: StoreOption = None,
+    policy: PolicyOption = None,
+    no_policy: NoPolicyOption = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Move a channel back to the digest it held before its latest promotion."""
+    """Move a channel back to the digest it held before its latest promotion (which must satisfy the trust
+    policy's rule for the channel, as a promotion into it would)."""
     from trtpipe.release.promote import rollback
 
     workspace = open_workspace(store)
-    record = rollback(workspace.root, channel, model=model, target=target, reason=reason, settings=workspace.settings)
+    trust = load_policy_option(policy, workspace, no_policy=no_policy, command="rollback")
+    record = rollback(workspace.root, channel, model=model, target=target, reason=reason, settings=workspace.settings,
+                      policy=trust)
     if as_json:
         _print_json(record.model_dump())
         return
@@ -92,6 +104,9 @@ def channels_command(
     registry: bool = typer.Option(True, "--registry/--no-registry", help="Read each shared channel's trail from its registry "
                                   "(catching up when this workspace is behind); with --verify also check it against this "
                                   "workspace's copy and each channel tag against its trail."),
+    adopt_trail: bool = typer.Option(False, "--adopt-trail", help="Take the audit trail as it stands (kept without the "
+                                     "release key until now) and sign its head with TRTPIPE_SIGNING_KEY, recorded; "
+                                     "a keyed promote refuses an unsigned head until then."),
     store: StoreOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -101,6 +116,15 @@ def channels_command(
 
     workspace = open_workspace(store)
     home = workspace.root
+    if adopt_trail:
+        from trtpipe.release.channels import ChannelStore
+        from trtpipe.release.trail import adopt_trail as adopt
+        from trtpipe.results import current_user
+
+        with ChannelStore(home).lock():
+            adopted = adopt(home, release_key(workspace.settings), who=current_user())
+        typer.echo(f"audit trail adopted: its head is signed by the release key (audit #{adopted.seq})" if adopted
+                   else "audit trail: its head is already signed by the release key (nothing to adopt)", err=as_json)
     if registry:
         catch_up(home, workspace.settings)  # a shared channel shows what its registry trail says now
     verdict = trail_verdict(home, release_key(workspace.settings, public_key), workspace.settings,
@@ -129,6 +153,55 @@ def channels_command(
             typer.echo("audit chain: intact" if not problems else "audit chain BROKEN:\n  " + "\n  ".join(problems))
     if problems:
         raise typer.Exit(1)
+
+
+# --------------------------------------------------------------------------- policy
+
+
+policy_app = typer.Typer(help="The workspace's own trust policy: once set, promote, rollback, serve, cache pull and "
+                              "build run under it (TRTPIPE_POLICY or not); --no-policy is recorded.",
+                         no_args_is_help=True)
+
+
+@policy_app.command("set")
+def policy_set_command(
+    file: Path = typer.Argument(..., help="The trust policy YAML to make this workspace's (checked first)."),
+    store: StoreOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Check FILE, copy it and its public keys (pinned by key id) into the workspace, and record the copy's
+    digest in the audit trail."""
+    from trtpipe.release.channels import now_iso
+    from trtpipe.release.trail import release_key
+    from trtpipe.release.workspace_policy import set_policy
+    from trtpipe.results import current_user
+
+    workspace = open_workspace(store)
+    done = set_policy(workspace.root, file, who=current_user(), at=now_iso(), key=release_key(workspace.settings))
+    if as_json:
+        _print_json({"policy": str(done.path), "digest": done.digest, "source": done.source, "keys": done.keys,
+                     "audit_seq": done.audit_seq})
+        return
+    keys = ", ".join(f"{name} ({key_id[:16]})" for name, key_id in done.keys.items()) or "none"
+    typer.echo(f"workspace policy {done.path} set from {done.source} ({done.digest}; keys: {keys}; audit #{done.audit_seq})")
+
+
+@policy_app.command("show")
+def policy_show_command(store: StoreOption = None, as_json: JsonOption = False) -> None:
+    """Show the workspace's trust policy (checked against the digest the audit trail records)."""
+    from trtpipe.release.workspace_policy import canonical, policy_file, workspace_policy
+
+    workspace = open_workspace(store)
+    found = workspace_policy(workspace.root)
+    body = canonical(found) if found is not None else None
+    if as_json:
+        _print_json({"policy": str(policy_file(workspace.root)) if found is not None else None, "rules": body})
+        return
+    if found is None:
+        typer.echo(f"no workspace policy in {workspace.root} (commands use --policy or TRTPIPE_POLICY)")
+        return
+    typer.echo(f"workspace policy {found.source}:")
+    typer.echo(json.dumps(body, indent=2))
 
 
 # --------------------------------------------------------------------------- results
@@ -229,7 +302,8 @@ def results_import_command(
 
     workspace = open_workspace(store)
     outcome = import_results(workspace.results, ImportRequest(bundles=bundles, public_key=public_key),
-                             settings=workspace.settings, policy=load_policy_option(policy, workspace.settings))
+                             settings=workspace.settings,
+                             policy=load_policy_option(policy, workspace, command="results import"))
     if as_json:
         _print_json(outcome.as_dict())
         return
@@ -322,6 +396,7 @@ def cache_push_command(
 def cache_pull_command(
     ref: str = typer.Argument(..., help="oci://HOST/REPOSITORY:TAG or @sha256:DIGEST."),
     policy: PolicyOption = None,
+    no_policy: NoPolicyOption = False,
     store: StoreOption = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -331,7 +406,7 @@ def cache_pull_command(
     from trtpipe.store.remote import open_remote_for_ref
 
     workspace = open_workspace(store)
-    trust = load_policy_option(policy, workspace.settings)
+    trust = load_policy_option(policy, workspace, no_policy=no_policy, command="cache pull")
     remote = open_remote_for_ref(ref, workspace.settings)
     install_gate(remote, PullGate(trust, store_root=workspace.root, home=workspace.root,
                                   note=lambda text: typer.echo(text, err=True)))
@@ -351,6 +426,7 @@ def register(app: typer.Typer) -> None:
     app.command("rollback", rich_help_panel="Release")(rollback_command)
     app.command("channels", rich_help_panel="Release")(channels_command)
     app.add_typer(results_app, name="results", rich_help_panel="Release")
+    app.add_typer(policy_app, name="policy", rich_help_panel="Release")
     from trtpipe.commands.store import cache_app
 
     cache_app.command("push")(cache_push_command)

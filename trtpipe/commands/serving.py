@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from trtpipe.commands.output import JsonOption, StoreOption, json_option, open_workspace, print_table
 from trtpipe.commands.stop_signals import stop_on_signals
-from trtpipe.commands.trust_options import PolicyOption, load_policy_option
+from trtpipe.commands.trust_options import NoPolicyOption, PolicyOption, load_policy_option
 from trtpipe.errors import NotFound, UsageError
 
 
@@ -61,6 +61,7 @@ class ServeRequest(BaseModel):
     log_file: Optional[str] = None  # a path, or "-" for stderr
     keep_log: bool = False
     policy: Optional[Path] = None
+    no_policy: bool = False
     store: Optional[str] = None
 
     def foreground_argv(self, *, ready_file: Path, log_file: Path) -> list[str]:
@@ -78,6 +79,8 @@ class ServeRequest(BaseModel):
             argv.append("--keep-log")
         if self.policy is not None:
             argv += ["--policy", str(self.policy.resolve())]
+        if self.no_policy:
+            argv.append("--no-policy")
         if self.store is not None:
             argv += ["--store", self.store]
         return argv
@@ -119,6 +122,7 @@ def serve_command(
         "Print one JSON line per event on stdout: ready (the server's addresses, the first line), unhealthy, "
         "restarting, restarted, stopped; a refusal as a JSON object. The same events as text go to stderr.")] = False,
     trust_policy: PolicyOption = None,
+    no_policy: NoPolicyOption = False,
     store: StoreOption = None,
 ) -> None:
     """Serve a repository: tritonserver on loopback (cpu-reference) or its Triton container (GPU targets).
@@ -134,7 +138,7 @@ def serve_command(
                            metrics_port=metrics_port, start_timeout=start_timeout, restart=restart,
                            max_restarts=max_restarts, probe_interval=probe_interval, probe_timeout=probe_timeout,
                            ready_file=ready_file, log_file=log_file, keep_log=keep_log, policy=trust_policy,
-                           store=store)
+                           no_policy=no_policy, store=store)
     if ready_file is not None:
         from trtpipe.serving.ready_file import remove_ready_file
 
@@ -149,7 +153,7 @@ def serve_command(
     from trtpipe.serving.watch import WatchPolicy, serve_watched
 
     workspace = open_workspace(store)
-    trust = load_policy_option(trust_policy, workspace.settings)
+    trust = load_policy_option(trust_policy, workspace, no_policy=no_policy, command="serve")
     verified = None
     if trust is not None:
         from trtpipe.release.trust import require_trusted_folder
@@ -157,6 +161,8 @@ def serve_command(
         # The whole folder: a file or model folder its signed manifest does not list is refused, and the
         # serving directory is filled from this verified list (nothing added after the check is served).
         verified = require_trusted_folder(request.repo, trust, home=workspace.root, action="serve")
+        # The verified signer, never a claimed one.
+        typer.echo(f"verified: {request.repo}: {verified.judgement.reason()}", err=True)
     unverified = None
     if verified is None or not verified.signature_verified:
         why = ("no trust policy is set" if trust is None

@@ -91,7 +91,7 @@ def cache_show(
         from trtpipe.release.trust import show_provenance
 
         shown = show_provenance(key, workspace.store if "://" not in key else None, workspace.root,
-                                load_policy_option(policy, workspace.settings), workspace.settings)
+                                load_policy_option(policy, workspace, command="cache show"), workspace.settings)
         if json_out:
             typer.echo(json.dumps(shown, indent=2))
         else:

@@ -22,11 +22,12 @@ from trtpipe.chained import GENESIS, ChainedLog, HeadKey, Repair
 from trtpipe.errors import IntegrityError
 
 # repair: the trail mended itself (a torn line, a lagging head) or a channel pointer was brought back to
-# the trail's last word; aborted: the promotion `undoes` names did not complete (nothing moved).
-AuditAction = Literal["promote", "force-promote", "rollback", "refused", "conflict", "repair", "aborted"]
+# the trail's last word; aborted: the promotion `undoes` names did not complete (nothing moved); policy: the
+# workspace's trust policy was set, or a command ran with --no-policy (`trtpipe.release.workspace_policy`).
+AuditAction = Literal["promote", "force-promote", "rollback", "refused", "conflict", "repair", "aborted", "policy"]
 TRAIL_WIDE = "*"  # the channel/model/target of a record about the trail itself
 
-__all__ = ["GENESIS", "AuditRecord", "append_audit", "audit_path", "read_audit", "verify_audit", "trail_log"]
+__all__ = ["GENESIS", "AuditRecord", "append_audit", "audit_path", "marks_dir", "read_audit", "verify_audit", "trail_log"]
 
 
 class AuditRecord(BaseModel):
@@ -55,14 +56,24 @@ def audit_path(home: Path) -> Path:
     return Path(home) / "audit" / "audit.jsonl"
 
 
+def marks_dir(home: Path) -> Path:
+    """Where the high-water marks of this workspace's trails are kept: outside `audit/`, so a trail folder
+    cut back (or restored from an older copy) does not take its marks with it."""
+    return Path(home) / "marks"
+
+
+ADOPT_HINT = "`trtpipe channels --adopt-trail` (with TRTPIPE_SIGNING_KEY set)"
+
+
 def trail_log(home: Path) -> ChainedLog:
-    return ChainedLog(audit_path(home), what="audit trail")
+    return ChainedLog(audit_path(home), what="audit trail", mark=marks_dir(home) / "audit.head.json", adopt_hint=ADOPT_HINT)
 
 
-def append_audit(home: Path, *, key: HeadKey | None = None, **fields: Any) -> AuditRecord:
+def append_audit(home: Path, *, key: HeadKey | None = None, adopt: bool = False, **fields: Any) -> AuditRecord:
     """Append one record chained to the last one (fsynced) and re-anchor the head (signed with `key`).
     Fields: at, who, action, channel, model, target, from_digest, to_digest, ... A torn last line or a
-    lagging head is mended first, each mending recorded as a `repair` record before this one."""
+    lagging head is mended first, each mending recorded as a `repair` record before this one (with a signing
+    key only what the key's signatures cover is mended; `adopt`: see `ChainedLog.append`)."""
     body = AuditRecord.model_validate({**fields, "seq": 0, "prev_hash": GENESIS, "hash": GENESIS}).model_dump(mode="json")
     for name in ("seq", "prev_hash", "hash"):
         body.pop(name)
@@ -73,7 +84,7 @@ def append_audit(home: Path, *, key: HeadKey | None = None, **fields: Any) -> Au
                  "gates": [], "gates_source": None, "reason": None, "detail": f"trail {r.kind}: {r.detail}", "undoes": None}
                 for r in found]
 
-    written = trail_log(home).append(body, key=key, on_repair=repairs)
+    written = trail_log(home).append(body, key=key, on_repair=repairs, adopt=adopt)
     return AuditRecord.model_validate(written)
 
 

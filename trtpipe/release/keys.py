@@ -95,15 +95,12 @@ def public_pem(public: ec.EllipticCurvePublicKey) -> bytes:
 
 
 def _read(path: Path, what: str) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise InvalidInput(f"{path}: no such {what} file", fix=f"name an existing PEM file; {_GENERATE}") from None
-    except IsADirectoryError:
-        raise InvalidInput(f"{path}: is a folder, not a {what} file", fix="name the PEM file itself") from None
-    except OSError as exc:
-        raise InvalidInput(f"{path}: cannot read the {what} file ({exc.strerror})",
-                           fix="make the file readable by this user") from None
+    # Bounded and regular files only: a FIFO named as a key would hang the command, /dev/zero exhaust memory.
+    from trtpipe.release.small_file import read_small_file
+
+    if not path.exists() and not path.is_symlink():
+        raise InvalidInput(f"{path}: no such {what} file", fix=f"name an existing PEM file; {_GENERATE}")
+    return read_small_file(path, what, fix="name the PEM file itself")
 
 
 def _check_curve(curve: ec.EllipticCurve, origin: str, what: str) -> None:

@@ -210,6 +210,31 @@ def results_for(home: Path, digest: str, key: ReleaseKey | None = None) -> list[
     return sorted(ResultsLog(home, key).for_digest(digest), key=lambda r: r.recorded_at)
 
 
+def signed_results(home: Path, digest: str, records: list[ResultRecord], policy: TrustPolicy | None,
+                   channel: str) -> tuple[list[ResultRecord], int]:
+    """The results that may count for `channel` under `policy`, and how many were left out.
+
+    Where the policy says unsigned results may not count (`unsigned_results`, by default wherever the channel
+    requires signatures), a result counts only when a head signature verifying against the policy's keys for
+    `channel` covers it: without that, anyone who can write to the workspace appends an `origin: run` result
+    through the chained log, rewrites the unsigned head, and the gate passes (issue 28, attack 6)."""
+    if policy is None or policy.allows_unsigned_results(channel) or not records:
+        return records, 0
+    keys = [ReleaseKey(public) for public in policy.trusted_keys(channel).values()]
+    covered, _ = ResultsLog(home).signed_prefix(digest, keys)
+    kept = [r for r in records if r.seq is not None and r.seq <= covered]
+    return kept, len(records) - len(kept)
+
+
+def _policy_of(policy: TrustPolicy | None, settings: Settings | None) -> TrustPolicy | None:
+    """The policy given, else the TRTPIPE_POLICY setting's, else none."""
+    from trtpipe.release.policy import policy_from
+
+    if policy is None and settings is not None:
+        return policy_from(None, settings.policy)
+    return policy
+
+
 def _hand_allowed(policy: TrustPolicy | None, settings: Settings | None, channel: str) -> tuple[bool, str]:
     """Whether the trust policy (the one given, else the TRTPIPE_POLICY setting's) lets hand-recorded
     results count for `channel`, and which policy said."""
@@ -407,6 +432,10 @@ def promote(
                              target=art.target, from_digest=seen_from, to_digest=art.digest, ref=art.ref,
                              detail="results are not evidence: " + err.message)
         raise
+    judged_by = _policy_of(policy, settings)
+    candidate, unsigned_left = signed_results(home, art.digest, candidate, judged_by, channel)
+    if current is not None and seen_from is not None:
+        current, _ = signed_results(home, seen_from, current, judged_by, channel)
     run_only = [r for r in candidate if r.origin != "hand"]
     current_run_only = [r for r in current if r.origin != "hand"] if current is not None else None
     judge = dict(target=art.target, current_digest=seen_from, min_runs=min_runs)
@@ -422,6 +451,12 @@ def promote(
             gate_results = [g if g.passed else g.model_copy(update={"detail": g.detail + " (hand-recorded results do not count "
                                                                                         f"for {channel}: {policy_source})"})
                             for g in gate_results]
+    if unsigned_left:
+        assert judged_by is not None
+        gate_results = [g if g.passed else g.model_copy(update={"detail": g.detail + (
+            f" ({unsigned_left} result(s) not covered by a results-log head signed by a key {judged_by.source} trusts "
+            f"for {channel} do not count: unsigned_results; record or import results with TRTPIPE_SIGNING_KEY set)")})
+            for g in gate_results]
     failed = [g for g in gate_results if not g.passed]
     trail_where = f"{remote.url}:{shared.tag}" if shared is not None and remote is not None else None
     tag = channel_tag(art.model, art.target, channel) if art.remote is not None and art.ref is not None else None
@@ -548,8 +583,10 @@ def catch_up(home: Path, settings: Settings | None, *, channel: str | None = Non
 
 
 def rollback(home: Path, channel: str, *, model: str | None = None, target: str | None = None, reason: str | None = None,
-             settings: Settings | None = None) -> AuditRecord:
-    """Move `channel` back to the digest it held before its latest promotion (recorded)."""
+             settings: Settings | None = None, policy: TrustPolicy | None = None) -> AuditRecord:
+    """Move `channel` back to the digest it held before its latest promotion (recorded). Under a trust policy
+    the earlier digest must satisfy the channel's rule as a promotion into it would: a rollback is a move
+    into the channel, and the digest it returns to may predate the policy (an unsigned artifact back in prod)."""
     check_name("channel", channel)
     channels = ChannelStore(home)
     catch_up(home, settings, channel=channel)
@@ -574,6 +611,9 @@ def rollback(home: Path, channel: str, *, model: str | None = None, target: str 
             raise NotFound(f"channel {channel} of {chosen.scope} has no earlier digest to roll back to",
                            what="earlier digest", ref=channel, fix="promote the wanted artifact instead")
         previous = now.history[-1]
+        if policy is not None:
+            require_trusted_digest(home, previous.digest, policy, channel, model=now.model, target=now.target,
+                                   action="rollback")
         tag = channel_tag(now.model, now.target, channel) if previous.ref and is_remote_url(previous.ref) else None
         fields = dict(at=now_iso(), who=who, action="rollback", channel=channel, model=now.model, target=now.target,
                       from_digest=now.digest, to_digest=previous.digest, ref=previous.ref, reason=reason,

@@ -17,7 +17,10 @@ from pydantic import BaseModel, ConfigDict
 
 from trtpipe.settings import Settings
 
-SignatureState = Literal["signed", "unsigned", "invalid", "untrusted", "unknown"]
+# "signed" only when a signature verified against a key of the policy (and `signer` names that key); a
+# signature nothing could check is "unverified", one no key of the policy made is "untrusted", and junk
+# attached as a signature is "malformed". A key id a signature claims is never shown as its signer.
+SignatureState = Literal["signed", "unsigned", "unverified", "malformed", "invalid", "untrusted", "unknown"]
 ProvenanceState = Literal["present", "none", "invalid", "unknown"]
 
 
@@ -27,14 +30,10 @@ class ArtifactTrust(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     signature: SignatureState
-    signer: str | None = None  # the key or identity that signed, when signed
+    signer: str | None = None  # the policy key (name, key id) a signature verified against; never a claimed id
     signature_detail: str
     provenance: ProvenanceState
     provenance_detail: str
-
-
-def _short(key_ids: tuple[str, ...] | list[str]) -> str:
-    return ", ".join(k[:16] for k in key_ids if k) or "unknown"
 
 
 def _signature(home: Path, entry: Any, channel: str, policy: Any) -> tuple[SignatureState, str | None, str]:
@@ -48,17 +47,18 @@ def _signature(home: Path, entry: Any, channel: str, policy: Any) -> tuple[Signa
         if policy is not None and policy.requires_signature(channel):
             return "unsigned", None, judgement.reason()
         return "unsigned", None, "no signature recorded"
+    if judgement.verified:
+        return "signed", judgement.signer, judgement.reason()
+    if judgement.malformed == len(judgement.claimed):
+        return "malformed", None, "what is attached as a signature is not a signature bundle (unverified)"
     if policy is None:
-        return "signed", _short(judgement.claimed), "not verified: no trust policy"
-    if judgement.allowed and judgement.verified:
-        names = ", ".join(dict.fromkeys(c.key_name for c in judgement.verified if c.key_name))
-        return "signed", names, judgement.reason()
+        return "unverified", None, "signature present, not verified: no trust policy (no key to check it against)"
     if judgement.allowed:
         # The channel requires no signature, and none of its trusted keys made this one.
-        return "untrusted", _short(judgement.claimed), (
-            f"signed by key {_short(judgement.claimed)}, which policy {policy.source} does not trust for channel "
+        return "untrusted", None, (
+            f"a signature that verifies under none of the keys policy {policy.source} trusts for channel "
             f"{channel!r} (the channel requires no signature)")
-    return "untrusted", _short(judgement.claimed), judgement.reason()
+    return "untrusted", None, judgement.reason()
 
 
 def _provenance(home: Path, digest: str, channel: str, policy: Any) -> tuple[ProvenanceState, str]:
@@ -82,11 +82,12 @@ def _provenance(home: Path, digest: str, channel: str, policy: Any) -> tuple[Pro
     if about != digest.removeprefix("sha256:"):
         return "invalid", f"the attestation is about another artifact ({first.get('name', 'no subject')})"
     if opened.verified_by is not None:
-        return "present", f"SLSA provenance signed by trusted key {opened.verified_by}"
+        key_id = keys[opened.verified_by].key_id[:16]
+        return "present", f"SLSA provenance signed by trusted key {opened.verified_by} (key id {key_id})"
     if policy is None:
-        return "present", f"SLSA provenance, signature not verified (no trust policy); it claims key {_short(opened.claimed_key_ids)}"
-    return "present", (f"SLSA provenance NOT verified: signed by key {_short(opened.claimed_key_ids)}, which policy "
-                       f"{policy.source} does not trust for channel {channel!r}")
+        return "present", "SLSA provenance, signature not verified (no trust policy: no key to check it against)"
+    return "present", (f"SLSA provenance NOT verified: its signature verifies under none of the keys policy "
+                       f"{policy.source} trusts for channel {channel!r}")
 
 
 def artifact_trust(home: Path, digest: str, entry: Any | None, channel: str,

@@ -29,7 +29,9 @@ holding only this channel's records; and it must extend this workspace's copy re
 or differing at some record: the registry's trail was shortened or rewritten (or, at a record this
 workspace wrote, lost to the race above), reported and refused. Without a key, a rewrite is caught
 by every workspace that had adopted the records rewritten; one that never saw them (a fresh one)
-cannot tell; with a key, a rewrite without the key fails the head's signature everywhere.
+cannot tell; with a key, a rewrite without the key fails the head's signature everywhere. A signed registry
+trail is extended only with the key (`require_signer`): a keyless move would leave an unsigned head there.
+Each head written carries the next sequence after the registry head it extends (`trtpipe.chained`).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from trtpipe.atomic import write_text_atomically
 from trtpipe.chained import ChainedLog, HeadKey, chained_line, head_bytes_of, head_document, scan_bytes, signature_verifies
 from trtpipe.errors import Conflict, IntegrityError, TagMoved, TrtpipeError
-from trtpipe.release.audit import AuditRecord
+from trtpipe.release.audit import AuditRecord, marks_dir
 from trtpipe.store.remote import RemoteCache
 
 MAX_ATTEMPTS = 6
@@ -102,7 +104,8 @@ class SharedChannel:
     def log(self) -> ChainedLog:
         path = Path(self.home) / "audit" / "channels" / self.model / self.target / f"{self.channel}.jsonl"
         # The head names the channel, not the file: the same trail is the same log in every workspace.
-        return ChainedLog(path, what=f"trail of channel {self.label}", log_name=f"channel-trail:{self.label}")
+        mark = marks_dir(self.home) / "channels" / self.model / self.target / f"{self.channel}.head.json"
+        return ChainedLog(path, what=f"trail of channel {self.label}", log_name=f"channel-trail:{self.label}", mark=mark)
 
     @property
     def source_path(self) -> Path:
@@ -290,6 +293,17 @@ def compare(shared: SharedChannel, local: list[dict[str, Any]], local_problems: 
     return Standing(shared, "same", [], copy.records, copy)
 
 
+def _head_of(copy: RegistryCopy | None) -> dict[str, Any] | None:
+    """The registry copy's head (what the next head's sequence follows), None when there is none to follow."""
+    if copy is None or copy.legacy:
+        return None
+    try:
+        head = json.loads(copy.head_raw)
+    except ValueError:
+        return None
+    return head if isinstance(head, dict) else None
+
+
 def _written(shared: SharedChannel) -> list[str]:
     try:
         source = shared.source()
@@ -326,6 +340,19 @@ def adopt(shared: SharedChannel, found: Standing, remote_url: str, *, mine: list
 # --------------------------------------------------------------------------- writing
 
 
+def require_signer(copy: RegistryCopy | None, key: HeadKey | None) -> None:
+    """A signed registry trail is extended only with the key: a move without it would write an unsigned head
+    there, which every workspace with the key refuses from then on (and which is what a forger leaves)."""
+    if copy is None or copy.legacy or (key is not None and key.can_sign):
+        return
+    head = _head_of(copy) or {}
+    if head.get("signature"):
+        raise IntegrityError(f"{copy.where}: the channel's trail is signed (key {str(head.get('key_id'))[:16]}); a move "
+                             "without the release key would leave it unsigned; nothing was changed", path=copy.where,
+                             fix="set TRTPIPE_SIGNING_KEY to the release key where this channel is promoted and rolled back")
+
+
+
 FieldsFor = Callable[[list[AuditRecord]], list[dict[str, Any]]]
 
 
@@ -340,6 +367,7 @@ def append(shared: SharedChannel, remote: RemoteCache, key: HeadKey | None, fiel
     for attempt in range(1, MAX_ATTEMPTS + 1):
         found = standing(shared, remote, key)
         require_consistent(found)
+        require_signer(found.registry, key)
         adopt(shared, found, remote.url)
         copy = found.registry
         records = list(found.truth)
@@ -350,7 +378,7 @@ def append(shared: SharedChannel, remote: RemoteCache, key: HeadKey | None, fiel
             records.append(body)
             written.append(body)
             data += line
-        head = head_bytes_of(head_document(shared.log.log_name, records, key))
+        head = head_bytes_of(head_document(shared.log.log_name, records, key, previous=_head_of(copy)))
         expect = copy.digest if copy is not None else None
         try:
             remote.put_channel_trail(shared.tag, head, data, expect=expect)

@@ -24,8 +24,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from trtpipe.errors import IntegrityError, NotFound, TrtpipeError
-from trtpipe.release.audit import AuditRecord, append_audit, read_audit, trail_log
+from trtpipe.errors import IntegrityError, NotFound, TrtpipeError, UsageError
+from trtpipe.release.audit import TRAIL_WIDE, AuditRecord, append_audit, read_audit, trail_log
 from trtpipe.release.channels import ChannelPointer, ChannelScope, ChannelStore, PointerTarget, now_iso
 from trtpipe.release.keys import PrivateKey, PublicKey, load_public_key, load_signing_key, sign_bytes, verify_bytes
 from trtpipe.release.shared_trail import SharedChannel, Standing, channel_tag, shared_channels, standing, trail_tag
@@ -131,6 +131,17 @@ def same_pointer(a: ChannelPointer | None, b: ChannelPointer | None) -> bool:
     return a.digest == b.digest and [h.digest for h in a.history] == [h.digest for h in b.history]
 
 
+def _stamps(p: ChannelPointer) -> list[tuple[str, str, str | None]]:
+    return [(p.set_by, p.set_at, p.ref), *((h.set_by, h.set_at, h.ref) for h in p.history)]
+
+
+def same_record(a: ChannelPointer | None, b: ChannelPointer | None) -> bool:
+    """`same_pointer`, and who set it, when and from which ref (its history's too) as the trail records them:
+    what `channels --verify` compares, so a hand edit of `set_by`/`set_at` is a disagreement. (Moves decide
+    on `same_pointer`: what a channel serves is its digest and history.)"""
+    return same_pointer(a, b) and (a is None or b is None or _stamps(a) == _stamps(b))
+
+
 @dataclass(frozen=True)
 class Disagreement:
     cid: ChannelId
@@ -147,6 +158,12 @@ class Disagreement:
         why = ("a promotion or rollback was interrupted after its audit record and before the pointer moved"
                if self.interrupted else "the pointer was changed outside trtpipe, or the trail lost records")
         which = f"the channel's trail ({self.trail_path})" if self.trail_path else "the audit trail"
+        if self.pointer is not None and self.trail is not None and same_pointer(self.pointer, self.trail):
+            index, (by, at, ref), (trail_by, trail_at, trail_ref) = next(
+                (i, p, t) for i, (p, t) in enumerate(zip(_stamps(self.pointer), _stamps(self.trail))) if p != t)
+            what = says if index == 0 else f"{self.pointer.history[index - 1].digest} (its history entry {index})"
+            return (f"{path}: the pointer says {what} was set by {by} at {at} (ref {ref}), but {which} records it set "
+                    f"by {trail_by} at {trail_at} (ref {trail_ref}) (the pointer was changed outside trtpipe)")
         return f"{path}: the pointer names {says}, {which}'s last word is {last} ({why})"
 
 
@@ -162,13 +179,13 @@ def disagreements(home: Path, records: list[AuditRecord] | None = None) -> list[
         pointer = pointers.get(cid)
         if cid in shared:
             states = replay_prefixes(shared[cid].local_records(), cid)
-            if not same_pointer(pointer, states[-1]):
-                out.append(Disagreement(cid, pointer, states[-1], any(same_pointer(pointer, s) for s in states[:-1]),
+            if not same_record(pointer, states[-1]):
+                out.append(Disagreement(cid, pointer, states[-1], any(same_record(pointer, s) for s in states[:-1]),
                                         trail_path=str(shared[cid].log.path)))
             continue
         trail = replayed.pointers.get(cid)
-        if not same_pointer(pointer, trail):
-            interrupted = cid in replayed.last_move and same_pointer(pointer, replayed.before_last_move.get(cid))
+        if not same_record(pointer, trail):
+            interrupted = cid in replayed.last_move and same_record(pointer, replayed.before_last_move.get(cid))
             out.append(Disagreement(cid, pointer, trail, interrupted))
     return out
 
@@ -209,6 +226,26 @@ def reconcile(home: Path, scope: ChannelScope, channel: str, *, who: str, key: R
                         target=scope.target, from_digest=found.pointer.digest if found.pointer else None,
                         to_digest=found.trail.digest, ref=found.trail.ref,
                         detail="completed an interrupted move: the pointer now names what the trail's last record says")
+
+
+def adopt_trail(home: Path, key: ReleaseKey | None, *, who: str) -> AuditRecord | None:
+    """Take the workspace trail as it stands and sign its head with the release key: the key holder's explicit
+    decision for a trail kept without the key until now (or under another key), recorded as a `repair`. A
+    keyed append never does this by itself: an unsigned head is what a trail extended without the key looks
+    like. Refused on a broken chain, a shortened or rewritten trail, or one older than its high-water mark.
+    Returns the record, or None when the head already verifies (nothing to adopt). The caller holds the release lock."""
+    if key is None or not key.can_sign:
+        raise UsageError("adopting the audit trail signs its head: the release key is needed",
+                         fix="set TRTPIPE_SIGNING_KEY to the release key (its private half) and run it again")
+    log = trail_log(home)
+    if not log.path.exists() and log.read_head() is None:
+        return None
+    if not log.verify(key):
+        return None
+    return append_audit(home, key=key, adopt=True, at=now_iso(), who=who, action="repair", channel=TRAIL_WIDE,
+                        model=TRAIL_WIDE, target=TRAIL_WIDE, from_digest=None, to_digest=None,
+                        detail=f"the trail was adopted as it stood and its head signed by the release key {key.key_id[:16]} "
+                               "(trtpipe channels --adopt-trail)")
 
 
 def trail_head_tag(model: str, target: str, channel: str) -> str:

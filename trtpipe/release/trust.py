@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trtpipe.errors import IntegrityError, Untrusted
+from trtpipe.errors import IntegrityError, InvalidInput, Untrusted
 from trtpipe.release.keys import PrivateKey
 from trtpipe.release.policy import TrustPolicy, Verdict
 from trtpipe.release.signing import (
@@ -110,6 +110,44 @@ def sign_entry(entry: Any, key: PrivateKey | str, scratch: Path) -> bytes:
         return sign_keyless(view) if key == KEYLESS else sign_folder(view, key)  # type: ignore[arg-type]
 
 
+TAGS_ANNOTATION = "org.trtpipe.tags"  # on the statement's subject: the tags it was pushed under (signed)
+
+
+def bind_tags(statement: dict[str, Any], tags: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """`statement` with its subject naming `tags` (in-toto ResourceDescriptor annotations): what the signature
+    over it binds, so a tag re-pointed at another signed manifest is caught at pull."""
+    import copy
+
+    out = copy.deepcopy(statement)
+    subject = out["subject"][0]
+    subject["annotations"] = {**(subject.get("annotations") or {}), TAGS_ANNOTATION: sorted(set(tags))}
+    return out
+
+
+def signed_tags(envelopes: list[bytes], keys: dict[str, Any], artifact_digest: str) -> tuple[str, ...] | None:
+    """Every tag the provenance envelopes signed by one of `keys` bind to `artifact_digest` (None: no such
+    envelope names tags). An envelope that does not parse or verify, or is about another artifact, counts for nothing."""
+    from trtpipe.errors import TrtpipeError
+    from trtpipe.release.signing import open_envelope
+
+    found: set[str] | None = None
+    for body in envelopes:
+        try:
+            opened = open_envelope(body, keys, "provenance")
+        except TrtpipeError:
+            continue
+        subjects = opened.statement.get("subject")
+        first = subjects[0] if isinstance(subjects, list) and subjects and isinstance(subjects[0], dict) else {}
+        digest = first.get("digest") if isinstance(first.get("digest"), dict) else {}
+        notes = first.get("annotations") if isinstance(first.get("annotations"), dict) else {}
+        tags = notes.get(TAGS_ANNOTATION)
+        if opened.verified_by is None or digest.get("sha256") != artifact_digest.removeprefix("sha256:"):
+            continue
+        if isinstance(tags, list):
+            found = (found or set()) | {str(t) for t in tags}
+    return tuple(sorted(found)) if found is not None else None
+
+
 def sign_pushed(remote: Any, pushed: Any, entry: Any, key: PrivateKey | str, *, store_root: Path,
                 provenance: dict[str, Any] | None, bundle: bytes | None = None) -> Signed:
     """Sign the pushed `entry` (or take the `bundle` signed before the push), attach signature and provenance
@@ -129,7 +167,7 @@ def sign_pushed(remote: Any, pushed: Any, entry: Any, key: PrivateKey | str, *, 
     envelope = None
     prov_digest = None
     if provenance is not None and isinstance(key, PrivateKey):
-        envelope = sign_envelope(provenance, key)
+        envelope = sign_envelope(bind_tags(provenance, tuple(getattr(pushed, "tags", ()))), key)
         prov_digest = referrers.attach(client, repository, subject, artifact_type=PROVENANCE_ARTIFACT_TYPE,
                                        payload=envelope, payload_media_type=DSSE_MEDIA_TYPE, annotations=annotations)
     signatures.update_record(store_root, entry.digest, kind=entry.kind, key=entry.key,
@@ -140,6 +178,21 @@ def sign_pushed(remote: Any, pushed: Any, entry: Any, key: PrivateKey | str, *, 
     return Signed(key_id, f"{base.base}@{sig_digest}", f"{base.base}@{prov_digest}" if prov_digest else None, not api)
 
 
+def push_signer(key: PrivateKey | str, *, store_root: Path) -> Callable[[Any, Any, Any], str]:
+    """The runner's signer of what a build pushes (`trtpipe.pipeline.PushSigner`): `sign_pushed` with `key`.
+
+    The provenance is the entry's own inputs (the build record of this run is written when the run ends, after
+    its pushes); `cache push --sign` of the same entry later carries the record's stage keys as well."""
+    from trtpipe.release.provenance import statement
+
+    def sign(remote: Any, pushed: Any, entry: Any) -> str:
+        signed = sign_pushed(remote, pushed, entry, key, store_root=store_root,
+                             provenance=statement(entry, store_root))
+        return f"signed by key {(signed.key_id or 'sigstore (keyless)')[:16]}"
+
+    return sign
+
+
 # --------------------------------------------------------------------------- fetching from a registry
 
 
@@ -147,14 +200,30 @@ def sign_pushed(remote: Any, pushed: Any, entry: Any, key: PrivateKey | str, *, 
 class RemoteSignatures:
     bundles: list[dict[str, str]]      # {"bundle": JSON text, "claimed_key_id": ...}
     provenance: list[bytes]            # DSSE envelopes
+    skipped: tuple[str, ...] = ()      # one line per referrer that could not be read: which, and why
 
 
 def fetch_signatures(client: Any, repository: str, oci_digest: str) -> RemoteSignatures:
-    bundles, provenance = [], []
-    for item in referrers.list_referrers(client, repository, oci_digest):
+    """The signature bundles and provenance envelopes attached to `oci_digest`. Anyone who can push can
+    attach a referrer, so one that cannot be read (gone, not a one-layer manifest, oversized, bytes that do
+    not match their digest, not text) is skipped with a note naming it, never a reason to fail the pull:
+    the others are judged as they are (under a policy, skipping one can only take a signature away)."""
+    from trtpipe.errors import TrtpipeError
+
+    bundles, provenance, skipped = [], [], []
+    try:
+        listed = referrers.list_referrers(client, repository, oci_digest)
+    except IntegrityError as err:  # the tag-schema index itself is junk: as if nothing were attached
+        return RemoteSignatures([], [], (f"the referrers index of {oci_digest} is unreadable ({err.message}); "
+                                         "judged as carrying no signature",))
+    for item in listed:
         if item.artifact_type not in (SIGNATURE_ARTIFACT_TYPE, PROVENANCE_ARTIFACT_TYPE):
             continue
-        manifest, payload = referrers.fetch_payload(client, repository, item)
+        try:
+            manifest, payload = referrers.fetch_payload(client, repository, item)
+        except TrtpipeError as err:
+            skipped.append(f"referrer {item.digest} skipped: {err.message}")
+            continue
         if referrers.subject_of(manifest) != oci_digest:
             continue  # listed under this artifact but about another: ignore it (it proves nothing here)
         claimed = str((manifest.get("annotations") or {}).get(KEY_ID_ANNOTATION, ""))
@@ -162,41 +231,65 @@ def fetch_signatures(client: Any, repository: str, oci_digest: str) -> RemoteSig
             try:
                 bundles.append({"bundle": payload.decode("utf-8"), "claimed_key_id": claimed})
             except UnicodeDecodeError:
-                continue
+                skipped.append(f"referrer {item.digest} skipped: its signature payload is not UTF-8 text")
         else:
             provenance.append(payload)
-    return RemoteSignatures(bundles, provenance)
+    return RemoteSignatures(bundles, provenance, tuple(skipped))
 
 
 # --------------------------------------------------------------------------- judging
 
 
+def wellformed(bundle_text: str) -> bool:
+    """Whether a bundle is shaped like a model-signing bundle (a statement listing files): junk text attached
+    as a signature is not, and is called malformed, never signed."""
+    return bool(signed_files(bundle_text.encode("utf-8")))
+
+
 @dataclass(frozen=True)
 class Judgement:
+    """What the signatures of one artifact prove. Everything said about a signer comes from `verified`
+    (a policy key the signature verified against); the key ids a referrer's annotation or a bundle claims are
+    kept (`claimed`) only to be shown as claims, never as who signed."""
+
     verdict: Verdict | None          # None: no policy
-    signed: bool                     # any signature found at all
+    signed: bool                     # any signature found at all (verified or not, well-formed or not)
     verified: tuple[BundleCheck, ...]
     tampered: str | None             # a trusted key's signature over other bytes
     claimed: tuple[str, ...]         # key ids the signatures claim (unverified)
+    malformed: int = 0               # how many of the signatures are not even shaped like a signature
 
     @property
     def allowed(self) -> bool:
         return self.tampered is None and (self.verdict is None or self.verdict.allowed)
 
+    @property
+    def signer(self) -> str | None:
+        """The policy keys (name and key id) a signature verified against; None: none did."""
+        seen = dict.fromkeys(f"{c.key_name} (key id {str(c.key_id)[:16]})" for c in self.verified if c.key_name)
+        return ", ".join(seen) or None
+
     def reason(self) -> str:
         if self.tampered is not None:
             return f"signature does not match its files ({self.tampered})"
         if self.verdict is not None:
+            if self.signer is not None and self.verdict.allowed and self.verdict.trusted_signers:
+                return f"signed by trusted key {self.signer}"
             return self.verdict.reason
-        return "signed (no trust policy to check it against)" if self.signed else "unsigned"
+        if not self.signed:
+            return "unsigned"
+        if self.malformed == len(self.claimed):
+            return "carries only malformed signatures (unverified)"
+        return "signature present, not verified (no trust policy to check it against)"
 
 
 def judge_folder(folder: Path, bundles: list[dict[str, str]], policy: TrustPolicy | None, channel: str | None) -> Judgement:
     """Check every bundle over `folder` (exactly the artifact's files and manifest.json) against the keys
     the policy trusts for `channel`; a signature by a trusted key over other bytes is tampering."""
     claimed = tuple(b.get("claimed_key_id", "") for b in bundles)
+    malformed = sum(1 for b in bundles if not wellformed(b["bundle"]))
     if policy is None:
-        return Judgement(None, bool(bundles), (), None, claimed)
+        return Judgement(None, bool(bundles), (), None, claimed, malformed)
     keys = policy.trusted_keys(channel)
     checks, tampered = [], None
     for item in bundles:
@@ -208,13 +301,16 @@ def judge_folder(folder: Path, bundles: list[dict[str, str]], policy: TrustPolic
     key_ids = [c.key_id for c in checks if c.key_id]
     verdict = policy.judge(key_ids, channel)
     if not checks and bundles and not tampered:
-        # Signed, but by none of the trusted keys: name the ids the signatures claim.
-        others = tuple(c for c in claimed if c) or ("unknown",)
-        verdict = Verdict(verdict.allowed, verdict.required, (), others,
+        # Signatures, but none verifies under a trusted key. What key made them is not known (a claimed key id is
+        # the pusher's word), so the refusal names only the keys that were tried.
+        where = f"channel {channel!r}" if channel else "the default rule"
+        what = ("it carries only malformed signatures" if malformed == len(bundles) else
+                f"none of its {len(bundles)} signature(s) verifies under them")
+        verdict = Verdict(verdict.allowed, verdict.required, (), (),
                           verdict.reason if verdict.allowed else
-                          f"signed only by key {', '.join(o[:16] for o in others)}, which policy {policy.source} does not "
-                          f"trust for {('channel ' + repr(channel)) if channel else 'this use'}")
-    return Judgement(verdict, bool(bundles), tuple(checks), tampered, claimed)
+                          f"not signed by any key that {where} of policy {policy.source} trusts "
+                          f"({', '.join(keys) or 'none listed'}): {what}")
+    return Judgement(verdict, bool(bundles), tuple(checks), tampered, claimed, malformed)
 
 
 def judge_entry(entry: Any, policy: TrustPolicy | None, channel: str | None, store_root: Path) -> Judgement:
@@ -255,38 +351,167 @@ def require_trusted(entry: Any, policy: TrustPolicy, channel: str | None, *, sto
 # --------------------------------------------------------------------------- pull
 
 
+def channel_of_tag(tag: str | None, manifest_raw: bytes, policy: TrustPolicy | None) -> tuple[str, str, str] | None:
+    """(model, target, channel) when `tag` is a channel tag `<model>.<target>.<channel>` (None: a version or key
+    tag, or no tag). Read from the signed manifest.json (its recorded name and target, what promote tags it
+    under), never from the OCI manifest's annotations (anyone who can push writes those); a tag ending in
+    `.<channel>` for a channel the policy names counts too, so an artifact that records no name cannot slip a
+    channel pull under the default rule."""
+    import json
+
+    if not tag:
+        return None
+    try:
+        manifest = json.loads(manifest_raw)
+    except ValueError:
+        manifest = {}
+    inputs = manifest.get("inputs") if isinstance(manifest, dict) and isinstance(manifest.get("inputs"), dict) else {}
+    name = inputs.get("name")
+    target = inputs.get("target", {}).get("gpu") if isinstance(inputs.get("target"), dict) else None
+    if isinstance(name, str) and isinstance(target, str) and tag.startswith(f"{name}.{target}."):
+        channel = tag.removeprefix(f"{name}.{target}.")
+        if channel and "." not in channel:
+            return name, target, channel
+    parts = tag.split(".")
+    if policy is not None and len(parts) >= 3 and parts[-1] in policy.file.channels:
+        return parts[0], ".".join(parts[1:-1]), parts[-1]
+    return None
+
+
+def channel_tag_binding_problem(registry: Any, home: Path, cid: tuple[str, str, str], policy: TrustPolicy,
+                                artifact_digest: str) -> str | None:
+    """Why a channel tag is not bound to `artifact_digest` (None: it is). A channel tag moves, so no signature
+    over the artifact can bind it; the channel's trail does: the registry keeps it beside the tag, and its head
+    must be signed by a key the channel's rule trusts (anyone who can push can rewrite an unsigned trail along
+    with the tag), and its last move must name this artifact. What this cannot see is an older, genuinely
+    signed trail put back together with the tag (the trail's freshness, checked by `channels --verify`)."""
+    from trtpipe.errors import TrtpipeError
+    from trtpipe.release.shared_trail import SharedChannel, as_records, read_registry
+    from trtpipe.release.trail import ReleaseKey, replay
+
+    shared = SharedChannel(Path(home), *cid)
+    if registry is None or not hasattr(registry, "get_channel_trail"):
+        return f"the channel's trail cannot be read from {registry or 'this remote'}, so nothing binds the channel tag"
+    where = f"{registry.url}:{shared.tag}"
+    problems: list[str] = []
+    for name, public in policy.trusted_keys(cid[2]).items():
+        try:
+            copy = read_registry(registry, shared, ReleaseKey(public))
+            records = as_records(copy.records, where) if copy is not None and not copy.legacy else []
+        except TrtpipeError as err:
+            return f"the channel's trail {where} cannot be read ({err.one_line()})"
+        if copy is None:
+            return f"the registry holds no trail of channel {shared.label} ({where}), so nothing binds the channel tag"
+        if copy.legacy:
+            return f"{where} holds only a head (a trail from before channels were shared), which names no artifact"
+        if copy.problems:
+            problems = problems or copy.problems
+            continue
+        pointer = replay(records).pointers.get(cid)
+        named = pointer.digest if pointer is not None else None
+        if named != artifact_digest:
+            return (f"the channel tag names {artifact_digest}, but channel {shared.label}'s trail (signed by {name}, "
+                    f"key id {public.key_id[:16]}) says {named or 'nothing'} (the tag was moved outside trtpipe)")
+        return None
+    return problems[0] if problems else f"policy {policy.source} lists no key for channel {cid[2]!r}"
+
+
+def tag_problem(tag: str, channel: tuple[str, str, str] | None, provenance: list[bytes], policy: TrustPolicy,
+                artifact_digest: str) -> str | None:
+    """Why pulling by `tag` is refused although the artifact's signature verified (None: the tag is bound).
+
+    A version tag is bound by the signed provenance: sign_pushed names the tags it pushed in the statement
+    (`bind_tags`), so the tag asked for must be among those a trusted key signed for this very artifact.
+    An artifact signed before statements named tags (or keyless, which attaches no provenance) proves
+    nothing about its tags: refused by tag under a policy, pullable by digest, and a `cache push --sign`
+    of the same entry again binds them. A channel tag moves by design; its binding is the channel's trail
+    (`channels --verify` compares the registry's channel tag with it), and it is judged by the channel's rule."""
+    if channel is not None:
+        return None  # checked against the channel's trail (`channel_tag_binding_problem`)
+    signed = signed_tags(provenance, policy.trusted_keys(None), artifact_digest)
+    if signed is None:
+        return (f"its signed provenance names none of its tags (signed before tags were bound, or keyless), so the tag "
+                f"{tag} is not proven to be its own")
+    if tag in signed:
+        return None
+    from trtpipe.store.oci import KINDS
+
+    key_tags = tuple(f"{kind}-" for kind in KINDS)  # the version tags say more than the key tag
+    named = ", ".join(t for t in signed if not t.startswith(key_tags)) or ", ".join(signed)
+    return f"the tag {tag} names a manifest whose signature binds it to tag {named}, not {tag} (the tag was re-pointed)"
+
+
+def _own_key_tag(tag: str, manifest_raw: bytes) -> bool:
+    """Whether `tag` is the `<kind>-<key>` tag of the kind and key the signed manifest.json names: bound by the
+    signature over that manifest already (another artifact under that tag would need its own trusted signature)."""
+    import json
+
+    from trtpipe.store.oci import key_tag
+
+    try:
+        manifest = json.loads(manifest_raw)
+        return isinstance(manifest, dict) and tag == key_tag(str(manifest["kind"]), str(manifest["key"]))
+    except (ValueError, KeyError):
+        return False
+
+
 class PullGate:
     """Called by the registry pull with the verified-but-not-installed files: refuse what the policy does
-    not accept (audited); keep the signatures it found beside the entry."""
+    not accept (audited); keep the signatures it found beside the entry.
+
+    A pull by a channel tag is judged by that channel's rule; a pull by a version tag under a policy also
+    needs the tag to be one the signed provenance names (`tag_problem`)."""
 
     def __init__(self, policy: TrustPolicy | None, *, store_root: Path, home: Path, note: Note | None = None) -> None:
         self.policy = policy
         self.store_root = Path(store_root)
         self.home = Path(home)
         self.note = note
+        self.registry: Any = None  # the remote pulled from (`install_gate`): where a channel's trail is read
 
     def __call__(self, client: Any, remote: Any, staged: Path, raw: bytes) -> None:
         found = fetch_signatures(client, remote.ref.repository, remote.oci_digest)
+        tag = getattr(remote, "tag", None)
+        shown = f"{remote.ref.base}:{tag}" if tag else str(remote.ref)
+        if self.note is not None:
+            for line in found.skipped:
+                self.note(f"note: {shown}: {line}")
+        cid = channel_of_tag(tag, raw, self.policy)
+        channel = cid[2] if cid is not None else None
         files = [layer["annotations"]["org.opencontainers.image.title"] for layer in remote.manifest["layers"]]
         with signed_view(staged, files, raw, self.store_root / "tmp") as view:
-            judgement = judge_folder(view, found.bundles, self.policy, None)
+            judgement = judge_folder(view, found.bundles, self.policy, channel)
         subject = f"{remote.kind}/{remote.key[:16]} ({remote.artifact_digest})"
-        if not judgement.allowed:
-            reason = judgement.reason()
+        problem = None
+        if judgement.allowed and self.policy is not None and tag and judgement.verified and not _own_key_tag(tag, raw):
+            problem = tag_problem(tag, cid, found.provenance, self.policy, remote.artifact_digest)
+        if judgement.allowed and self.policy is not None and cid is not None \
+                and self.policy.requires_signature(channel):
+            problem = channel_tag_binding_problem(self.registry, self.home, cid, self.policy, remote.artifact_digest)
+        if not judgement.allowed or problem is not None:
+            reason = problem or judgement.reason()
             record_refusal(self.home, action="pull", subject=subject, digest=remote.artifact_digest, reason=reason,
-                           ref=str(remote.ref), model=str(remote.annotations.get("org.trtpipe.model", "-")),
+                           ref=str(remote.ref), channel=channel or "-",
+                           model=str(remote.annotations.get("org.trtpipe.model", "-")),
                            target=str(remote.annotations.get("org.trtpipe.target.gpu", "-")))
-            missing = ([f"a signature by {n}" for n in self.policy.trusted_keys()] if self.policy is not None else [])
-            raise Untrusted(f"pull refused: {remote.ref} ({remote.kind}/{remote.key[:16]}) is "
+            if problem is not None:
+                raise Untrusted(f"pull refused: {shown} ({remote.kind}/{remote.key[:16]}): {problem}; "
+                                "nothing was installed",
+                                subject=subject, missing=[f"a signature binding the tag {tag}"],
+                                fix=f"pull it by digest ({remote.ref}) if that artifact is the one you want, or have the "
+                                    "release key holder push it again with --sign under this tag")
+            missing = ([f"a signature by {n}" for n in self.policy.trusted_keys(channel)] if self.policy is not None else [])
+            raise Untrusted(f"pull refused: {shown} ({remote.kind}/{remote.key[:16]}) is "
                             f"{'tampered: ' if judgement.tampered else ''}{reason}; nothing was installed",
                             subject=subject, missing=missing,
                             fix="pull only artifacts signed by a key the trust policy lists; if this signer is trusted, "
                                 "add its public key to the policy")
         if self.note is not None:
+            rule = f" (channel {channel!r}'s rule)" if channel is not None else ""
             if self.policy is None:
-                self.note(f"note: {subject} is {judgement.reason()}; set a trust policy to require signatures")
+                self.note(f"note: {subject}: {judgement.reason()}; set a trust policy to require signatures")
             else:
-                self.note(f"verified: {subject} {judgement.reason()}")
+                self.note(f"verified: {subject} {judgement.reason()}{rule}")
         signatures.update_record(self.store_root, remote.artifact_digest, kind=remote.kind, key=remote.key,
                                  pulled_from=str(remote.ref), bundles=found.bundles,
                                  provenance=found.provenance[0].decode("utf-8", "replace") if found.provenance else None)
@@ -297,6 +522,7 @@ def install_gate(remote: Any, gate: PullGate) -> None:
     have its pulls verified: refused when a policy is set, else its pulls are simply not recorded as checked."""
     if hasattr(remote, "gate"):
         remote.gate = gate
+        gate.registry = remote
     elif gate.policy is not None:
         raise Untrusted(f"{remote} cannot verify signatures on pull, and trust policy {gate.policy.source} is set",
                         subject=str(remote), missing=["signature verification on pull"],
@@ -419,9 +645,9 @@ def require_trusted_folder(folder: Path, policy: TrustPolicy, *, home: Path, act
 
 
 def require_trusted_digest(home: Path, digest: str, policy: TrustPolicy, channel: str, *, model: str = "-",
-                           target: str = "-") -> Judgement | None:
-    """Promotion into `channel`: when its rule requires a signature, the artifact must be in the local store
-    (a signature is checked over the files) and signed by a key the rule trusts."""
+                           target: str = "-", action: str = "promote") -> Judgement | None:
+    """A move into `channel` (`action`: promote, rollback): when its rule requires a signature, the artifact
+    must be in the local store (a signature is checked over the files) and signed by a key the rule trusts."""
     from trtpipe.errors import NotFound
     from trtpipe.store.local import Store
 
@@ -435,12 +661,12 @@ def require_trusted_digest(home: Path, digest: str, policy: TrustPolicy, channel
     if entry is None or entry.digest != digest:
         reason = (f"{digest} is not in the local store, so its signature cannot be checked over its files "
                   f"(channel {channel!r} of policy {policy.source} requires one)")
-        record_refusal(home, action="promote", subject=digest, digest=digest, reason=reason, channel=channel,
+        record_refusal(home, action=action, subject=digest, digest=digest, reason=reason, channel=channel,
                        model=model, target=target)
-        raise Untrusted(f"promote refused: {reason}", subject=digest,
+        raise Untrusted(f"{action} refused: {reason}", subject=digest,
                         missing=[f"a signature by {n}" for n in policy.trusted_keys(channel)],
                         fix="pull the artifact into the store first (its signature is verified over its files)")
-    return require_trusted(entry, policy, channel, store_root=home, home=home, action="promote", model=model,
+    return require_trusted(entry, policy, channel, store_root=home, home=home, action=action, model=model,
                            target=target)
 
 
@@ -475,17 +701,25 @@ def show_provenance(ref: str, store: Any, home: Path, policy: TrustPolicy | None
             return {"subject": subject, "signature": "unsigned: computed now from the store (not pushed with a key)",
                     "signed_by": None, "verified": False, "statement": make_statement(entry, store.root)}
         envelopes = [str(record["provenance"]).encode("utf-8")]
-    opened = [open_envelope(body, keys, subject) for body in envelopes]
+    opened, unreadable = [], []
+    for body in envelopes:  # an envelope anyone attached that does not parse is skipped, not fatal
+        try:
+            opened.append(open_envelope(body, keys, subject))
+        except InvalidInput as err:
+            unreadable.append(err)
+    if not opened:
+        raise unreadable[0]
     best = next((o for o in opened if o.verified_by), opened[0])
     subjects = best.statement.get("subject") or [{}]
     if subjects[0].get("digest", {}).get("sha256") != digest.removeprefix("sha256:"):
         raise IntegrityError(f"{subject}: its provenance is about another artifact "
                              f"({subjects[0].get('name')}); refused", fix="push it again with its own provenance")
+    # Who signed is said only from a verification: the envelope's keyid is the pusher's word.
     if best.verified_by:
         said = f"signed by trusted key {best.verified_by} ({keys[best.verified_by].key_id})"
     elif keys:
-        said = f"NOT verified: signed by key {', '.join(k[:16] for k in best.claimed_key_ids)}, which policy {policy.source} does not list"
+        said = f"NOT verified: its signature verifies under none of the keys policy {policy.source} lists"
     else:
-        said = f"signature unchecked (no trust policy); it claims key {', '.join(k[:16] for k in best.claimed_key_ids)}"
+        said = "signature present, not verified (no trust policy: no key to check it against)"
     return {"subject": subject, "signature": said, "signed_by": best.verified_by, "verified": best.verified_by is not None,
             "claimed_key_ids": list(best.claimed_key_ids), "statement": best.statement}

@@ -43,6 +43,7 @@ from trtpipe.errors import (
     RemoteError,
     TagMoved,
     TimedOut,
+    Untrusted,
     UsageError,
 )
 from trtpipe.settings import Settings, from_env, refuse_credentials
@@ -576,6 +577,7 @@ class PushResult:
     tags: tuple[str, ...]
     files: int
     bytes: int
+    replaced: str | None = None  # the manifest digest a squatted key tag named before this push moved it
 
 
 @dataclass(frozen=True)
@@ -586,6 +588,7 @@ class RemoteArtifact:
     oci_digest: str
     manifest_bytes: bytes
     manifest: dict[str, Any]
+    tag: str | None = None  # the tag it was resolved from (None: by digest): what a pull gate checks the signature binds
 
     @property
     def annotations(self) -> dict[str, str]:
@@ -662,8 +665,13 @@ def describe_manifest(manifest: dict[str, Any]) -> dict[str, str]:
 
 
 def push_artifact(client: OciClient, base: OciRef, artifact: LocalArtifact, *, tags: tuple[str, ...] = (),
-                  progress: Callable[[str, int], None] | None = None) -> PushResult:
-    """Push an entry's files and manifest; tag it `<kind>-<key>` plus `tags` (version tags never move)."""
+                  progress: Callable[[str, int], None] | None = None,
+                  squatted: Callable[[str], bool] | None = None) -> PushResult:
+    """Push an entry's files and manifest; tag it `<kind>-<key>` plus `tags` (version tags never move).
+
+    `squatted(manifest digest)`: True when the manifest the key tag names now was judged and refused (it does
+    not verify under the trust policy, or is no entry of this key); then the key tag is moved to this push
+    instead of refusing it."""
     if not artifact.manifest_path.is_file():
         raise IntegrityError(f"{artifact.path}: no manifest.json; only a committed store entry can be pushed",
                              path=str(artifact.path))
@@ -703,9 +711,39 @@ def push_artifact(client: OciClient, base: OciRef, artifact: LocalArtifact, *, t
     body = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode("utf-8")
     oci_digest = client.put_manifest(repository, "sha256:" + hashlib.sha256(body).hexdigest(), body)
     all_tags = (key_tag(artifact.kind, artifact.key), *tags)
-    for tag in all_tags:
+    replaced = _point_key_tag(client, repository, all_tags[0], body, squatted)
+    for tag in all_tags[1:]:
         put_immutable_tag(client, repository, tag, body)
-    return PushResult(base.with_digest(oci_digest), oci_digest, artifact.digest, all_tags, len(files) + 1, total)
+    return PushResult(base.with_digest(oci_digest), oci_digest, artifact.digest, all_tags, len(files) + 1, total,
+                      replaced=replaced)
+
+
+def _point_key_tag(client: OciClient, repository: str, tag: str, body: bytes,
+                   squatted: Callable[[str], bool] | None) -> str | None:
+    """Tag `body` with its key tag; returns the digest of a squatted manifest the tag named and no longer does.
+
+    Why a key tag may move (and a version tag never does): anyone who can push can plant `engine-<key>` first,
+    pointing at a manifest of their own. Were key tags immutable, that one push would poison the key for good
+    (every genuine push refused, every pull refused by the trust gate). So a key tag names the *signed* entry:
+    when the manifest it names was refused by the pull gate (it does not verify under the trust policy), the
+    genuine push replaces it; so does one that is no entry of this key at all (another key's, damaged, not a
+    trtpipe artifact). A manifest that verifies, or one nobody judged (no policy), is never replaced:
+    two genuine builds of one key still keep the first. (The other design, a key tag that includes the
+    artifact digest, would need a tag listing to find a key at all: registries page and do not sort tags.)"""
+    existing = client.get_manifest(repository, tag)
+    if existing is None or sha256_bytes(existing) == sha256_bytes(body) or squatted is None:
+        put_immutable_tag(client, repository, tag, body)
+        return None
+    old = sha256_bytes(existing)
+    if not squatted(old):
+        put_immutable_tag(client, repository, tag, body)  # refuses: the tag names another manifest
+        return None
+    move_tag(client, repository, tag, body)
+    after = client.get_manifest(repository, tag)
+    if after is None or sha256_bytes(after) != sha256_bytes(body):
+        raise Conflict(f"tag {repository}:{tag} was moved concurrently while replacing the unverified {old}",
+                       resource=f"{client.host}/{repository}:{tag}", fix="build again: the next push replaces it")
+    return old
 
 
 def put_immutable_tag(client: OciClient, repository: str, tag: str, body: bytes) -> None:
@@ -761,7 +799,7 @@ def resolve_remote(client: OciClient, ref: OciRef) -> RemoteArtifact:
     if why is not None:
         raise IntegrityError(f"{ref}: {why}; refused before downloading anything", path=str(ref),
                              fix="it was not pushed by trtpipe, or was tampered with; push it again from a good copy")
-    return RemoteArtifact(ref.with_digest(oci_digest), oci_digest, body, manifest)
+    return RemoteArtifact(ref.with_digest(oci_digest), oci_digest, body, manifest, tag=None if ref.digest else ref.tag)
 
 
 def _is_size(value: Any) -> bool:
@@ -979,6 +1017,8 @@ class OciRemote:
         self.url = self.base.base
         self.client = OciClient(self.base.host, credentials, settings=settings)
         self.gate: PullGate | None = None  # every pull's last check before the store (signatures: trtpipe.release.trust)
+        # Manifest digests the gate refused under a key tag in this process: the key tags a push may replace.
+        self.refused: set[str] = set()
 
     def __str__(self) -> str:
         return self.url
@@ -998,10 +1038,15 @@ class OciRemote:
         body = self.client.get_manifest(self.base.repository, key_tag(kind, key))
         if body is None:
             return None
-        remote = resolve_remote(self.client, self.base.with_digest(sha256_bytes(body)))
-        if remote.kind != kind or remote.key != key:
-            raise IntegrityError(f"{self.base}:{key_tag(kind, key)} holds {remote.kind}/{remote.key}; refused",
-                                 path=f"{self.base}:{key_tag(kind, key)}")
+        try:
+            remote = resolve_remote(self.client, self.base.with_digest(sha256_bytes(body)))
+            if remote.kind != kind or remote.key != key:
+                raise IntegrityError(f"{self.base}:{key_tag(kind, key)} holds {remote.kind}/{remote.key}; refused",
+                                     path=f"{self.base}:{key_tag(kind, key)}")
+        except (IntegrityError, InvalidInput):
+            # No entry of this key can be under that manifest: whoever planted it, the genuine push may replace it.
+            self.refused.add(sha256_bytes(body))
+            raise
         return remote
 
     def pull_into(self, handle: Any, *, progress: Callable[[str, int], None] | None = None) -> Any | None:
@@ -1010,10 +1055,15 @@ class OciRemote:
         remote = self.find(handle.kind, handle.key)
         if remote is None:
             return None
-        return install_into(self.client, remote, handle.store, handle, progress=progress, gate=self.gate)
+        try:
+            return install_into(self.client, remote, handle.store, handle, progress=progress, gate=self.gate)
+        except (Untrusted, IntegrityError):
+            self.refused.add(remote.oci_digest)  # the key tag is squatted: the genuine push may replace it
+            raise
 
     def push(self, entry: Any, *, tags: tuple[str, ...] = (), progress: Callable[[str, int], None] | None = None) -> PushResult:
-        return push_artifact(self.client, self.base, artifact_from_entry(entry), tags=tags, progress=progress)
+        return push_artifact(self.client, self.base, artifact_from_entry(entry), tags=tags, progress=progress,
+                             squatted=self.refused.__contains__)
 
     def resolve(self, ref: str) -> RemoteArtifact:
         """The verified manifest `ref` (oci://HOST/REPO:TAG or @DIGEST in this repository) names."""
