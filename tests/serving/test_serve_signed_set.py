@@ -194,3 +194,18 @@ def test_a_server_whose_configs_claim_a_digest_gets_nothing_recorded_for_it(sign
     finally:
         handle.stop()
     assert len(ResultsLog(signed.home).for_digest(v1.digest)) == recorded_before
+
+
+def test_the_models_loaded_are_the_ones_trtpipe_json_names_and_never_a_wildcard(tmp_path: Path) -> None:
+    from trtpipe.errors import InvalidInput
+    from trtpipe.serving.server import load_flags, models_to_load
+
+    for name in ("ensemble", "zz_extra"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.pbtxt").write_text(f'name: "{name}"\n')
+    assert models_to_load(tmp_path) == ["ensemble", "zz_extra"]  # a hand-made folder: its model folders
+    (tmp_path / "trtpipe.json").write_text(json.dumps({"models": ["ensemble"]}))
+    assert load_flags(models_to_load(tmp_path)) == ["--model-control-mode=explicit", "--load-model=ensemble"]
+    (tmp_path / "trtpipe.json").write_text(json.dumps({"models": ["ensemble", "*"]}))  # Triton: every model
+    with pytest.raises(InvalidInput, match="which is no model folder name"):
+        models_to_load(tmp_path)

@@ -261,8 +261,16 @@ def models_to_load(repo: Path, manifest: dict[str, Any] | None = None) -> list[s
         manifest = manifest or {}
     named = manifest.get("models") if isinstance(manifest, dict) else None
     if isinstance(named, list) and named and all(isinstance(n, str) and n for n in named):
+        # `--load-model=*` means every model in the folder: a name is a model folder's name, nothing else.
+        bad = next((n for n in named if not _MODEL_NAME.match(n)), None)
+        if bad is not None:
+            raise InvalidInput(f"{Path(repo) / MANIFEST_NAME}: models names {bad!r}, which is no model folder name",
+                               fix="publish the repository again from its spec")
         return list(dict.fromkeys(named))
     return repository_models(repo)
+
+
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 def load_flags(models: list[str]) -> list[str]:
