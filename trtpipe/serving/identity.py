@@ -88,7 +88,8 @@ def read_served_identity(url: str, *, timeout: float = 30) -> ServedIdentity:
         except Exception as err:  # unreachable server, or not Triton: one line from tritonclient
             raise NotFound(f"cannot ask {url} what it serves: {str(err).splitlines()[0] if str(err) else err}",
                            what="server", ref=url, fix="start the server first and give its gRPC address") from None
-        names = sorted({m["name"] for m in index if m.get("state") == "READY"})  # an unloaded folder is listed, without a state
+        # A folder the server never loaded (explicit model control) is listed too, without a state.
+        names = sorted({m["name"] for m in index if m.get("state") == "READY"})
         seen: dict[str, dict[str, str | None]] = {}
         for name in names:
             config = client.get_model_config(name, as_json=True, client_timeout=timeout).get("config", {})
@@ -161,7 +162,9 @@ def check_recording(identity: ServedIdentity, wanted: RecordTarget, url: str, re
     if record is None or record.get("digest") != wanted.digest:
         raise UsageError(
             f"refused to record: the server at {url} says it serves {wanted.digest}, but no live `trtpipe serve` of "
-            f"{repo} verified the bytes it serves (its {SERVE_TOKEN} names no serve in {wanted.store_root or 'the store'}); "
+            f"{repo} verified the bytes it serves (its {SERVE_TOKEN} names no serve in "
+            f"{wanted.store_root or 'the store'}); "
             "nothing recorded",
-            fix=f"serve {repo} with `trtpipe serve` (it checks every file against the digest) and record against that server",
+            fix=f"serve {repo} with `trtpipe serve` (it checks every file against the digest) and record against "
+                "that server",
         )

@@ -143,8 +143,8 @@ def prepare(repo: Path, *, kept: bool = False, verified: VerifiedSet | None = No
     store, entry = _store_entry(repo)
     if verified is not None and verified.digest is not None and (entry is None or entry.digest != verified.digest):
         if entry is not None:
-            raise IntegrityError(f"{repo} changed after its signature was verified (its manifest is now {entry.digest}, "
-                                 f"not {verified.digest}); not served", path=str(repo),
+            raise IntegrityError(f"{repo} changed after its signature was verified (its manifest is now "
+                                 f"{entry.digest}, not {verified.digest}); not served", path=str(repo),
                                  fix="serve it again once nothing writes to it")
         store = None  # a verified copy outside the store: its files come from the verified list, below
     expected: dict[str, str] = {}
