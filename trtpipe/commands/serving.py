@@ -154,11 +154,21 @@ def serve_command(
 
     workspace = open_workspace(store)
     trust = load_policy_option(trust_policy, workspace, no_policy=no_policy, command="serve")
+    verified = None
     if trust is not None:
         from trtpipe.release.trust import require_trusted_folder
 
-        judged = require_trusted_folder(request.repo, trust, home=workspace.root, action="serve")
-        typer.echo(f"verified: {request.repo}: {judged.reason()}", err=True)  # the verified signer, never a claimed one
+        # The whole folder: a file or model folder its signed manifest does not list is refused, and the
+        # serving directory is filled from this verified list (nothing added after the check is served).
+        verified = require_trusted_folder(request.repo, trust, home=workspace.root, action="serve")
+        # The verified signer, never a claimed one.
+        typer.echo(f"verified: {request.repo}: {verified.judgement.reason()}", err=True)
+    unverified = None
+    if verified is None or not verified.signature_verified:
+        why = ("no trust policy is set" if trust is None
+               else f"policy {trust.source} lets it through without a verified signature")
+        unverified = (f"warning: serving unverified content: {why}, so nothing checked that {request.repo} is what "
+                      "was signed (set TRTPIPE_POLICY or --policy to require it)")
     manifest = read_manifest(request.repo)
     launcher = None
     if not manifest.get("reference"):
@@ -166,7 +176,9 @@ def serve_command(
         grpc_port, http_port, metrics_port = grpc_port or 8001, http_port or 8000, metrics_port or 8002
         if print_only:
             # For someone else to run: a kept serving directory, one per digest (trtpipe does not own that server).
-            serving = prepare(request.repo, kept=True)
+            serving = prepare(request.repo, kept=True, verified=verified)
+            if unverified is not None:
+                typer.echo(unverified, err=True)
             typer.echo(shlex.join(docker_command(serving.path, manifest, grpc_port=grpc_port, http_port=http_port,
                                                  metrics_port=metrics_port,
                                                  name=container_name(serving.repository_digest, grpc_port))))
@@ -185,9 +197,10 @@ def serve_command(
                            follow=sys.stderr if log_file == "-" else None)
     stop = threading.Event()
     with stop_on_signals(stop):
-        serve_watched(request.repo, on_event=lambda event: _print_serve_event(event, request.repo, as_json),
+        serve_watched(request.repo, on_event=lambda event: _print_serve_event(event, request.repo, as_json, unverified),
                       stop=stop, policy=policy, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
-                      start_timeout=start_timeout, launcher=launcher, ready_file=ready_file, server_log=server_log)
+                      start_timeout=start_timeout, launcher=launcher, ready_file=ready_file, server_log=server_log,
+                      verified=verified)
 
 
 # Seconds a detached serve may take beyond its --start-timeout: validation, the serving directory, the identity
@@ -240,9 +253,10 @@ def serve_stop_command(
                    f"{stopped.log}")
 
 
-def _print_serve_event(event: object, repo: Path, as_json: bool) -> None:
+def _print_serve_event(event: object, repo: Path, as_json: bool, unverified: str | None = None) -> None:
     """One JSON line per event on stdout with --json (and the text on stderr); else the text, the banner on
-    stdout and the rest on stderr."""
+    stdout and the rest on stderr. `unverified`: the line said once, on stderr, when the server is first ready
+    (its event's `content` says "unverified" too); a serve that fails before that prints only its error."""
     from trtpipe.serving.watch import ServerReady, ServerRestarted, ServerRestarting, ServerStopped, ServerUnhealthy
 
     if as_json:
@@ -267,6 +281,8 @@ def _print_serve_event(event: object, repo: Path, as_json: bool) -> None:
                   f"  watch   processes every {watch['liveness_interval_s']:g}s, {probes}; when it cannot serve: {on_failure}",
                   "Ctrl-C (SIGINT) or SIGTERM stops it."]
         typer.echo("\n".join(lines), err=not text)
+        if unverified is not None:
+            typer.echo(unverified, err=True)
     elif isinstance(event, ServerUnhealthy) and event.action == "restart":
         # With action "exit" the error line that follows says it (one line, not two).
         typer.echo(f"unhealthy: {event.detail}", err=True)

@@ -52,11 +52,24 @@ def _describe_mismatch(folder: Path, bundle: bytes) -> str:
     actual = {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*")) if p.is_file()}
     changed = sorted(rel for rel in set(signed) & set(actual)
                      if hashlib.sha256(actual[rel].read_bytes()).hexdigest() != signed[rel])
-    added = sorted(set(actual) - set(signed))
+    added = unsigned_files(folder, set(signed))
     removed = sorted(set(signed) - set(actual))
     parts = [f"{', '.join(items[:4])} {what}" for items, what in
              ((changed, "changed"), (added, "not signed"), (removed, "missing")) if items]
     return "; ".join(parts) or "the files differ from what was signed"
+
+
+def unsigned_files(folder: Path, signed: set[str]) -> list[str]:
+    """Everything under `folder` that is not a directory (files, links, sockets, ...) and not in `signed`
+    (paths relative to `folder`), sorted: what a signature over `signed` does not vouch for."""
+    found = []
+    for path in sorted(folder.rglob("*")):
+        if path.is_dir() and not path.is_symlink():
+            continue  # a folder is not content; what it holds is listed on its own
+        rel = path.relative_to(folder).as_posix()
+        if rel not in signed:
+            found.append(rel)
+    return found
 
 
 # --------------------------------------------------------------------------- audit
@@ -306,7 +319,8 @@ def judge_entry(entry: Any, policy: TrustPolicy | None, channel: str | None, sto
     bundles = [b for b in record["bundles"] if isinstance(b, dict) and isinstance(b.get("bundle"), str)]
     if policy is None or not bundles:
         return judge_folder(Path(entry.path), bundles, policy, channel)
-    raw = (Path(entry.path) / "manifest.json").read_bytes()
+    # A folder read on its own carries the manifest bytes it was read from: the ones judged are those.
+    raw = getattr(entry, "raw", None) or (Path(entry.path) / "manifest.json").read_bytes()
     # The entry's folder holds exactly its files and manifest.json; a view keeps anything else out of the check.
     with signed_view(Path(entry.path), _listed(entry), raw, store_root / "tmp") as view:
         return judge_folder(view, bundles, policy, channel)
@@ -528,6 +542,7 @@ class FolderArtifact:
     path: Path
     files: list[dict[str, Any]]
     inputs: dict[str, Any]
+    raw: bytes = b""  # the manifest.json bytes `digest` is the sha256 of
 
 
 def artifact_at(path: Path) -> FolderArtifact | None:
@@ -546,7 +561,7 @@ def artifact_at(path: Path) -> FolderArtifact | None:
         return None
     inputs = manifest.get("inputs") if isinstance(manifest.get("inputs"), dict) else {}
     return FolderArtifact(kind=manifest["kind"], key=manifest["key"], digest="sha256:" + hashlib.sha256(raw).hexdigest(),
-                          path=Path(path), files=sound_files(manifest), inputs=inputs)
+                          path=Path(path), files=sound_files(manifest), inputs=inputs, raw=raw)
 
 
 def store_root_of(artifact: FolderArtifact, default: Path) -> Path:
@@ -578,14 +593,32 @@ def pulled_checker(policy: TrustPolicy, *, store_root: Path, home: Path) -> Call
     return check
 
 
+@dataclass(frozen=True)
+class VerifiedFolder:
+    """A folder judged whole under a policy: its signature (if the rule asks for one) verified over exactly
+    these files, and nothing else in the folder. Serve hands the server these files and no others
+    (`trtpipe.serving.serving_dir.prepare(verified=...)` copies them by this list, checking each sha256)."""
+
+    judgement: Judgement
+    digest: str | None                  # the artifact digest (sha256 of the manifest.json judged); None: no manifest
+    files: dict[str, dict[str, str]]    # relative path -> {"sha256", "mode"}, from that manifest.json
+
+    @property
+    def signature_verified(self) -> bool:
+        """A trusted key's signature verified over these files (not merely let through by a lax rule)."""
+        return bool(self.judgement.verified)
+
+
 def require_trusted_folder(folder: Path, policy: TrustPolicy, *, home: Path, action: str,
-                           channel: str | None = None) -> Judgement:
-    """`require_trusted` for an artifact given as a folder (serve): a folder that is no stored artifact
-    carries no signature, so a policy that requires one refuses it."""
+                           channel: str | None = None) -> VerifiedFolder:
+    """`require_trusted` for an artifact given as a folder (serve), over the WHOLE folder: every file in it
+    must be one its manifest.json lists (which the signature covers), so a file or model folder added to a
+    copy of a signed repository is refused, named. A folder that is no stored artifact carries no signature,
+    so a policy that requires one refuses it."""
     artifact = artifact_at(folder)
     if artifact is None:
         if not policy.requires_signature(channel):
-            return Judgement(policy.judge([], channel), False, (), None, ())
+            return VerifiedFolder(Judgement(policy.judge([], channel), False, (), None, ()), None, {})
         reason = f"{folder} is not a stored artifact (no manifest.json), so it carries no signature"
         record_refusal(home, action=action, subject=str(folder), digest=None, reason=reason, channel=channel or "-")
         raise Untrusted(f"{action} refused: {reason}, and policy {policy.source} requires one", subject=str(folder),
@@ -594,8 +627,21 @@ def require_trusted_folder(folder: Path, policy: TrustPolicy, *, home: Path, act
     model = str(artifact.inputs.get("name") or "-")
     target_doc = artifact.inputs.get("target")
     target = str(target_doc.get("gpu")) if isinstance(target_doc, dict) and target_doc.get("gpu") else "-"
-    return require_trusted(artifact, policy, channel, store_root=store_root_of(artifact, home), home=home,
-                           action=action, model=model, target=target)
+    judgement = require_trusted(artifact, policy, channel, store_root=store_root_of(artifact, home), home=home,
+                                action=action, model=model, target=target)
+    listed = {item["path"]: {"sha256": str(item["sha256"]), "mode": str(item.get("mode") or "0644")}
+              for item in artifact.files}
+    extra = unsigned_files(Path(folder), set(listed) | {"manifest.json"})
+    if extra:
+        subject = f"{artifact.kind}/{artifact.key[:16]} ({artifact.digest})"
+        named = ", ".join(extra[:4]) + (f" and {len(extra) - 4} more" if len(extra) > 4 else "")
+        reason = f"{folder} holds {len(extra)} file(s) its signed manifest does not list: {named} (not signed)"
+        record_refusal(home, action=action, subject=subject, digest=artifact.digest, reason=reason,
+                       channel=channel or "-", model=model, target=target)
+        raise Untrusted(f"{action} refused: {reason}", subject=subject, missing=[f"a signature over {extra[0]}"],
+                        fix=f"remove {extra[0]}{' and the rest' if len(extra) > 1 else ''} from {folder}, or serve "
+                            "the repository from the store")
+    return VerifiedFolder(judgement, artifact.digest, listed)
 
 
 def require_trusted_digest(home: Path, digest: str, policy: TrustPolicy, channel: str, *, model: str = "-",

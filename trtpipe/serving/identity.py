@@ -23,14 +23,18 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from trtpipe.errors import IntegrityError, NotFound, UsageError
 
 ENGINE_DIGEST = "trtpipe_engine_digest"
 REPOSITORY_KEY = "trtpipe_repository_key"
 REPOSITORY_DIGEST = "trtpipe_repository_digest"
-IDENTITY_PARAMETERS = (ENGINE_DIGEST, REPOSITORY_KEY, REPOSITORY_DIGEST)
+# Written by `trtpipe serve` beside the repository digest: a random token naming this serve, kept in its serving
+# directory's lock file with the digest it verified (trtpipe.store.serving_dirs.write_serve_record). A server
+# that reports a digest without a live serve's token was not started by a serve that checked its bytes.
+SERVE_TOKEN = "trtpipe_serve_token"
+IDENTITY_PARAMETERS = (ENGINE_DIGEST, REPOSITORY_KEY, REPOSITORY_DIGEST, SERVE_TOKEN)
 
 if TYPE_CHECKING:
     from trtpipe.store.local import Store
@@ -67,6 +71,7 @@ class ServedIdentity(BaseModel):
     repository_key: str | None
     engine_digest: str | None
     models: list[str]
+    serve_token: str | None = Field(default=None, exclude=True)  # never filed with a result
 
     def describe(self) -> str:
         return self.repository_digest or "no trtpipe_repository_digest"
@@ -83,7 +88,8 @@ def read_served_identity(url: str, *, timeout: float = 30) -> ServedIdentity:
         except Exception as err:  # unreachable server, or not Triton: one line from tritonclient
             raise NotFound(f"cannot ask {url} what it serves: {str(err).splitlines()[0] if str(err) else err}",
                            what="server", ref=url, fix="start the server first and give its gRPC address") from None
-        names = sorted({m["name"] for m in index if m.get("state", "READY") == "READY"})
+        # A folder the server never loaded (explicit model control) is listed too, without a state.
+        names = sorted({m["name"] for m in index if m.get("state") == "READY"})
         seen: dict[str, dict[str, str | None]] = {}
         for name in names:
             config = client.get_model_config(name, as_json=True, client_timeout=timeout).get("config", {})
@@ -100,7 +106,7 @@ def read_served_identity(url: str, *, timeout: float = 30) -> ServedIdentity:
                              fix="serve one published repository per server")
         values[key] = distinct.pop() if distinct else None
     return ServedIdentity(repository_digest=values[REPOSITORY_DIGEST], repository_key=values[REPOSITORY_KEY],
-                          engine_digest=values[ENGINE_DIGEST], models=list(seen))
+                          engine_digest=values[ENGINE_DIGEST], models=list(seen), serve_token=values[SERVE_TOKEN])
 
 
 class RecordTarget(BaseModel):
@@ -110,6 +116,7 @@ class RecordTarget(BaseModel):
     kind: str
     key: str
     target: str | None
+    store_root: str = ""  # the store that holds it: where a live serve of it keeps its serve record
 
 
 def record_target(repo: Path, store: Store) -> RecordTarget:
@@ -129,7 +136,7 @@ def record_target(repo: Path, store: Store) -> RecordTarget:
         raise UsageError(f"{repo} was written by an older trtpipe (no current manifest)",
                          fix="rebuild it from its spec, then serve the new repository")
     target = (entry.inputs.get("target") or {}).get("gpu")
-    return RecordTarget(digest=entry.digest, kind=entry.kind, key=entry.key, target=target)
+    return RecordTarget(digest=entry.digest, kind=entry.kind, key=entry.key, target=target, store_root=str(holder.root))
 
 
 def check_recording(identity: ServedIdentity, wanted: RecordTarget, url: str, repo: Path) -> None:
@@ -145,4 +152,19 @@ def check_recording(identity: ServedIdentity, wanted: RecordTarget, url: str, re
             f"refused to record: the server at {url} serves {identity.repository_digest}, not {repo} "
             f"({wanted.digest}); nothing recorded",
             fix="record for the repository that server serves, or serve this one",
+        )
+    # The digest is only what the server's configs say. Recorded only when a live `trtpipe serve` from this store
+    # put it there, after checking every byte it serves against that digest's manifest (serving_dir.prepare):
+    # a server someone started on a folder whose configs claim the digest has no such serve's token.
+    from trtpipe.store.serving_dirs import live_serve_record
+
+    record = live_serve_record(Path(wanted.store_root), identity.serve_token or "") if wanted.store_root else None
+    if record is None or record.get("digest") != wanted.digest:
+        raise UsageError(
+            f"refused to record: the server at {url} says it serves {wanted.digest}, but no live `trtpipe serve` of "
+            f"{repo} verified the bytes it serves (its {SERVE_TOKEN} names no serve in "
+            f"{wanted.store_root or 'the store'}); "
+            "nothing recorded",
+            fix=f"serve {repo} with `trtpipe serve` (it checks every file against the digest) and record against "
+                "that server",
         )

@@ -18,6 +18,7 @@ port, a container that mounted another folder) is refused, naming both.
 from __future__ import annotations
 
 import errno
+import json
 import importlib.util
 import logging
 import os
@@ -244,6 +245,38 @@ def listening_ports(pid: int) -> set[int]:
 
 def repository_models(repo: Path) -> list[str]:
     return sorted(p.name for p in Path(repo).iterdir() if (p / "config.pbtxt").is_file())
+
+
+def models_to_load(repo: Path, manifest: dict[str, Any] | None = None) -> list[str]:
+    """The models the server is told to load (`--model-control-mode=explicit`, one `--load-model` each): those
+    the repository's trtpipe.json names (`models`, written by publish and covered by its signature), never
+    whatever else has a folder there: a model folder added beside a published repository is not loaded. A
+    folder without that list (a hand-made repository) loads its model folders, as the server's default would."""
+    from trtpipe.serving.publish import MANIFEST_NAME
+
+    # The folder's own trtpipe.json first (the serving copy's: the bytes the server reads), else `manifest`.
+    try:
+        manifest = json.loads((Path(repo) / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        manifest = manifest or {}
+    named = manifest.get("models") if isinstance(manifest, dict) else None
+    if isinstance(named, list) and named and all(isinstance(n, str) and n for n in named):
+        # `--load-model=*` means every model in the folder: a name is a model folder's name, nothing else.
+        bad = next((n for n in named if not _MODEL_NAME.match(n)), None)
+        if bad is not None:
+            raise InvalidInput(f"{Path(repo) / MANIFEST_NAME}: models names {bad!r}, which is no model folder name",
+                               fix="publish the repository again from its spec")
+        return list(dict.fromkeys(named))
+    return repository_models(repo)
+
+
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def load_flags(models: list[str]) -> list[str]:
+    """tritonserver's flags to load exactly `models` (Triton r24.10 docs/user_guide/model_management.md:
+    in explicit mode only the models named by --load-model are loaded at startup)."""
+    return ["--model-control-mode=explicit", *(f"--load-model={name}" for name in models)]
 
 
 # --- the running server ------------------------------------------------------------------------
@@ -490,6 +523,7 @@ class LocalTriton:
             f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
             "--disable-auto-complete-config",
             f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+            *load_flags(models_to_load(serving.path)),
         ]
 
     def environment(self) -> dict[str, str]:
@@ -526,10 +560,12 @@ def start_server(
     log_path: Path | None = None,
     validate: bool = True,
     launcher: Launcher | None = None,
+    verified: Any = None,
 ) -> TritonServerHandle:
     """Start a server on a serving directory of `repo` and wait until every model is ready and the server reports
     the repository's digest. `launcher`: how (default: what the repository's manifest asks for, `launcher_for`).
-    The serving directory is removed when the server stops."""
+    The serving directory is removed when the server stops. `verified`: what a trust policy verified
+    (`trtpipe.release.trust.require_trusted_folder`); the serving directory then holds exactly those files."""
     from trtpipe.serving.publish import read_manifest
     from trtpipe.serving.serving_dir import prepare
     from trtpipe.serving.validate import errors_only, validate_repository
@@ -547,7 +583,7 @@ def start_server(
     check_ports(host, dict(zip(SERVICES, (grpc_port, http_port, metrics_port))))
     if launcher is None:
         launcher = launcher_for(manifest)
-    serving = prepare(repo)
+    serving = prepare(repo, verified=verified)
     try:
         return _start(serving, launcher=launcher, host=host, start_timeout=start_timeout,
                       ports=(grpc_port, http_port, metrics_port), log_path=log_path)
@@ -559,7 +595,7 @@ def start_server(
 def _start(serving: Any, *, launcher: Launcher, host: str, start_timeout: float,
            ports: tuple[int | None, int | None, int | None], log_path: Path | None) -> TritonServerHandle:
     repo = serving.path
-    models = repository_models(repo)
+    models = models_to_load(repo)  # what the server is told to load (LocalTriton.command, docker_command)
     explicit = ports
     failure, log_seen = "", Path()
     for attempt in range(PORT_ATTEMPTS):
@@ -716,8 +752,9 @@ def docker_command(
             f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
             f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
         ]
-        if rank != 0:  # the other ranks only run the engine
-            args += ["--model-control-mode=explicit", "--load-model=tensorrt_llm"]
+        # Rank 0 serves the models the manifest names, nothing else in the folder; the other ranks only run
+        # the engine.
+        args += load_flags(models_to_load(repo, manifest) if rank == 0 else ["tensorrt_llm"])
         return args
     if world == 1:
         return cmd + server(0)
@@ -761,4 +798,5 @@ def llmapi_command(
         "--disable-auto-complete-config",
         "--backend-config=python,shm-region-prefix-name=prefix0_",
         f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
+        *load_flags(models_to_load(repo, manifest)),
     ]

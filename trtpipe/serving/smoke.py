@@ -261,7 +261,9 @@ def run_smoke(
 
         def models_ready() -> str:
             index = raw.get_model_repository_index(as_json=True, client_timeout=timeout).get("models", [])
-            names = sorted({m["name"] for m in index})
+            # The models the server was told to load (explicit model control): a folder it never loaded is
+            # listed without a state, and is not part of what it serves.
+            names = sorted({m["name"] for m in index if m.get("state")})
             if model not in names:
                 raise CheckFailed(f"the repository has no model {model!r} (it has {', '.join(names)})", check="models_ready")
             not_ready = [n for n in names if not raw.is_model_ready(n, client_timeout=timeout)]

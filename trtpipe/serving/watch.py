@@ -121,13 +121,17 @@ class ServerReady(BaseModel):
     restarts: int
     watch: dict[str, Any]
     container: str | None = None  # the Triton container's image (GPU targets); None: tritonserver on this host
+    # "verified": a trust policy verified a signature over exactly the files served; "unverified": no policy, or
+    # one that let it through unsigned (serve says so once, on stderr).
+    content: Literal["verified", "unverified"] = "unverified"
 
     @classmethod
-    def of(cls, handle: TritonServerHandle, policy: WatchPolicy, restarts: int) -> ServerReady:
+    def of(cls, handle: TritonServerHandle, policy: WatchPolicy, restarts: int, *,
+           content: Literal["verified", "unverified"] = "unverified") -> ServerReady:
         return cls(grpc_url=handle.grpc_url, http_url=handle.http_url, metrics_url=handle.metrics_url, pid=handle.pid,
                    log=str(handle.log_path), models=handle.models, repository_digest=handle.repository_digest,
                    serving_dir=str(handle.serving_dir), restarts=restarts, watch=policy.describe(),
-                   container=getattr(handle, "image", None))
+                   container=getattr(handle, "image", None), content=content)
 
 
 class ServerRestarted(ServerReady):
@@ -394,6 +398,7 @@ def serve_watched(
     launcher: Launcher | None = None,
     ready_file: Path | None = None,
     server_log: ServerLog = ServerLog(),
+    verified: Any = None,
 ) -> None:
     """Serve `repo` until `stop` is set, watching the server (module docstring). Returns when stopped;
     raises CheckFailed when the server cannot serve and the policy allows no (more) restarts. `launcher`: how the
@@ -407,7 +412,9 @@ def serve_watched(
     if server_log.path is not None:
         server_log.path.parent.mkdir(parents=True, exist_ok=True)  # appended to: each server reads its own part
     handle = start_server(repo, host=host, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
-                          start_timeout=start_timeout, launcher=launcher, log_path=server_log.path)
+                          start_timeout=start_timeout, launcher=launcher, log_path=server_log.path, verified=verified)
+    content: Literal["verified", "unverified"] = (
+        "verified" if verified is not None and getattr(verified, "signature_verified", False) else "unverified")
     handle.keep_log = handle.keep_log or server_log.keep
     follower = _follow(handle, server_log)
     restarts = 0
@@ -416,7 +423,7 @@ def serve_watched(
     try:
         # The stubs are taken before anyone hears the server is ready: nothing a client does first goes unseen.
         watchdog = Watchdog(handle, policy)
-        _announce(ServerReady.of(handle, policy, restarts), on_event, ready_file)
+        _announce(ServerReady.of(handle, policy, restarts, content=content), on_event, ready_file)
         while True:
             problem = watch(watchdog, stop)
             if problem is None:
@@ -446,7 +453,7 @@ def serve_watched(
             _stop_following(follower)
             follower = _follow(handle, server_log)
             watchdog = Watchdog(handle, policy)
-            _announce(ServerRestarted.of(handle, policy, restarts), on_event, ready_file)
+            _announce(ServerRestarted.of(handle, policy, restarts, content=content), on_event, ready_file)
     finally:
         if handle.alive():
             failures = handle.failed_requests()  # before the server goes: what it answered with errors

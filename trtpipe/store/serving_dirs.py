@@ -1,7 +1,8 @@
 """Serving directories: where `trtpipe serve` puts what Triton reads, outside every store entry.
 
     <store>/serving/<digest12>-<unique>/        one live server's model repository (removed when it stops)
-    <store>/serving/<digest12>-<unique>.lock    held (flock) by the process that owns that server
+    <store>/serving/<digest12>-<unique>.lock    held (flock) by the process that owns that server; holds the
+                                                serve record {digest, token} (`write_serve_record`)
     <store>/serving/<digest12>-container/       for a server trtpipe does not own (`serve --print`, the
                                                 Triton container): kept, and reused for the same digest
 
@@ -67,6 +68,37 @@ def new_serving_dir(base: Path, label: str) -> ServingDirLease:
     path = base / name
     path.mkdir()
     return ServingDirLease(path=path, lock_path=lock_path, _fd=fd)
+
+
+def write_serve_record(lease: ServingDirLease, record: dict[str, str]) -> None:
+    """Write `record` (the digest whose bytes this serve verified, and the serve's token) into the lease's lock
+    file: it exists exactly as long as the lock is held, so a record nobody holds is never taken for a live serve."""
+    import json
+
+    if lease._fd is None:
+        raise ValueError("the lease was released")
+    body = json.dumps(record, sort_keys=True).encode()
+    os.ftruncate(lease._fd, 0)
+    os.pwrite(lease._fd, body, 0)
+
+
+def live_serve_record(store_root: Path, token: str) -> dict[str, str] | None:
+    """The record of the live serve (its lock held) in `store_root` whose token is `token`, else None."""
+    import hmac
+    import json
+
+    base = serving_root(store_root)
+    if not base.is_dir() or not token:
+        return None
+    for lock_path in sorted(base.glob(f"*{LOCK_SUFFIX}")):
+        try:
+            record = json.loads(lock_path.read_bytes() or b"{}")
+        except (OSError, ValueError):
+            continue
+        if (isinstance(record, dict) and isinstance(record.get("token"), str)
+                and hmac.compare_digest(record["token"], token) and not _lock_is_free(lock_path)):
+            return {str(k): str(v) for k, v in record.items()}
+    return None
 
 
 def kept_serving_dir(base: Path, label: str) -> Path:
