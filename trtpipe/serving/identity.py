@@ -165,6 +165,6 @@ def check_recording(identity: ServedIdentity, wanted: RecordTarget, url: str, re
             f"{repo} verified the bytes it serves (its {SERVE_TOKEN} names no serve in "
             f"{wanted.store_root or 'the store'}); "
             "nothing recorded",
-            fix=f"serve {repo} with `trtpipe serve` (it checks every file against the digest) and record against "
-                "that server",
+            fix=f"serve {repo} through trtpipe's own serve (it checks every file against the digest) and record "
+                "against that server",
         )
