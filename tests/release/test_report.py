@@ -442,6 +442,13 @@ def test_a_signed_pulled_artifact_shows_signed_with_provenance_and_an_untrusted_
     assert "not verified: no trust policy" in trust_cells(html, "tiny-llama")
     assert keys["release"].key_id[:16] not in trust_cells(html, "tiny-llama")
 
+    # With TRTPIPE_POLICY unset, the workspace's own policy (`policy set`) is what the page judges under.
+    code, _, err = cli("policy", "set", str(tmp_path / "release-policy.yaml"))
+    assert code == 0, err
+    rows, _ = report(None)
+    assert (rows[signed.digest]["signature"], rows[signed.digest]["signer"]) == (
+        "signed", f"release (key id {keys['release'].key_id[:16]})")
+
     # A file of the pulled entry changed in place (same size): the release key's signature no longer matches.
     from trtpipe.store.local import Store
 

@@ -93,13 +93,16 @@ def _provenance(home: Path, digest: str, channel: str, policy: Any) -> tuple[Pro
 def artifact_trust(home: Path, digest: str, entry: Any | None, channel: str,
                    settings: Settings | None = None) -> ArtifactTrust:
     """The signature and provenance status of the artifact `digest` in `channel` (`entry`: its store entry,
-    None when this workspace's store does not hold it), judged under the trust policy `settings` name."""
+    None when this workspace's store does not hold it), judged under the workspace's own policy, else the one
+    `settings` name."""
     if entry is None:
         return ArtifactTrust(signature="unknown", signature_detail="artifact not in this store: its signature cannot be checked over its files",
                              provenance="unknown", provenance_detail="artifact not in this store")
-    from trtpipe.release.policy import policy_from
+    from trtpipe.release.workspace_policy import policy_for
 
-    policy = policy_from(None, settings.policy if settings is not None else None)
+    # The workspace's own policy when it has one (what its promotes and serves run under), else TRTPIPE_POLICY.
+    policy = policy_for(Path(home), None, settings.policy if settings is not None else None, no_policy=False,
+                        command="report", settings=settings)
     signature, signer, signature_detail = _signature(Path(home), entry, channel, policy)
     provenance, provenance_detail = _provenance(Path(home), digest, channel, policy)
     return ArtifactTrust(signature=signature, signer=signer, signature_detail=signature_detail,
