@@ -142,6 +142,7 @@ def test_detach_returns_once_ready_and_serve_stop_waits_until_it_is_gone(home_co
         assert json.loads(ready_file.read_text()) == ready
         assert ready["event"] == "ready" and ready["repository_digest"] == _entry_digest(repo)
         assert ready["log"] == str(log) and _alive(ready["serve_pid"]) and _alive(ready["pid"])
+        assert ready["content"] == "unverified"  # no trust policy here: the ready file says so, as the event does
         assert TritonLLMClient(ready["grpc_url"], timeout=120).generate("Once upon a time", 2, top_k=1).output_token_ids
 
         # Address mistakes: one line naming this server's gRPC port, for smoke and bench alike.

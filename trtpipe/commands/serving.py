@@ -231,6 +231,8 @@ def _serve_detached(request: ServeRequest, as_json: bool, print_only: bool) -> N
                f"{'container client' if ready.container else 'tritonserver'} pid {ready.pid})")
     typer.echo(f"  digest  {ready.repository_digest or 'none (not a stored artifact)'} (reported by the server)")
     typer.echo(f"  gRPC    {ready.grpc_url}\n  HTTP    {ready.http_url}\n  metrics {ready.metrics_url}")
+    if ready.content == "unverified":
+        typer.echo("  content unverified: no trust policy checked these files (the log says why)")
     typer.echo(f"  ready file {request.ready_file}; log {log_file}")
     typer.echo(f"`trtpipe serve-stop {request.ready_file}` stops it.")
 

@@ -38,6 +38,8 @@ class ReadyFile(BaseModel):
     restarts: int
     watch: dict[str, object]
     container: str | None = None
+    # Whether serve verified the repository's bytes against a trust policy before starting the server.
+    content: Literal["verified", "unverified"] = "unverified"
     serve_pid: int
     serve_started: float
 
