@@ -276,3 +276,27 @@ def test_an_older_signed_result_log_put_back_is_caught(isolated_home, store_entr
     code, _, err = cli("promote", entry.digest, "--to", "prod")
     assert code == 1 and "rewound" in err and path.name in err and len(err.strip().splitlines()) == 1, err
     assert prod(isolated_home) is None
+
+
+def test_a_trust_refusal_in_a_keyed_workspace_keeps_the_trail_signed(isolated_home, store_entry, cli, keys,
+                                                                      tmp_path, monkeypatch) -> None:
+    """A refusal (here: serve of an unsigned folder under a policy) is appended with the release key: written
+    without it, its unsigned head would be tamper to the next keyed promote, which would then refuse."""
+    a = smoked(isolated_home, store_entry, "a1")
+    assert cli("promote", a.digest, "--to", "dev")[0] == 0
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(f"keys: {{release: {keys['public']}}}\ndefault: {{require_signature: true}}\n"
+                      "channels:\n  prod: {require_signature: false}\n")
+    monkeypatch.setenv("TRTPIPE_POLICY", str(policy))
+    loose = tmp_path / "loose-repo"
+    loose.mkdir()
+    code, _, err = cli("serve", str(loose))
+    assert code != 0 and "serve refused" in err, err
+    (refused,) = [r for r in read_audit(isolated_home) if r.action == "refused"]
+    assert refused.reason.startswith("serve refused")
+    head = trail_log(isolated_home).read_head()
+    assert head["key_id"] == release_key(Settings.from_env()).key_id and head["signature"]
+    assert verify_trail(isolated_home, release_key(Settings.from_env())) == []
+    code, _, err = cli("promote", a.digest, "--to", "prod")
+    assert code == 0, err
+    assert prod(isolated_home) == a.digest

@@ -78,13 +78,17 @@ def unsigned_files(folder: Path, signed: set[str]) -> list[str]:
 def record_refusal(home: Path, *, action: str, subject: str, digest: str | None, reason: str,
                    channel: str = "-", model: str = "-", target: str = "-", ref: str | None = None) -> None:
     """Append a refusal to the audit trail (`action`: pull, serve, promote, build). One place, so the
-    trail's writer can change without touching the callers."""
+    trail's writer can change without touching the callers. Signed with the release key when one is set
+    (TRTPIPE_SIGNING_KEY): an unsigned head over a signed trail is tamper to the next keyed append, so a
+    refusal recorded without the key would stop every later promote of this workspace."""
     from trtpipe.release.audit import append_audit
     from trtpipe.release.channels import now_iso
+    from trtpipe.release.trail import release_key
     from trtpipe.results import current_user
+    from trtpipe.settings import from_env
 
-    append_audit(home, at=now_iso(), who=current_user(), action="refused", channel=channel, model=model,
-                 target=target, from_digest=None, to_digest=digest, ref=ref,
+    append_audit(home, key=release_key(from_env()), at=now_iso(), who=current_user(), action="refused",
+                 channel=channel, model=model, target=target, from_digest=None, to_digest=digest, ref=ref,
                  reason=f"{action} refused: {reason}", detail=f"untrusted artifact {subject}")
 
 
