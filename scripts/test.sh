@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh --test
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# --durations: the slowest tests in CI's log, to keep the run within its time budget.
+exec .venv/bin/python -m pytest -q -p no:cacheprovider --durations=40 "$@"
