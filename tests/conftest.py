@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A run started in the background by a shell without job control (`cmd &` in a script, some CI runners)
+    # inherits SIGINT ignored, and so does every process it starts: the Ctrl-C tests would then send a signal
+    # nobody hears (a fresh-clone run of this suite failed both that way). A terminal's Ctrl-C reaches a
+    # process whose SIGINT is the default: give the run that, and so its children.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

@@ -211,14 +211,16 @@ def run_logged_process(
                     on_line(line)
 
         reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
         status_ctx = None
-        if show_progress:
-            from rich.console import Console
-
-            status_ctx = Console(stderr=True).status(f"{title} starting")
-            status_ctx.start()
+        # From right after the start: a Ctrl-C while the reader or the status line starts (a loaded machine
+        # can take a while there) must still kill the group, or the build outlives trtpipe.
         try:
+            reader.start()
+            if show_progress:
+                from rich.console import Console
+
+                status_ctx = Console(stderr=True).status(f"{title} starting")
+                status_ctx.start()
             deadline = None if timeout_s is None else started + timeout_s
             while True:
                 try:
@@ -239,7 +241,8 @@ def run_logged_process(
         finally:
             if status_ctx is not None:
                 status_ctx.stop()
-            reader.join(timeout=5.0)
+            if reader.ident is not None:  # started
+                reader.join(timeout=5.0)
             if proc.stdout is not None:
                 proc.stdout.close()
         returncode = proc.wait()
