@@ -5,6 +5,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
+import sys
+import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +22,57 @@ def pytest_configure(config: pytest.Config) -> None:
     # process whose SIGINT is the default: give the run that, and so its children.
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# Links this environment's site-packages into a fresh venv's, one symlink per entry, leaving out trtpipe's own
+# entries (the package, its dist-info, the editable install's .pth and finder): the venv then has every dependency
+# (pip and setuptools included) "already installed" without a second multi-GB install or a download, and trtpipe
+# only from what is installed into it. A script, not a function, so a shell stand-in can run it too.
+_LINK_DEPENDENCIES = """\
+import subprocess, sys
+from pathlib import Path
+
+source, venv = Path(sys.argv[1]), Path(sys.argv[2])
+probe = "import sysconfig; print(sysconfig.get_path('purelib'))"
+purelib = Path(subprocess.run([str(venv / "bin" / "python"), "-c", probe], capture_output=True, text=True,
+                              check=True).stdout.strip())
+assert purelib != source and purelib.is_dir(), purelib
+for entry in sorted(source.iterdir()):
+    if entry.name != "__pycache__" and "trtpipe" not in entry.name.lower():
+        (purelib / entry.name).symlink_to(entry)
+"""
+
+
+@dataclass(frozen=True)
+class DependencyVenvs:
+    """Makes virtual environments that hold this environment's dependencies and no trtpipe."""
+
+    python: Path  # this environment's interpreter
+    site_packages: Path  # what is linked
+    linker: Path  # the script above: `python LINKER SITE_PACKAGES VENV`
+
+    def create(self, root: Path) -> Path:
+        """A fresh venv at `root` (no pip of its own) with the dependencies linked in; returns its site-packages."""
+        subprocess.run([str(self.python), "-m", "venv", "--without-pip", str(root)], check=True, timeout=300)
+        self.link(root)
+        return self.purelib(root)
+
+    def link(self, root: Path) -> None:
+        subprocess.run([str(self.python), str(self.linker), str(self.site_packages), str(root)], check=True,
+                       timeout=300)
+
+    @staticmethod
+    def purelib(root: Path) -> Path:
+        probe = "import sysconfig; print(sysconfig.get_path('purelib'))"
+        return Path(subprocess.run([str(root / "bin" / "python"), "-c", probe], capture_output=True, text=True,
+                                   check=True, timeout=120).stdout.strip())
+
+
+@pytest.fixture(scope="session")
+def dependency_venvs(tmp_path_factory: pytest.TempPathFactory) -> DependencyVenvs:
+    linker = tmp_path_factory.mktemp("dependency-venvs") / "link_dependencies.py"
+    linker.write_text(_LINK_DEPENDENCIES)
+    return DependencyVenvs(python=Path(sys.executable), site_packages=Path(sysconfig.get_path("purelib")), linker=linker)
 
 
 @pytest.fixture(scope="session")
@@ -197,7 +251,6 @@ def _serve_registry(base: Path, auth: list[str], username: str, password: str) -
     """Run docker-registry with storage under `base` and the given `auth:` config lines until the block ends."""
     import shutil
     import socket
-    import subprocess
     import time
 
     import requests

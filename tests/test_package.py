@@ -105,13 +105,8 @@ class FreshVenv:
                               cwd=self.work, timeout=timeout)
 
 
-def _is_trtpipes_own(name: str) -> bool:
-    """trtpipe's entries in a site-packages: the package, its dist-info, the editable install's .pth and finder."""
-    return "trtpipe" in name.lower()
-
-
 @pytest.fixture(scope="session")
-def fresh_venv(built: Built, tmp_path_factory: pytest.TempPathFactory) -> FreshVenv:
+def fresh_venv(built: Built, dependency_venvs, tmp_path_factory: pytest.TempPathFactory) -> FreshVenv:
     root = tmp_path_factory.mktemp("fresh") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, timeout=300)
     python = root / "bin" / "python"
@@ -119,13 +114,9 @@ def fresh_venv(built: Built, tmp_path_factory: pytest.TempPathFactory) -> FreshV
                               "install", "--no-deps", "--no-index", str(built.wheel)],
                              capture_output=True, text=True, timeout=600)
     assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
-    site_packages = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                                        capture_output=True, text=True, check=True, timeout=120).stdout.strip())
-    ours = Path(sysconfig.get_path("purelib"))
-    assert ours != site_packages and ours.is_dir()
-    for entry in sorted(ours.iterdir()):
-        if entry.name != "__pycache__" and not _is_trtpipes_own(entry.name):
-            (site_packages / entry.name).symlink_to(entry)
+    dependency_venvs.link(root)
+    site_packages = dependency_venvs.purelib(root)
+    assert site_packages != Path(sysconfig.get_path("purelib"))
     work = tmp_path_factory.mktemp("elsewhere")
     assert ROOT not in work.parents and work != ROOT
     this_bin = str(Path(sys.executable).parent)

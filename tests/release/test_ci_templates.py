@@ -304,14 +304,16 @@ def test_template_commands_exist_in_the_cli(template: Path) -> None:
 # done here; self-hosted runners are folders that persist between pipelines (the GPU hosts' and the release
 # runner's TRTPIPE_HOME); every job starts in a fresh checkout of the user's repository.
 #
-# The install steps are the one thing not run. The wheel job runs (it builds the wheel from a copy of this
-# checkout), and each install step is checked to install exactly that wheel from its job's dist/; the jobs then
-# run trtpipe as this checkout's editable install (its .venv on PATH). Running them for real needs each job's
-# venv to hold the dependencies (torch, transformers ...) without downloading them: tried with the dependencies
-# on PYTHONPATH, the jobs installed the wheel, but Triton's Python stub does not read PYTHONPATH, so no model
-# loaded. tests/test_package.py covers the installed wheel (a fresh venv, dependencies linked into it).
-# TODO(issue 23): run the install steps, e.g. a pip wheelhouse of this environment's dependencies (PIP_FIND_LINKS,
-# PIP_NO_INDEX) so each job's venv installs them without a network.
+# The install steps run too, with the network replaced by what this environment already has. Each job gets the
+# Python a runner has (setup-python's, an image's python:3.11): a fresh venv whose site-packages links this
+# environment's dependencies, trtpipe's own entries left out (the `dependency_venvs` fixture), first on PATH; the
+# checkout's .venv is not on PATH and PYTHONPATH is unset. Its `python`/`python3` are shims: `-m venv DIR` (the
+# GPU and promote jobs make their own venv) makes DIR the same way, which stands in for what pip would download
+# into it; anything else runs the interpreter. PIP_NO_INDEX is set, so a requirement this environment lacks fails
+# its step, and `pip install dist/trtpipe-*.whl` really installs the wheel the wheel job built (its dependencies
+# already satisfied). The wheel job's `pip wheel` runs without build isolation (isolation would download
+# setuptools). After a job, the trtpipe it installed must be exactly that wheel (its dist-info's direct_url.json),
+# the only trtpipe its commands could have imported.
 
 import os
 import signal
@@ -438,6 +440,30 @@ class Scratch:
     root: Path
     project: Path  # the user's model repository at the commit the pipeline runs
     base_env: dict[str, str]
+    dependency_venvs: Any  # tests/conftest.py DependencyVenvs
+
+    def runner_python(self, folder: Path) -> Path:
+        """The Python a job's runner has: a venv holding the dependencies, not trtpipe; returns its bin/ for PATH.
+        Its python/python3 are shims that make a `-m venv DIR` the same kind of venv (see the module comment)."""
+        root = folder / "runner-python"
+        self.dependency_venvs.create(root)
+        bin_dir = root / "bin"
+        real = bin_dir / "python3.11"
+        base = real.resolve()
+        for name in ("python", "python3", "python3.11"):
+            (bin_dir / name).unlink()
+        real.symlink_to(base)  # the interpreter itself: a venv's is found through pyvenv.cfg beside its bin/
+        venvs = self.dependency_venvs
+        shim = (f"#!/bin/bash\n"
+                f"if [ \"$1\" = -m ] && [ \"$2\" = venv ]; then\n"
+                f"  \"{real}\" \"$@\" --without-pip || exit $?\n"
+                f"  exec \"{real}\" \"{venvs.linker}\" \"{venvs.site_packages}\" \"${{!#}}\"\n"
+                f"fi\n"
+                f"exec \"{real}\" \"$@\"\n")
+        for name in ("python", "python3"):
+            (bin_dir / name).write_text(shim)
+            (bin_dir / name).chmod(0o755)
+        return bin_dir
 
     def runner(self, name: str) -> Path:
         """A self-hosted runner's disk: kept between jobs and pipelines."""
@@ -460,11 +486,28 @@ class Scratch:
 
 
 def check_install_lines(text: str, workspace: Path, where: str) -> None:
-    """What stands in for an install step: it installs exactly the wheel the wheel job built, from dist/."""
+    """Before an install step runs: it installs exactly the wheel the wheel job built, from dist/."""
     assert "dist/trtpipe-*.whl" in text, f"{where}: does not install the pipeline's wheel:\n{text}"
     assert "trtpipe==" not in text, f"{where}: installs trtpipe by name, not the pipeline's wheel"
     wheels = sorted((workspace / "dist").glob("trtpipe-*.whl"))
     assert len(wheels) == 1, f"{where}: dist/ holds {wheels}, not the one wheel the wheel job built"
+
+
+def installed_trtpipe(folder: Path) -> list[str]:
+    """Where every trtpipe installed under a job's folder came from (its dist-info's direct_url.json)."""
+    return sorted(json.loads(found.read_text())["url"]
+                  for found in folder.glob("**/site-packages/trtpipe-*.dist-info/direct_url.json"))
+
+
+def check_installed(run: JobRun, folder: Path, workspace: Path) -> None:
+    """After a job whose install steps ran: the one trtpipe it holds is the wheel from its dist/."""
+    wheels = sorted((workspace / "dist").glob("trtpipe-*.whl"))
+    found = installed_trtpipe(folder)
+    if [w.as_uri() for w in wheels] != found or len(found) != 1:
+        run.ok = False
+        run.steps.append(f"installed trtpipe: {found}, not the one wheel in dist/ ({[w.name for w in wheels]})")
+    else:
+        run.steps.append("installed trtpipe: the wheel from dist/")
 
 
 # --------------------------------------------------------------------------- GitHub Actions
@@ -484,6 +527,7 @@ def github_job(wf: dict[str, Any], name: str, *, scratch: Scratch, pipeline: str
     context: dict[str, Any] = {"github": {**github, "workspace": str(workspace)}, "matrix": leg, "secrets": secrets,
                                "inputs": inputs, "steps": {}, "runner": {"temp": str(temp)}}
     env = dict(scratch.base_env)
+    env["PATH"] = f"{scratch.runner_python(folder)}:{env['PATH']}"
     env.update(CI="true", GITHUB_ACTIONS="true", GITHUB_WORKSPACE=str(workspace), GITHUB_REF=github["ref"],
                GITHUB_EVENT_NAME=github["event_name"], GITHUB_ACTOR=github["actor"], RUNNER_TEMP=str(temp))
     for scope in (wf.get("env") or {}, job.get("env") or {}):
@@ -495,6 +539,7 @@ def github_job(wf: dict[str, Any], name: str, *, scratch: Scratch, pipeline: str
     assert (wf.get("defaults") or {}).get("run", {}).get("shell") == "bash", "the workflow's steps run under bash"
     artifacts = scratch.artifacts(pipeline)
     sessions, failed, run = Sessions(), False, JobRun(name=label, ok=True, log=log)
+    installs = 0
     try:
         for number, step in enumerate(job["steps"]):
             title = step.get("name") or step.get("uses") or f"step {number}"
@@ -509,8 +554,7 @@ def github_job(wf: dict[str, Any], name: str, *, scratch: Scratch, pipeline: str
             script = gh_substitute(step["run"], context)
             if title.startswith(INSTALL_STEP):
                 check_install_lines(script, workspace, f"{label}: {title}")
-                run.steps.append(f"{title}: checked, not run (see the module comment)")
-                continue
+                installs += 1
             files = {name: temp / f"{name.lower()}-{number}" for name in ("GITHUB_OUTPUT", "GITHUB_ENV", "GITHUB_PATH")}
             for path in files.values():
                 path.touch()
@@ -530,6 +574,8 @@ def github_job(wf: dict[str, Any], name: str, *, scratch: Scratch, pipeline: str
     finally:
         sessions.end()
     run.ok = not failed
+    if installs:
+        check_installed(run, folder, workspace)
     return run
 
 
@@ -635,24 +681,29 @@ def gitlab_job(doc: dict[str, Any], name: str, *, scratch: Scratch, pipeline: st
     for original, here in runner_home.items():
         variables.update({k: v.replace(original, str(here)) for k, v in variables.items() if v.startswith(original)})
     env = {**scratch.base_env, **variables}
+    env["PATH"] = f"{scratch.runner_python(folder)}:{env['PATH']}"
     log = folder / "job.log"
     sessions, run = Sessions(), JobRun(name=name, ok=True, log=log)
+    after_rc = 0
     try:
         before = flatten_script(job.get("before_script") or [])
         if before:
             check_install_lines("\n".join(before), workspace, f"{name}: before_script")
-            run.steps.append("before_script: checked, not run (see the module comment)")
-        script = "set -eo pipefail\n" + "\n".join(flatten_script(job["script"])) + "\n"
+        # The shell executor runs before_script and script in one shell, after_script in a new one.
+        script = "set -eo pipefail\n" + "\n".join([*before, *flatten_script(job["script"])]) + "\n"
         rc = run_bash(script, args=["--noprofile", "--norc"], env=env, cwd=workspace, log=log, sessions=sessions)
-        run.steps.append(f"script: rc {rc}")
+        run.steps.append(f"before_script and script: rc {rc}")
         after = flatten_script(job.get("after_script") or [])
         if after:
-            after_rc = run_bash("\n".join(after) + "\n", args=["--noprofile", "--norc"], env=env, cwd=workspace,
-                                log=log, sessions=sessions)
+            after_rc = run_bash("set -eo pipefail\n" + "\n".join(after) + "\n", args=["--noprofile", "--norc"],
+                                env=env, cwd=workspace, log=log, sessions=sessions)
+            # GitLab ignores a failed after_script; here it fails the job: it is where the server is stopped.
             run.steps.append(f"after_script: rc {after_rc}")
     finally:
         sessions.end()
-    run.ok = rc == 0
+    run.ok = rc == 0 and after_rc == 0
+    if before:
+        check_installed(run, folder, workspace)
     kept = job.get("artifacts") or {}
     if kept and (run.ok or kept.get("when") == "always"):
         for path in kept.get("paths", []):
@@ -726,7 +777,8 @@ class Replay:
 
 
 @pytest.fixture
-def replay(tmp_path: Path, tiny_llama_dir: Path, trtpipe_source: Path, registry, request) -> Replay:
+def replay(tmp_path: Path, tiny_llama_dir: Path, trtpipe_source: Path, registry, dependency_venvs,
+           request) -> Replay:
     from trtpipe.release.keys import generate_key, write_key_pair
 
     root = tmp_path / "ci"
@@ -743,11 +795,14 @@ def replay(tmp_path: Path, tiny_llama_dir: Path, trtpipe_source: Path, registry,
         "    assert Path('specs/tiny-cpu-reference.yaml').is_file()\n")
     home = root / "home"  # HOME of every runner: no Docker config, no user caches
     home.mkdir()
-    base_env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": str(home),
-                "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1",
-                "TMPDIR": os.environ.get("TMPDIR", "/tmp")}
+    # No checkout .venv on PATH (each job puts its runner's Python first), nothing downloaded (PIP_NO_INDEX), and the
+    # wheel built without isolation: pip reads PIP_NO_BUILD_ISOLATION into `build_isolation`, so "0" turns it off.
+    base_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
+                "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1", "PIP_NO_INDEX": "1",
+                "PIP_NO_BUILD_ISOLATION": "0", "TMPDIR": os.environ.get("TMPDIR", "/tmp")}
     name = request.node.name.replace("test_", "").replace("_", "-")[:40]
-    out = Replay(scratch=Scratch(root=root, project=project, base_env=base_env), cache=registry.url(f"ci/{name}"),
+    out = Replay(scratch=Scratch(root=root, project=project, base_env=base_env,
+                                         dependency_venvs=dependency_venvs), cache=registry.url(f"ci/{name}"),
                  credentials={"TRTPIPE_REGISTRY_USERNAME": registry.username,
                               "TRTPIPE_REGISTRY_PASSWORD": registry.password},
                  signing_key=key.key.private_bytes(*_pem_args()).decode(), source=trtpipe_source)
@@ -795,9 +850,10 @@ def result_identity_of(record: dict[str, Any]) -> str:
 
 
 def _github_pipeline(replay: Replay, pipeline: str, github: dict[str, Any], *, secrets: dict[str, str],
-                     inputs: dict[str, str], only: tuple[str, ...] | None = None) -> dict[str, JobRun]:
+                     inputs: dict[str, str], only: tuple[str, ...] | None = None,
+                     workflow: dict[str, Any] | None = None) -> dict[str, JobRun]:
     """Every job the event runs, in the workflow's order (matrix legs one after another), as GitHub would."""
-    wf = yaml.safe_load(GITHUB.read_text())
+    wf = copy.deepcopy(workflow) if workflow is not None else yaml.safe_load(GITHUB.read_text())
     # The user's configuration: the workflow's `env:` block, edited as its comments say.
     wf["env"].update(TRTPIPE_SOURCE=str(replay.source), TRTPIPE_CACHE=replay.cache,
                      TRTPIPE_BENCH_ARGS=STAND_IN_BENCH, TRTPIPE_STAND_IN_SPEC="specs/stand-in.yaml")
@@ -828,6 +884,46 @@ def _jobs_ok(runs: dict[str, JobRun], expected: list[str]) -> None:
 
 def _workspace(replay: Replay, pipeline: str, job: str) -> Path:
     return replay.scratch.root / "pipelines" / pipeline / "jobs" / job / "workspace"
+
+
+def _install_then_version(wf: dict[str, Any], install: str | None) -> dict[str, Any]:
+    """The workflow's cpu job up to its install step (its text replaced by `install` if given, dropped if
+    `install` is ""), then one step that runs the installed trtpipe."""
+    steps = wf["jobs"]["cpu"]["steps"]
+    at = next(i for i, s in enumerate(steps) if s.get("name", "").startswith(INSTALL_STEP))
+    kept = steps[:at] + ([] if install == "" else [{**steps[at], **({"run": install} if install else {})}])
+    wf["jobs"]["cpu"]["steps"] = [*kept, {"name": "The installed trtpipe", "run": "trtpipe --version --json"}]
+    return wf
+
+
+@pytest.mark.timeout(1800)
+def test_the_install_steps_run_and_are_the_only_way_trtpipe_gets_in(replay: Replay) -> None:
+    """The install steps are run, not trusted: the wheel job's wheel installs and runs; a requirement this
+    environment lacks fails its step (nothing is downloaded); without the install step there is no trtpipe."""
+    push = {"event_name": "push", "ref": "refs/heads/main", "actor": "ci", "event": {"repository": {"default_branch": "main"}}}
+    wf = yaml.safe_load(GITHUB.read_text())
+    runs = _github_pipeline(replay, "as-written", push, secrets={}, inputs={}, only=("wheel", "cpu"),
+                            workflow=_install_then_version(copy.deepcopy(wf), None))
+    _jobs_ok(runs, ["wheel", "cpu"])
+    assert "installed trtpipe: the wheel from dist/" in runs["cpu"].steps
+    installed = _workspace(replay, "as-written", "cpu").parent / "runner-python"
+    assert f'"package": "{replay.scratch.dependency_venvs.purelib(installed) / "trtpipe"}"' in runs["cpu"].log.read_text()
+
+    # The harness stands in for the network with what is installed here, nothing more: a requirement it lacks fails.
+    step = next(s for s in wf["jobs"]["cpu"]["steps"] if s.get("name", "").startswith(INSTALL_STEP))
+    missing = step["run"] + "python -m pip install trtpipe-harness-has-no-such-package\n"
+    shutil.copytree(replay.scratch.artifacts("as-written"), replay.scratch.artifacts("missing"), dirs_exist_ok=True)
+    runs = _github_pipeline(replay, "missing", push, secrets={}, inputs={}, only=("cpu",),
+                            workflow=_install_then_version(copy.deepcopy(wf), missing))
+    assert not runs["cpu"].ok and "The installed trtpipe: skipped" in runs["cpu"].steps, runs["cpu"].steps
+    assert "No matching distribution found for trtpipe-harness-has-no-such-package" in runs["cpu"].log.read_text()
+
+    # No install step: no trtpipe at all (not the checkout's, not this environment's).
+    shutil.copytree(replay.scratch.artifacts("as-written"), replay.scratch.artifacts("none"), dirs_exist_ok=True)
+    runs = _github_pipeline(replay, "none", push, secrets={}, inputs={}, only=("cpu",),
+                            workflow=_install_then_version(copy.deepcopy(wf), ""))
+    assert not runs["cpu"].ok and runs["cpu"].steps[-1] == "The installed trtpipe: rc 127", runs["cpu"].steps
+    assert "trtpipe: command not found" in runs["cpu"].log.read_text()
 
 
 @pytest.mark.timeout(3600)
