@@ -58,13 +58,29 @@ class _InputRebuilt(Exception):
 
 
 def check_force(force: Sequence[str]) -> tuple[str, ...]:
+    """The stage names asked for, each a stored stage of some backend ("all" stays: what it means depends on the
+    spec's backend, known once it resolves; `forced_stages` settles it)."""
     wanted = tuple(dict.fromkeys(force))
     if "all" in wanted:
-        return STORED_STAGE_NAMES
+        return ("all",)
     for name in wanted:
         if name not in STORED_STAGE_NAMES:
             raise UsageError(f"--force {name}: not a stored stage", fix=f"use one of {', '.join(STORED_STAGE_NAMES)} or all")
     return wanted
+
+
+def forced_stages(force: tuple[str, ...], backend: BackendStages, backend_kind: str) -> tuple[str, ...]:
+    """The stages of this backend that `force` names. A name the backend has no stage of is refused: accepted,
+    it would force nothing and the build would say exit 0 (an llm-api build has no engine, a reference build
+    no export)."""
+    own = tuple(s.name for s in backend.stages)
+    if force == ("all",):
+        return own
+    for name in force:
+        if name not in own:
+            raise UsageError(f"--force {name}: this spec's backend ({backend_kind}) has no {name} stage",
+                             fix=f"use one of {', '.join(own)} or all")
+    return force
 
 
 def _now_iso() -> str:
@@ -181,6 +197,7 @@ class _Runner:
             resolved, self.backend = self.choose(resolved)
         else:
             self.backend = BACKEND_STAGES[resolved.backend_kind]
+        self.force = forced_stages(self.force, self.backend, resolved.backend_kind)
         self.resolved = resolved
         spec = resolved.spec
         self.report.name = spec.artifact_name

@@ -4,6 +4,7 @@ stages, its key's contents, and where its export runs for a GPU target."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -101,3 +102,31 @@ def test_the_llmapi_repository_key_covers_the_llmapi_templates(tiny_spec, tmp_pa
     key = LlmApiPublishStage().key(ctx, {"export": InputRef(key=None, digest="sha256:" + "a" * 64, path=tmp_path)})
     assert key.inputs["templates"] == templates_digest(layout="llmapi")
     assert key.inputs["templates"] != templates_digest()
+
+
+def test_force_names_only_a_stage_of_the_specs_own_backend(tiny_spec, tmp_path) -> None:
+    """`--force export` on a reference spec, `--force engine` on an llm-api spec: each backend has no such stage,
+    so the build would force nothing; it is refused with one line (exit 2), before any stage runs."""
+    import subprocess
+    import sys
+
+    llm_api = tiny_spec()
+    reference = _flip(llm_api, "reference")
+    env = {**os.environ, "TRTPIPE_HOME": str(tmp_path / "home")}
+    for spec, stage, own in ((reference, "export", "checkpoint, engine, publish"), (llm_api, "engine", "export, publish")):
+        for json_flag in ((), ("--json",)):
+            done = subprocess.run([sys.executable, "-m", "trtpipe.cli", "build", str(spec), "--force", stage, *json_flag],
+                                  capture_output=True, text=True, env=env, timeout=300)
+            lines = done.stderr.strip().splitlines()
+            assert done.returncode == 2, done.stderr
+            assert len(lines) == 1 and f"--force {stage}" in lines[0] and f"use one of {own} or all" in lines[0], lines
+            assert "Traceback" not in done.stderr
+            if json_flag:
+                outcome = json.loads(done.stdout)
+                assert outcome["ok"] is False and f"no {stage} stage" in outcome["error"]["message"]
+    # Nothing was built: no stage ran before the refusal.
+    store = tmp_path / "home"
+    assert not any((store / kind).is_dir() and any((store / kind).iterdir()) for kind in ("checkpoint", "export", "engine", "repository"))
+    # A stage of the spec's own backend, and all, are taken (a dry run: keys only).
+    for spec, stage in ((reference, "engine"), (llm_api, "export"), (llm_api, "all")):
+        assert run_build(spec, dry_run=True, force=[stage], store=store, progress=False).status == "dry-run"

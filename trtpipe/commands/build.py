@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Print each stage's key and whether it would run.")] = False,
         force: Annotated[
             Optional[list[str]],
-            typer.Option("--force", help="Rebuild this stage even if cached: checkpoint, engine, publish or all."),
+            typer.Option("--force", help="Rebuild this stage even if cached: one of the spec's backend's stages (trtllm-build and reference: checkpoint, engine, publish; llm-api: export, publish) or all."),
         ] = None,
         verify: Annotated[bool, typer.Option("--verify", help="Check every reused file's sha256, not only sizes.")] = False,
         json_out: JsonOption = False,
