@@ -28,7 +28,7 @@ import stat
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from trtpipe.errors import InvalidInput
 
@@ -38,6 +38,23 @@ MAX_TOKENIZER_BYTES = 256 * 1024 * 1024
 MAX_TOKENIZER_CONFIG_BYTES = 16 * 1024 * 1024
 INDEX_SUFFIXES = (".safetensors.index.json", ".bin.index.json")
 MAX_INDEX_BYTES = 64 * 1024 * 1024
+
+# One table of what a Hugging Face tokenizer folder is (every layer reads these names from here):
+# the files a consumer of the folder may read (the Triton Python models, the LLM API's AutoTokenizer, users),
+# copied wherever the tokenizer travels; what makes a folder a tokenizer at all; and the one file the serving
+# models and calibration load (with the tokenizers library).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+)
+TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer.model")
+SERVING_TOKENIZER_FILE = "tokenizer.json"
 
 
 @dataclass(frozen=True)
@@ -208,18 +225,58 @@ def check_tokenizer(tokenizer_dir: Path) -> TokenizerFacts:
     return TokenizerFacts(vocab_size=tokenizer.get_vocab_size(), end_id=end_id)
 
 
-def _end_id(tokenizer: Any, configs: dict[str, dict[str, Any]]) -> int | None:
-    """The end token the preprocessing model uses: tokenizer_config's eos_token, else generation_config's."""
-    eos = configs.get("tokenizer_config.json", {}).get("eos_token")
+# Which file names the end token first. The Triton preprocessing model (triton_repo/preprocessing/1/model.py, as
+# upstream's reads its tokenizer) takes tokenizer_config.json's eos_token; TensorRT-LLM's LLM API takes
+# generation_config.json's eos_token_id (its first, when a list). Each falls back on the other.
+EndTokenRule = Literal["preprocessing", "llm-api"]
+
+
+def _eos_from_tokenizer_config(tokenizer: Any, config: dict[str, Any]) -> int | None:
+    eos = config.get("eos_token")
     if isinstance(eos, dict):
         eos = eos.get("content")
     if isinstance(eos, str) and eos:
         found = tokenizer.token_to_id(eos)
         if found is not None:
             return int(found)
-    eos_id = configs.get("generation_config.json", {}).get("eos_token_id")
+    return None
+
+
+def _eos_from_generation_config(config: dict[str, Any]) -> int | None:
+    eos_id = config.get("eos_token_id")
     if isinstance(eos_id, list):
-        eos_id = eos_id[0] if eos_id else None
+        eos_id = eos_id[0] if eos_id else None  # [] names no end token: not an IndexError
     if isinstance(eos_id, int) and not isinstance(eos_id, bool) and eos_id >= 0:
         return eos_id
     return None
+
+
+def _end_id(tokenizer: Any, configs: dict[str, dict[str, Any]], rule: EndTokenRule = "preprocessing") -> int | None:
+    """The end token `rule`'s consumer stops on, from the folder's parsed configs (file name -> object)."""
+    from_tokenizer = _eos_from_tokenizer_config(tokenizer, configs.get("tokenizer_config.json", {}))
+    from_generation = _eos_from_generation_config(configs.get("generation_config.json", {}))
+    first, second = (from_tokenizer, from_generation) if rule == "preprocessing" else (from_generation, from_tokenizer)
+    return first if first is not None else second
+
+
+def end_token_id(folder: Path, rule: EndTokenRule) -> int | None:
+    """The end token of the model or tokenizer folder as `rule`'s consumer reads it (None: the folder names
+    none). Files that are absent count as empty; a tokenizer.json is needed only to look an eos_token up."""
+    folder = Path(folder)
+    configs: dict[str, dict[str, Any]] = {}
+    for name in ("tokenizer_config.json", "generation_config.json"):
+        if (folder / name).is_file():
+            configs[name] = _read_json_object(folder / name, MAX_TOKENIZER_CONFIG_BYTES, name.removesuffix(".json"))
+    tokenizer: Any = _NoTokenizer()
+    if (folder / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    return _end_id(tokenizer, configs, rule)
+
+
+class _NoTokenizer:
+    """A folder without tokenizer.json: an eos_token cannot be looked up."""
+
+    def token_to_id(self, token: str) -> None:
+        return None

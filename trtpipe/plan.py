@@ -20,7 +20,6 @@ from pydantic import BaseModel, Field
 from trtpipe import hostfacts, model_semantics, quant
 from trtpipe.gpu import GpuInfo
 from trtpipe.resolve import ResolvedSpec, gemm_input_widths, head_counts, intermediate_size
-from trtpipe.trtllm_build.config import derive_engine_config
 
 GIB = 2**30
 # Runtime overhead per GPU besides weights and KV cache: CUDA context, cuBLAS/TensorRT workspaces and
@@ -264,7 +263,7 @@ def effective_max_num_tokens(resolved: ResolvedSpec) -> int:
     for backend llm-api, as the LLM() arguments do (trtpipe.llm_api.derive)."""
     if resolved.llm_api is not None:
         return int(resolved.llm_api.args["max_num_tokens"])
-    config = derive_engine_config(resolved.spec, resolved.toolchain, resolved.gpu, resolved.model_config)
+    config = resolved.engine_config()
     return int(config.limits["max_num_tokens"])  # type: ignore[arg-type]
 
 

@@ -21,7 +21,15 @@ from trtpipe.config_json import read_model_config
 from trtpipe.errors import InvalidInput
 from trtpipe.gpu import GpuInfo, UnknownGpu, get_gpu, load_catalog
 from trtpipe.llm_api.derive import LlmApiPlan, LlmApiRuleViolation, derive_llm_args
-from trtpipe.model_folder import check_tokenizer, escapes, folder_roots, resolves_inside, shard_problems
+from trtpipe.model_folder import (
+    SERVING_TOKENIZER_FILE,
+    TOKENIZER_MARKERS,
+    check_tokenizer,
+    escapes,
+    folder_roots,
+    resolves_inside,
+    shard_problems,
+)
 from trtpipe.names import name_fix, name_problem
 from trtpipe.spec import BuildSpec, Executor
 from trtpipe.spec_loader import LoadedSpec
@@ -34,12 +42,9 @@ from trtpipe.toolchain import (
     newest_toolchain,
     version_tuple,
 )
-from trtpipe.trtllm_build.config import RuleViolation, derive_engine_config
+from trtpipe.trtllm_build.config import EngineConfig, RuleViolation, derive_engine_config
 from trtpipe.versions import versions_match
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
-# The serving models read the tokenizer with the tokenizers library: a published repository needs it.
-SERVING_TOKENIZER_FILE = "tokenizer.json"
 # HF architecture -> the decoder layout trtpipe's converter exports it as (trtpipe.checkpoint.convert).
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
@@ -67,6 +72,24 @@ class ResolvedSpec:
     loaded: LoadedSpec | None = field(default=None, repr=False)  # for positioned errors downstream
     backend: Backend | None = None  # the toolchain's backend that builds it
     llm_api: LlmApiPlan | None = None  # backend llm-api: the LLM() arguments the spec implies
+    # The trtllm-build configuration resolve derived while checking, with what it was derived from (not an init
+    # field: a copy made with dataclasses.replace, e.g. with another toolchain, derives its own).
+    _engine_config: tuple[tuple[str, str, str], EngineConfig] | None = field(default=None, init=False, repr=False,
+                                                                          compare=False)
+
+    def _engine_inputs(self) -> tuple[str, str, str]:
+        # The spec is a mutable model (tests set a field after resolving): the cache holds only for the same one.
+        return self.spec.model_dump_json(), self.toolchain.name, self.gpu.name if self.gpu is not None else "-"
+
+    def engine_config(self) -> EngineConfig:
+        """The complete trtllm-build configuration (trtpipe.trtllm_build.config), derived once for a resolution
+        (resolve's check, the build plan and the memory plan share it); raises RuleViolation for a spec that
+        no longer follows the rules."""
+        inputs = self._engine_inputs()
+        if self._engine_config is None or self._engine_config[0] != inputs:
+            config = derive_engine_config(self.spec, self.toolchain, self.gpu, self.model_config or {})
+            self._engine_config = (inputs, config)
+        return self._engine_config[1]
 
     @property
     def backend_kind(self) -> str:
@@ -235,14 +258,14 @@ def _resolve_model(
 
     tokenizer_dir: Path | None = None
     if model.tokenizer is not None:
-        if not model.tokenizer.is_dir() or not any((model.tokenizer / f).exists() for f in TOKENIZER_FILES):
+        if not model.tokenizer.is_dir() or not any((model.tokenizer / f).exists() for f in TOKENIZER_MARKERS):
             raise loaded.error(
                 ("model", "tokenizer"),
-                f"{model.tokenizer} is not a tokenizer folder (no {'/'.join(TOKENIZER_FILES)})",
+                f"{model.tokenizer} is not a tokenizer folder (no {'/'.join(TOKENIZER_MARKERS)})",
                 "point at the folder holding tokenizer.json",
             )
         tokenizer_dir = model.tokenizer
-    elif model_dir is not None and any((model_dir / f).exists() for f in TOKENIZER_FILES):
+    elif model_dir is not None and any((model_dir / f).exists() for f in TOKENIZER_MARKERS):
         tokenizer_dir = model_dir
     if need_weights and model_dir is not None:
         # Conversion calibrates with the tokenizer; the published repository's models read tokenizer.json.
@@ -523,7 +546,8 @@ def _check_semantics(loaded: LoadedSpec, config_field: tuple[str, ...], config: 
         raise loaded.error(config_field, f"config.json {refusal.field}: {refusal.message}", refusal.fix)
 
 
-def _check_engine(loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | None, toolchain: Toolchain) -> None:
+def _check_engine(loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | None,
+                  toolchain: Toolchain) -> EngineConfig | None:
     spec = loaded.spec
     engine, triton = spec.engine, spec.triton
     if triton.max_batch_size is not None and triton.max_batch_size > engine.max_batch_size:
@@ -540,12 +564,12 @@ def _check_engine(loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | Non
             f"lower max_seq_len to at most {max_positions}",
         )
     if spec.backend_kind == "llm-api":
-        return  # the LLM() arguments and their rules: _check_llm_api
+        return None  # the LLM() arguments and their rules: _check_llm_api
     # The complete trtllm-build configuration, with the pinned trtllm-build's own rules, the in-flight
     # batching requirements, engine.plugins against the flag table and max_num_tokens: derived here once,
     # so a spec that resolves has an engine plan (trtpipe.engine.plan renders the same derivation).
     try:
-        derive_engine_config(spec, toolchain, gpu, config)
+        return derive_engine_config(spec, toolchain, gpu, config)
     except RuleViolation as violation:
         raise loaded.error(violation.field_path, violation.message, violation.fix) from None
 
@@ -589,9 +613,9 @@ def resolve(loaded: LoadedSpec, *, need_weights: bool = True) -> ResolvedSpec:
     model_dir, tokenizer_dir, config_path, config_field, config = _resolve_model(loaded, need_weights)
     _check_shape(loaded, config_field, config)
     _check_semantics(loaded, config_field, config, backend.kind, on_cpu=gpu is None)
-    _check_engine(loaded, config, gpu, toolchain)
+    engine_config = _check_engine(loaded, config, gpu, toolchain)
     llm_api = _check_llm_api(loaded, config, gpu, toolchain) if backend.kind == "llm-api" else None
-    return ResolvedSpec(
+    resolved = ResolvedSpec(
         spec=spec,
         spec_path=loaded.path,
         toolchain=toolchain,
@@ -604,3 +628,6 @@ def resolve(loaded: LoadedSpec, *, need_weights: bool = True) -> ResolvedSpec:
         backend=backend,
         llm_api=llm_api,
     )
+    if engine_config is not None:
+        resolved._engine_config = (resolved._engine_inputs(), engine_config)
+    return resolved

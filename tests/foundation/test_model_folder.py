@@ -276,3 +276,42 @@ def test_check_tokenizer_reports_the_facts_the_serving_models_use(tiny_llama_dir
     tokenizer = Tokenizer.from_file(str(tiny_llama_dir / "tokenizer.json"))
     eos = json.loads((tiny_llama_dir / "tokenizer_config.json").read_text())["eos_token"]
     assert facts.vocab_size == tokenizer.get_vocab_size() and facts.end_id == tokenizer.token_to_id(eos)
+
+
+def test_one_end_token_rule_read_two_ways(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """The preprocessing model prefers tokenizer_config.json's eos_token, the LLM API generation_config.json's
+    eos_token_id (its first, when a list); each falls back on the other, and an empty list names no token (it
+    raised IndexError in smoke's copy of the rule)."""
+    from tokenizers import Tokenizer
+
+    from trtpipe.model_folder import end_token_id
+    from trtpipe.reference.hf_loader import hf_end_id
+    from trtpipe.serving.smoke import end_id_of
+
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    shutil.copy(tiny_llama_dir / "tokenizer.json", folder / "tokenizer.json")
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    eos = json.loads((tiny_llama_dir / "tokenizer_config.json").read_text())["eos_token"]
+    by_name = tokenizer.token_to_id(eos)
+    other = by_name + 3
+
+    def write(tokenizer_config: dict | None, generation_config: dict | None) -> None:
+        for name, value in (("tokenizer_config.json", tokenizer_config), ("generation_config.json", generation_config)):
+            (folder / name).unlink(missing_ok=True)
+            if value is not None:
+                (folder / name).write_text(json.dumps(value))
+
+    cases = [  # (tokenizer_config, generation_config) -> (preprocessing, llm-api)
+        (({"eos_token": eos}, {"eos_token_id": other}), (by_name, other)),
+        (({"eos_token": {"content": eos}}, {"eos_token_id": [other, by_name]}), (by_name, other)),
+        (({"eos_token": eos}, {"eos_token_id": []}), (by_name, by_name)),
+        ((None, {"eos_token_id": []}), (None, None)),
+        (({"eos_token": "<no-such-token>"}, {"eos_token_id": other}), (other, other)),
+        ((None, {"eos_token_id": True}), (None, None)),
+        ((None, None), (None, None)),
+    ]
+    for configs, (preprocessing, llm_api) in cases:
+        write(*configs)
+        assert (end_token_id(folder, "preprocessing"), end_token_id(folder, "llm-api")) == (preprocessing, llm_api), configs
+        assert (end_id_of(folder), hf_end_id(folder)) == (preprocessing, llm_api), configs

@@ -48,11 +48,13 @@ from trtpipe.checkpoint.convert import (
 from trtpipe.checkpoint.hf_source import inspect_source
 from trtpipe.errors import IntegrityError, InvalidInput, TrtpipeError
 from trtpipe.llm_api.args import check_llm_args, load_args_table
+from trtpipe.model_folder import TOKENIZER_FILES
 
 LLM_ARGS_FILE = "llm_args.json"
 HF_QUANT_CONFIG = "hf_quant_config.json"
-# The tokenizer files an artifact carries (the llmapi model's LLM() reads them from the model folder).
-ARTIFACT_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model")
+# The tokenizer files an artifact carries (the llmapi model's LLM() reads them from the model folder): the
+# tokenizer table's, less generation_config.json, which the export writes from the model itself.
+ARTIFACT_TOKENIZER_FILES = tuple(name for name in TOKENIZER_FILES if name != "generation_config.json")
 
 
 class HfExportSummary(ConversionFacts):

@@ -14,10 +14,10 @@ from typing import Any
 
 from trtpipe.config_json import read_model_config
 from trtpipe.errors import IntegrityError, InvalidInput
+from trtpipe.model_folder import TOKENIZER_MARKERS
 from trtpipe.resolve import SUPPORTED_ARCHITECTURES
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ def inspect_source(
     if not uses_pickle:
         _check_safetensors_shapes(model_dir, files, config)
     tokenizer_dir = tokenizer_dir or model_dir
-    if not any((tokenizer_dir / name).is_file() for name in TOKENIZER_FILES):
+    if not any((tokenizer_dir / name).is_file() for name in TOKENIZER_MARKERS):
         raise InvalidInput(
             f"{tokenizer_dir}: no tokenizer (tokenizer.json or tokenizer.model)",
             fix="copy the model's tokenizer files there, or set model.tokenizer in the spec",

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, computed_field
 
 from trtpipe.errors import TrtpipeError
-from trtpipe.trtllm_build.config import RuleViolation, derive_engine_config, flag_table
+from trtpipe.trtllm_build.config import RuleViolation, flag_table
 from trtpipe.trtllm_build.flags import FlagContract, load_contract, render_value
 from trtpipe.trtllm_build.rules import BuildFacts, simulate_command
 
@@ -109,7 +109,7 @@ def make_build_plan(resolved: Any) -> BuildPlan:
     """The complete build configuration of a resolved spec (see the module doc)."""
     spec, toolchain, gpu = resolved.spec, resolved.toolchain, resolved.gpu
     try:
-        config = derive_engine_config(spec, toolchain, gpu, resolved.model_config or {})
+        config = resolved.engine_config()
     except RuleViolation as violation:  # resolve refuses these first; a spec changed after resolving lands here
         raise resolved.error(violation.field_path, violation.message, violation.fix) from None
     archs = (resolved.model_config or {}).get("architectures") or []

@@ -62,24 +62,9 @@ def is_hf_checkpoint(path: Path) -> bool:
 def hf_end_id(path: Path) -> int | None:
     """The end token the LLM API stops on for the checkpoint at `path`: generation_config.json's eos_token_id
     (its first, when a list), else tokenizer_config.json's eos_token looked up in tokenizer.json."""
-    path = Path(path)
-    generation = path / "generation_config.json"
-    if generation.is_file():
-        eos = json.loads(generation.read_text(encoding="utf-8")).get("eos_token_id")
-        if isinstance(eos, list):
-            eos = eos[0] if eos else None
-        if eos is not None:
-            return int(eos)
-    config = path / "tokenizer_config.json"
-    if config.is_file() and (path / "tokenizer.json").is_file():
-        from tokenizers import Tokenizer
+    from trtpipe.model_folder import end_token_id
 
-        eos = json.loads(config.read_text(encoding="utf-8")).get("eos_token")
-        if isinstance(eos, dict):
-            eos = eos.get("content")
-        if eos:
-            return Tokenizer.from_file(str(path / "tokenizer.json")).token_to_id(eos)
-    return None
+    return end_token_id(Path(path), "llm-api")
 
 
 def hf_quantization(path: Path) -> tuple[str | None, str | None, dict[str, Any]]:

@@ -25,13 +25,12 @@ from typing import Any
 import yaml
 
 from trtpipe.errors import IntegrityError, InvalidInput
+from trtpipe.model_folder import SERVING_TOKENIZER_FILE, TOKENIZER_FILES
 from trtpipe.serving import identity, templates
 from trtpipe.serving.publish import (
     CONTAINER_REPO_MOUNT,
     MANIFEST_FORMAT,
-    REQUIRED_TOKENIZER_FILE,
     STORE_MANIFEST,
-    TOKENIZER_FILES,
     manifest_header,
     place_file,
     write_repository_atomically,
@@ -95,8 +94,8 @@ def check_artifact(artifact_dir: Path) -> list[str]:
     if not any(n.endswith(".safetensors") for n in names):
         raise IntegrityError(f"{artifact_dir} holds no .safetensors weights", path=str(artifact_dir),
                              fix="rebuild the artifact")
-    if REQUIRED_TOKENIZER_FILE not in names:
-        raise InvalidInput(f"{artifact_dir}: no {REQUIRED_TOKENIZER_FILE} (the LLM loads its tokenizer from the "
+    if SERVING_TOKENIZER_FILE not in names:
+        raise InvalidInput(f"{artifact_dir}: no {SERVING_TOKENIZER_FILE} (the LLM loads its tokenizer from the "
                            "checkpoint folder)", fix="rebuild the artifact from a model with a fast tokenizer")
     read_llm_args(artifact_dir)
     return names

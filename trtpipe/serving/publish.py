@@ -32,30 +32,17 @@ from pydantic import BaseModel
 
 from trtpipe import model_semantics
 from trtpipe.errors import IntegrityError, InternalError, InvalidInput, NotFound, UsageError
-from trtpipe.model_folder import copy_confined, folder_roots
+from trtpipe.model_folder import SERVING_TOKENIZER_FILE, TOKENIZER_FILES, copy_confined, folder_roots
 from trtpipe.serving import identity, templates
+from trtpipe.serving.templates import ENGINE_SUBDIR, MANIFEST_NAME
 
 log = logging.getLogger(__name__)
 
-MANIFEST_NAME = "trtpipe.json"
 MANIFEST_FORMAT = 1
 # Where `trtpipe serve --print` mounts the repository inside the Triton container; the GPU
 # tensorrt_llm model's gpt_model_path points below it, so the repository can move on the host.
 CONTAINER_REPO_MOUNT = "/trtpipe/repo"
-ENGINE_SUBDIR = "tensorrt_llm/1"
 TOKENIZER_SUBDIR = "tokenizer"
-# Files of a Hugging Face tokenizer directory that the Python models (or users) may read.
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "generation_config.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "added_tokens.json",
-)
-REQUIRED_TOKENIZER_FILE = "tokenizer.json"
 MODELS_WITH_TOKENIZER = ("preprocessing", "postprocessing", "tensorrt_llm_bls")
 
 # The artifact store's per-entry manifest (trtpipe.store.local.MANIFEST): not an engine file.
@@ -266,9 +253,9 @@ def place_engine(engine_dir: Path, dest: Path) -> tuple[Placement, list[str]]:
 def copy_tokenizer(tokenizer_dir: Path, dest: Path, *, allow_external_links: bool = False) -> list[str]:
     """Copy the tokenizer files into `dest`. The model folder is a boundary (trtpipe.model_folder): a file that
     resolves outside the folder is refused here too, at the moment it is copied, unless the spec allows it."""
-    if not (tokenizer_dir / REQUIRED_TOKENIZER_FILE).is_file():
+    if not (tokenizer_dir / SERVING_TOKENIZER_FILE).is_file():
         raise InvalidInput(
-            f"{tokenizer_dir}: no {REQUIRED_TOKENIZER_FILE} (the serving models read it with the tokenizers library)",
+            f"{tokenizer_dir}: no {SERVING_TOKENIZER_FILE} (the serving models read it with the tokenizers library)",
             fix="point model.tokenizer at a directory with a fast tokenizer (save it with tokenizer.save_pretrained)",
         )
     dest.mkdir(parents=True, exist_ok=True)

@@ -252,7 +252,7 @@ def models_to_load(repo: Path, manifest: dict[str, Any] | None = None) -> list[s
     the repository's trtpipe.json names (`models`, written by publish and covered by its signature), never
     whatever else has a folder there: a model folder added beside a published repository is not loaded. A
     folder without that list (a hand-made repository) loads its model folders, as the server's default would."""
-    from trtpipe.serving.publish import MANIFEST_NAME
+    from trtpipe.serving.templates import MANIFEST_NAME
 
     # The folder's own trtpipe.json first (the serving copy's: the bytes the server reads), else `manifest`.
     try:

@@ -40,6 +40,7 @@ from typing import Protocol
 
 from trtpipe.errors import IntegrityError, InvalidInput
 from trtpipe.serving import identity
+from trtpipe.serving.templates import ENGINE_SUBDIR, MANIFEST_NAME
 
 
 class VerifiedSet(Protocol):
@@ -51,8 +52,6 @@ class VerifiedSet(Protocol):
     @property
     def files(self) -> dict[str, dict[str, str]]: ...  # relative path -> {"sha256", "mode"}
 
-REPOSITORY_MANIFEST = "trtpipe.json"
-ENGINE_SUBDIR = "tensorrt_llm/1"
 
 
 @dataclass
@@ -112,7 +111,7 @@ def _engine_files(repo: Path) -> set[str]:
     """The repository's engine files that are linked, not copied (trtpipe.json `engine.files`; for an llmapi
     repository the LLM-API artifact's weights, `artifact.files` under `artifact.dir`)."""
     try:
-        manifest = json.loads((repo / REPOSITORY_MANIFEST).read_text())
+        manifest = json.loads((repo / MANIFEST_NAME).read_text())
     except (OSError, ValueError):
         return set()
     if not isinstance(manifest, dict):

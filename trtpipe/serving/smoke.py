@@ -19,7 +19,6 @@ model on a server that serves an llmapi repository.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -88,21 +87,9 @@ def _pattern_checks(checks: list[SmokeCheck], url: str, model: str, *, prompts: 
 
 def end_id_of(tokenizer_dir: Path) -> int | None:
     """The end token the preprocessing model uses (tokenizer_config eos, then generation_config)."""
-    from tokenizers import Tokenizer
+    from trtpipe.model_folder import end_token_id
 
-    tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
-    config_path = tokenizer_dir / "tokenizer_config.json"
-    if config_path.is_file():
-        eos = json.loads(config_path.read_text()).get("eos_token")
-        if isinstance(eos, dict):
-            eos = eos.get("content")
-        if eos and tokenizer.token_to_id(eos) is not None:
-            return tokenizer.token_to_id(eos)
-    gen_path = tokenizer_dir / "generation_config.json"
-    if gen_path.is_file():
-        eos_id = json.loads(gen_path.read_text()).get("eos_token_id")
-        return eos_id[0] if isinstance(eos_id, list) else eos_id
-    return None
+    return end_token_id(tokenizer_dir, "preprocessing")
 
 
 def _reference_model(reference: ParityReference):

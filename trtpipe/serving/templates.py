@@ -19,6 +19,10 @@ TEMPLATE_ROOT = triton_repo_dir()
 PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
 
 MODEL_NAMES = ("ensemble", "preprocessing", "tensorrt_llm", "postprocessing", "tensorrt_llm_bls")
+# Beside the rendered models, every published repository (either layout) holds its manifest, and an
+# inflight_batcher repository its engine in the tensorrt_llm model's version folder.
+MANIFEST_NAME = "trtpipe.json"
+ENGINE_SUBDIR = "tensorrt_llm/1"
 
 # The template folder each published model comes from, per target kind.
 GPU_SOURCES = {name: name for name in MODEL_NAMES}

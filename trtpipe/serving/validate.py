@@ -17,9 +17,7 @@ from google.protobuf import text_format
 from pydantic import BaseModel
 from tritonclient.grpc import model_config_pb2 as mc
 
-from trtpipe.serving.templates import MODEL_NAMES, PLACEHOLDER
-
-MANIFEST_NAME = "trtpipe.json"
+from trtpipe.serving.templates import MANIFEST_NAME, MODEL_NAMES, PLACEHOLDER
 PYTHON_MODELS_ALWAYS = ("preprocessing", "postprocessing", "tensorrt_llm_bls")
 
 

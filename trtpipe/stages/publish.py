@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import trtpipe
-from trtpipe.serving.publish import TOKENIZER_FILES
+from trtpipe.model_folder import TOKENIZER_FILES
 from trtpipe.serving.templates import templates_digest
 from trtpipe.stages.base import InputRef, NoKey, Preview, StageContext
 from trtpipe.store.digest_cache import DigestCache

@@ -157,7 +157,7 @@ def sanitize_tag(text: str) -> str:
 
 
 def key_tag(kind: str, key: str) -> str:
-    """The immutable tag an entry is pushed under, so `pull_if_present(kind, key)` can find it."""
+    """The immutable tag an entry is pushed under, so `find(kind, key)` and `pull_into` can find it."""
     return sanitize_tag(f"{kind}-{key}")
 
 
