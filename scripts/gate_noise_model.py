@@ -1,4 +1,4 @@
-"""The regression gate's operating characteristic under a stated noise model (README: "Gates that noise cannot flip").
+"""The regression gate's operating characteristic under a stated noise model (docs/release.md: "Gates that noise cannot flip").
 
     .venv/bin/python scripts/gate_noise_model.py [--sigma 0.35 --stall-p 0.2 --stall-max 6 --trials 3000]
 

@@ -4,7 +4,8 @@ As found: the matrix section began with `trtpipe example-model out/tiny-llama &&
 out/tiny-qwen2 --arch qwen2`; a reader who had followed the README from the top had written out/tiny-llama
 already, so the first command exited 2 (the folder exists) and the qwen2 model was never written.
 
-Here every README line that writes an example model is run, in README order, in one scratch folder, with
+Here every README line that writes an example model is run, in reading order (the README, then the docs pages
+its "Read on" table links, in that order), in one scratch folder, with
 the installed `trtpipe`: each must exit 0, and every model the README's matrix file reads must exist after.
 """
 
@@ -21,6 +22,25 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_MODEL = re.compile(r"trtpipe example-model (\S+)")
+
+
+LINKED_PAGE = re.compile(r"^\| \[(docs/[\w-]+\.md)\]", re.M)
+
+
+def reading_order() -> str:
+    """The README, then each page its "Read on" table links, in that order: how a reader meets the commands."""
+    readme = (ROOT / "README.md").read_text()
+    pages = LINKED_PAGE.findall(readme)
+    return "\n".join([readme, *((ROOT / page).read_text() for page in pages)])
+
+
+def test_the_readme_is_a_front_door_and_every_page_it_links_exists() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150
+    pages = LINKED_PAGE.findall(readme)
+    assert len(pages) >= 8 and all((ROOT / page).is_file() for page in pages), pages
+    # Every page in docs/ is reachable from the README.
+    assert {p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")} <= set(pages)
 
 
 def _bash_lines(text: str) -> list[str]:
@@ -45,7 +65,7 @@ def test_example_model_refuses_a_folder_that_exists(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(300)
 def test_every_readme_line_that_writes_an_example_model_runs_in_order(tmp_path: Path) -> None:
-    lines = [line for line in _bash_lines((ROOT / "README.md").read_text()) if EXAMPLE_MODEL.search(line)]
+    lines = [line for line in _bash_lines(reading_order()) if EXAMPLE_MODEL.search(line)]
     assert len(lines) >= 4, lines  # check-a-host, the flow, and the matrix section's two models
     trtpipe = shutil.which("trtpipe", path=str(Path(sys.executable).parent))
     assert trtpipe is not None

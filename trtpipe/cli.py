@@ -4,7 +4,7 @@ function, prints.
 Commands live in `trtpipe/commands/<area>.py`, each exposing `register(app)`, and import what they
 run inside the command, so `trtpipe --help` and a warm build import only what they need.
 Errors: a `TrtpipeError` prints as one line, `error: <what>; <fix>[; <hint>]` (the hint from
-`trtpipe.commands.hints`), and exits with its code (`trtpipe.errors.EXIT_CODES`, the README's table).
+`trtpipe.commands.hints`), and exits with its code (`trtpipe.errors.EXIT_CODES`, the table in docs/cli.md).
 """
 
 from __future__ import annotations

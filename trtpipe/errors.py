@@ -8,7 +8,7 @@ A library error's `fix` says what to change in the world (a file, a spec field, 
 service); it never names a trtpipe command or flag. The CLI adds those from the error's type and
 fields (`trtpipe.commands.hints`), where a test checks each against the command line itself.
 
-Exit codes: `EXIT_CODES` below, one table for the whole CLI (the README prints the same table).
+Exit codes: `EXIT_CODES` below, one table for the whole CLI (docs/cli.md prints the same table).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 
-# exit code -> what it means, for the whole CLI (README's table is checked against this).
+# exit code -> what it means, for the whole CLI (docs/cli.md's table is checked against this).
 EXIT_CODES: dict[int, str] = {
     0: "success",
     1: "a check, gate, plan, build or test did not pass, or stored data failed verification",

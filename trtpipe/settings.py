@@ -1,6 +1,6 @@
 """trtpipe's settings from the environment: the one module that reads environment variables.
 
-Every variable trtpipe honours is listed in `VARIABLES` (the README's table is checked against it).
+Every variable trtpipe honours is listed in `VARIABLES` (docs/cli.md's table is checked against it).
 `Settings.from_env()` reads them once; the CLI builds its workspace from the result and passes
 it on. Library code that needs a setting asks this module (`from_env()`), never `os.environ`.
 Variables other tools define for their children (CUDA_VISIBLE_DEVICES, DOCKER_HOST ...) are theirs,
@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 _URL_RE = re.compile(r"^([a-z][a-z0-9+.-]*)://")
 
-# name -> what it sets (one line each; the README lists them).
+# name -> what it sets (one line each; docs/cli.md lists them).
 VARIABLES: dict[str, str] = {
     "TRTPIPE_HOME": "the workspace: artifact store, results, channels, audit trail, build records "
                     "(default: the user cache dir, e.g. ~/.cache/trtpipe)",

@@ -1,6 +1,6 @@
 """Gates that noise cannot flip: the regression gate under injected noise, following its own advice.
 
-The noise model (stated; README "Gates that noise cannot flip"): one bench run's P99 TTFT is its digest's
+The noise model (stated; docs/release.md "Gates that noise cannot flip"): one bench run's P99 TTFT is its digest's
 true figure times exp(e), e = 0.35 * Z + (with probability 0.2) log U, Z standard normal, U uniform on [1, 6]:
 a log-normal spread plus stalls of a loaded machine of up to 6x. Calibrated on what was seen: the issue saw one
 24-request run's P99 swing 6x on a loaded 2-core host (this model: a median max/min of 6.9x over 10 runs) and 4 of
@@ -9,7 +9,7 @@ concurrency 2, 24 requests) gave a log-spread of 0.33-0.39 and 4 of 30 pairs pas
 
 The gate's error rates under it (bench_stats' Mann-Whitney bounds, 95 % each side, tolerance 2x), following the
 gate's advice on how many runs to add: an equal candidate ends passed 99.9 % of the time, a 3x slower one ends
-refused 99.3 % of the time (README's table, `scripts/gate_noise_model.py`: simulated from this model, not from
+refused 99.3 % of the time (docs/release.md's table, `scripts/gate_noise_model.py`: simulated from this model, not from
 these seeds).
 So 20 seeded reruns: >= 19 passes expected of the equal one, 20 refusals of the 3x one.
 """

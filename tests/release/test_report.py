@@ -5,7 +5,7 @@ each served by a real CPU Triton server, smoke-tested and benchmarked with `--re
 the digest the server reports), promoted to dev and staging, a promotion to prod refused by its bench gate,
 and staging rolled back (after a forced promotion). The page is opened in Debian's chromium (headless): no console message at all, the
 channel table, every audit row (the refusal highlighted), a bench figure per version; a screenshot is taken
-(copied to docs/release-report.png when UPDATE_DOCS_SCREENSHOTS=1, for the README).
+(copied to docs/release-report.png when UPDATE_DOCS_SCREENSHOTS=1, for docs/release.md).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ more to record. The noise model and the interval are `trtpipe.release.bench_stat
   of each would decide. Each judgement wrongly fails a candidate within tolerance, or wrongly passes one
   beyond it, with probability at most 5 % (at the tolerance itself; far less away from it). Judged again
   after more runs, the chances add up at worst (two looks: 10 %), and only near the tolerance, where
-  no rule can tell. Under the noise of a loaded 2-core host (README: "Gates that noise cannot flip";
+  no rule can tell. Under the noise of a loaded 2-core host (docs/release.md: "Gates that noise cannot flip";
   `scripts/gate_noise_model.py`), following the gate's own advice on how many runs to add, a candidate
   equal to the incumbent ends passed in 99.9 % of cases and a 3x slower one ends refused in 99.3 %.
 
