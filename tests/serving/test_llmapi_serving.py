@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 from safetensors.torch import load_file, save_file
 
 from trtpipe.errors import UsageError
-from trtpipe.serving.client import LLMAPI, TritonLLMClient, TritonRequestError, resolve_model
+from trtpipe.serving.client import LLMAPI, REQUEST_CONTRACTS, TritonLLMClient, TritonRequestError, resolve_model
 from trtpipe.serving.llmapi import ARTIFACT_DIR, publish_llmapi_repository
 from trtpipe.serving.smoke import run_smoke
 
@@ -108,7 +108,7 @@ def _text(result) -> str:
 
 
 def test_the_default_model_is_the_llmapi_model(server) -> None:
-    assert resolve_model(server.grpc_url) == ("tensorrt_llm", LLMAPI)
+    assert resolve_model(server.grpc_url) == ("tensorrt_llm", REQUEST_CONTRACTS[LLMAPI])
     metadata = grpcclient.InferenceServerClient(server.grpc_url).get_model_metadata("tensorrt_llm", as_json=True)
     assert len(metadata["inputs"]) == 22 and len(metadata["outputs"]) == 16
 

@@ -119,17 +119,18 @@ def run_bench(
     slo = slo or Slo()
     seed = workload.seed if seed is None else seed
     own_sender = sender is None
-    contract = "inflight_batcher_llm"
+    contract = None  # the served model's request contract (trtpipe.serving.client.RequestContract)
     if sender is None:
         from trtpipe.errors import TrtpipeError
-        from trtpipe.serving.client import LLMAPI, resolve_model
+        from trtpipe.serving.client import INFLIGHT, REQUEST_CONTRACTS, resolve_model
 
+        contract = REQUEST_CONTRACTS[INFLIGHT]
         try:
             model, contract = resolve_model(url, model, timeout=max(drain_s, 1.0))
         except TrtpipeError:
             pass  # an unreachable server: every request fails and is reported, as without the question
-        if contract == LLMAPI and count_tokens is None:
-            raise UsageError(f"{model} at {url} speaks the llmapi contract, which returns text only, and no "
+        if not contract.returns_token_ids and count_tokens is None:
+            raise UsageError(f"{model} at {url} speaks the {contract.name} contract, which returns text only, and no "
                              "tokenizer was given to count its output tokens",
                              fix="give the served model's tokenizer (the repository the server serves)")
     active_sender: RequestSender = sender if sender is not None else TritonSender(
@@ -195,5 +196,5 @@ def run_bench(
         runs=runs,
         warmup=warmed,
         started_at=started_at,
-        output_token_counting="text" if contract == "llmapi" and own_sender else "server",
+        output_token_counting="text" if contract is not None and not contract.returns_token_ids else "server",
     )

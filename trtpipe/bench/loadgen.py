@@ -235,9 +235,6 @@ def run_load(
     return records
 
 
-BENCH_OUTPUTS = ("text_output", "output_ids", "sequence_length")
-
-
 def tokens_in_response(result: Any) -> int:
     """Tokens in one streamed response: `sequence_length` (TRT-LLM's count), else the `output_ids` size."""
     lengths = result.as_numpy("sequence_length")
@@ -290,8 +287,8 @@ def _stream_error(stream: _Stream, timeout: float) -> BaseException | None:
 class TritonSender:
     """Streams requests to a Triton LLM model (ensemble or BLS) over gRPC, on persistent streams.
 
-    Requests are built by the serving client for the contract the model speaks (`contract`: the
-    ensemble/BLS `build_inputs`, or the llmapi model's `build_llmapi_inputs`); responses are read the same
+    Requests are built by the serving client's request contract for the model (`contract`, a
+    trtpipe.serving.client.RequestContract: the ensemble/BLS one by default); responses are read the same
     way the serving client reads them (final flag from `triton_final_response`, empty final responses
     accepted). An llmapi model returns text only, and streams the whole text so far: its responses are
     counted with `count_tokens` (the served tokenizer, no special tokens) on the text each one adds. Unlike `TritonLLMClient.stream`,
@@ -303,20 +300,20 @@ class TritonSender:
     """
 
     def __init__(self, url: str, model: str = "ensemble", *, timeout: float = 30.0, sampling: dict | None = None,
-                 contract: str = "inflight_batcher_llm", count_tokens: Callable[[str], int] | None = None) -> None:
-        if contract == "llmapi" and count_tokens is None:
-            raise ValueError("an llmapi model returns text only: give count_tokens to count its output tokens")
+                 contract: Any = None, count_tokens: Callable[[str], int] | None = None) -> None:
         # Everything a request needs is imported here, before any send time is taken: importing
         # tritonclient.grpc inside the first request charged its 150-200 ms to that request's TTFT.
         import tritonclient.grpc as grpcclient
 
         # the serving area's request contracts and its reading of the final flag
-        from trtpipe.serving.client import (LLMAPI, LLMAPI_OUTPUTS, build_inputs, build_llmapi_inputs,
-                                            is_final_response, text_delta)
+        from trtpipe.serving.client import INFLIGHT, REQUEST_CONTRACTS, is_final_response, text_delta
 
+        contract = contract if contract is not None else REQUEST_CONTRACTS[INFLIGHT]
+        if not contract.returns_token_ids and count_tokens is None:
+            raise ValueError(f"a {contract.name} model returns text only: give count_tokens to count its output tokens")
         self._grpc = grpcclient
-        self._build_inputs = build_llmapi_inputs if contract == LLMAPI else build_inputs
-        self._outputs = LLMAPI_OUTPUTS if contract == LLMAPI else BENCH_OUTPUTS
+        self._build_inputs = contract.build_inputs
+        self._outputs = contract.outputs()
         self._is_final = is_final_response
         self._text_delta = text_delta
         self.url = url
@@ -353,7 +350,7 @@ class TritonSender:
     def __call__(self, request: RequestSpec, deadline: float) -> Iterator[TokenChunk]:
         grpcclient, is_final_response, text_delta = self._grpc, self._is_final, self._text_delta
         inputs, outputs = self._inputs(request)
-        seen = ""  # llmapi: the text so far
+        seen = ""  # a text-only contract: the text so far
         stream = self._take()
         clean = False
         try:
@@ -380,7 +377,7 @@ class TritonSender:
                 if error is not None:
                     raise error
                 final = is_final_response(result)
-                if self.count_tokens is not None and self.contract == "llmapi":
+                if self.count_tokens is not None and not self.contract.returns_token_ids:
                     texts = result.as_numpy("text_output")
                     text = "" if texts is None else texts.reshape(-1)[0]
                     text = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)

@@ -212,17 +212,17 @@ def bench(
     for note in notes:
         typer.echo(note, err=json_out)
     count_tokens = None
-    from trtpipe.serving.client import LLMAPI, resolve_model
+    from trtpipe.serving.client import resolve_model
 
     try:
         model, contract = resolve_model(url, model, timeout=drain_s or 30)
     except TrtpipeError:
         contract = None  # unreachable: every request fails and is reported
-    if contract == LLMAPI:
-        # The llmapi model has no end_id input and returns text only: its output is counted in served tokens.
-        if ignore_eos:
-            raise UsageError(f"--ignore-eos: {model} at {url} speaks the llmapi contract, which has no end_id input",
-                             fix="drop --ignore-eos for an llm-api deployment (requests then stop at the end token)")
+    if contract is not None and ignore_eos and not contract.takes_end_id:
+        raise UsageError(f"--ignore-eos: {model} at {url} speaks the {contract.name} contract, which has no end_id input",
+                         fix="drop --ignore-eos for an llm-api deployment (requests then stop at the end token)")
+    if contract is not None and not contract.returns_token_ids:
+        # Text only (the llmapi model): its output is counted in served tokens.
         from trtpipe.bench.counting import text_token_counter
 
         count_tokens = text_token_counter(Path(workload.tokenizer)) if workload.tokenizer else counter.count

@@ -5,7 +5,8 @@ client's timeout, never as a hang. Decoupled models (streaming deployments) are 
 through the streaming API, with the final-response flag handled whether it arrives on the last
 data response or on a separate empty one.
 
-Two request contracts, told apart by the served model's metadata (`detect_contract`):
+Two request contracts, one `RequestContract` each (REQUEST_CONTRACTS), told apart by the served model's
+metadata (`contract_of`); callers read the contract's facts and never compare its name:
 - inflight_batcher_llm (ensemble, tensorrt_llm_bls): text_input, max_tokens, stream and the sampling inputs;
   responses carry the new text and its token ids (output_ids, sequence_length).
 - llmapi (TensorRT-LLM's llmapi tensorrt_llm model, build_configs/triton_contracts/llmapi.yaml): text_input,
@@ -22,7 +23,8 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -208,19 +210,56 @@ def build_llmapi_inputs(
     return inputs
 
 
-def contract_of(metadata: dict[str, Any]) -> Contract:
+def _inflight_outputs(log_probs: bool) -> tuple[str, ...]:
+    return OUTPUTS + (LOG_PROB_OUTPUTS if log_probs else ())
+
+
+def _llmapi_outputs(log_probs: bool) -> tuple[str, ...]:
+    return LLMAPI_OUTPUTS  # no log-prob outputs in its contract
+
+
+@dataclass(frozen=True)
+class RequestContract:
+    """How clients ask the model a repository layout serves, and how its answers read: the one place that
+    knows (the smoke checks, the load generator and bench use these facts, never the contract's name)."""
+
+    name: Contract
+    build_inputs: Callable[..., list[grpcclient.InferInput]]  # (prompt, max_tokens, *, stream, **sampling)
+    output_names: Callable[[bool], tuple[str, ...]]  # (log probs asked for) -> the outputs to request
+    required_inputs: tuple[str, ...]  # what its metadata must declare for trtpipe's requests
+    returns_token_ids: bool  # False: text only (output tokens are counted with the served tokenizer)
+    cumulative_stream: bool  # a streamed text_output is the whole text so far, not the new piece
+    takes_end_id: bool  # an end_id input (bench --ignore-eos sends end_id=-1)
+
+    def outputs(self, *, log_probs: bool = False) -> tuple[str, ...]:
+        return self.output_names(log_probs)
+
+
+REQUEST_CONTRACTS: dict[str, RequestContract] = {
+    INFLIGHT: RequestContract(
+        name=INFLIGHT, build_inputs=build_inputs, output_names=_inflight_outputs,
+        required_inputs=("text_input", "max_tokens"), returns_token_ids=True, cumulative_stream=False,
+        takes_end_id=True),
+    LLMAPI: RequestContract(
+        name=LLMAPI, build_inputs=build_llmapi_inputs, output_names=_llmapi_outputs,
+        required_inputs=("text_input", "sampling_param_max_tokens"), returns_token_ids=False,
+        cumulative_stream=True, takes_end_id=False),
+}
+
+
+def contract_of(metadata: dict[str, Any]) -> RequestContract:
     """Which request contract a model speaks, from its gRPC metadata (as_json)."""
     names = {t["name"] for t in metadata.get("inputs", [])}
     if "sampling_param_max_tokens" in names and "max_tokens" not in names:
-        return LLMAPI
-    return INFLIGHT
+        return REQUEST_CONTRACTS[LLMAPI]
+    return REQUEST_CONTRACTS[INFLIGHT]
 
 
 DEFAULT_MODEL = "ensemble"
 LLMAPI_MODEL = "tensorrt_llm"
 
 
-def resolve_model(url: str, model: str = DEFAULT_MODEL, *, timeout: float = 30) -> tuple[str, Contract]:
+def resolve_model(url: str, model: str = DEFAULT_MODEL, *, timeout: float = 30) -> tuple[str, RequestContract]:
     """The model to call at `url` and the contract it speaks. The default model (the ensemble) stands for the
     llmapi model on a server that serves an llmapi repository, which has no ensemble: callers written for
     either deployment work unchanged. Any other name is taken as given."""
@@ -231,10 +270,11 @@ def resolve_model(url: str, model: str = DEFAULT_MODEL, *, timeout: float = 30) 
                      .get("models", [])}
             if model == DEFAULT_MODEL and model not in names and LLMAPI_MODEL in names:
                 metadata = client.get_model_metadata(LLMAPI_MODEL, as_json=True, client_timeout=timeout)
-                if contract_of(metadata) == LLMAPI:
-                    return LLMAPI_MODEL, LLMAPI
+                contract = contract_of(metadata)
+                if contract.name == LLMAPI:  # the llmapi layout's own model, the one it serves
+                    return LLMAPI_MODEL, contract
             if model not in names:
-                return model, INFLIGHT  # the caller's own checks say the model is missing
+                return model, REQUEST_CONTRACTS[INFLIGHT]  # the caller's own checks say the model is missing
             return model, contract_of(client.get_model_metadata(model, as_json=True, client_timeout=timeout))
         except InferenceServerException as err:
             raise TritonConnectionError(f"cannot ask {url} which models it serves: {err.message()}", remote=url,
@@ -291,7 +331,7 @@ class TritonLLMClient:
         self.model = model
         self.timeout = timeout
         self._decoupled: bool | None = None
-        self._contract: Contract | None = None
+        self._contract: RequestContract | None = None
 
     def _client(self) -> grpcclient.InferenceServerClient:
         return grpcclient.InferenceServerClient(self.url)
@@ -338,7 +378,7 @@ class TritonLLMClient:
             self._decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
         return self._decoupled
 
-    def contract(self) -> Contract:
+    def contract(self) -> RequestContract:
         """The request contract the served model speaks (from its metadata; asked once)."""
         if self._contract is None:
             client = self._client()
@@ -352,15 +392,10 @@ class TritonLLMClient:
         return self._contract
 
     def _inputs(self, prompt: str, max_tokens: int, *, stream: bool, **sampling: Any) -> list[grpcclient.InferInput]:
-        if self.contract() == LLMAPI:
-            return build_llmapi_inputs(prompt, max_tokens, stream=stream, **sampling)
-        return build_inputs(prompt, max_tokens, stream=stream, **sampling)
+        return self.contract().build_inputs(prompt, max_tokens, stream=stream, **sampling)
 
     def _outputs(self, sampling: dict[str, Any]) -> list[grpcclient.InferRequestedOutput]:
-        if self.contract() == LLMAPI:
-            names: tuple[str, ...] = LLMAPI_OUTPUTS
-        else:
-            names = OUTPUTS + (LOG_PROB_OUTPUTS if sampling.get("return_log_probs") else ())
+        names = self.contract().outputs(log_probs=bool(sampling.get("return_log_probs")))
         return [grpcclient.InferRequestedOutput(n) for n in names]
 
     def generate(self, prompt: str, max_tokens: int, **sampling: Any) -> Generation:
@@ -407,7 +442,7 @@ class TritonLLMClient:
         def on_response(result: Any, error: Any) -> None:
             responses.put((result, error, time.monotonic()))
 
-        cumulative = self.contract() == LLMAPI
+        cumulative = self.contract().cumulative_stream
         seen = ""
         client = self._client()
         finished = False
@@ -434,7 +469,7 @@ class TritonLLMClient:
                     raise self._connection_error(error, "streaming") from None
                 final = is_final_response(result)
                 text, ids, cum, logprobs = _decode(result)
-                if cumulative:  # llmapi: the whole text so far; hand on what is new
+                if cumulative:  # the whole text so far (llmapi); hand on what is new
                     text, seen = text_delta(seen, text), text if (text or not final) else seen
                 if ids or text or final:
                     yield t_received, text, ids, cum, logprobs, final

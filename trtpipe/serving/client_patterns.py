@@ -379,7 +379,7 @@ def describe(url: str, model: str, *, prompts: list[str], max_tokens: int, timeo
     finally:
         client.close()
     return Deployment(
-        url=url, model=model, contract=contract_of(metadata),
+        url=url, model=model, contract=contract_of(metadata).name,
         decoupled=bool(config.get("model_transaction_policy", {}).get("decoupled", False)),
         max_batch_size=int(config.get("max_batch_size", 0) or 0), models=sorted({m["name"] for m in index if m.get("state")}),
         prompts=prompts, max_tokens=max_tokens, timeout=timeout)

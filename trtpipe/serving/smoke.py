@@ -33,8 +33,6 @@ if TYPE_CHECKING:
     from trtpipe.results import ResultsLog
 
 DEFAULT_PROMPTS = ("Once upon a time", "The cat sat on the", "In the beginning")
-REQUIRED_INPUTS = ("text_input", "max_tokens")
-REQUIRED_LLMAPI_INPUTS = ("text_input", "sampling_param_max_tokens")
 
 
 class SmokeCheck(BaseModel):
@@ -161,12 +159,12 @@ def check_parity(url: str, model: str, reference: ParityReference, *, prompts: l
                  timeout: float) -> dict[str, Any]:
     """The server's greedy answers against the reference runtime on the fresh conversion (tokens, or text on the
     llmapi contract), on the given prompts and on long ones (`long_prompts`)."""
-    from trtpipe.serving.client import LLMAPI, TritonLLMClient
+    from trtpipe.serving.client import TritonLLMClient
 
     client = TritonLLMClient(url, model=model, timeout=timeout)
     prompts = [*prompts, *long_prompts(reference, max_tokens)]
     rows = []
-    if client.contract() == LLMAPI:  # text only: compare texts
+    if not client.contract().returns_token_ids:  # text only (llmapi): compare texts
         expected_texts = reference_llmapi_greedy(reference, prompts, max_tokens)
         for prompt, want in zip(prompts, expected_texts):
             got = client.generate(prompt, max_tokens, top_k=1).text
@@ -225,7 +223,7 @@ def run_smoke(
     runs for the parity check; no parity check without it."""
     import tritonclient.grpc as grpcclient
 
-    from trtpipe.serving.client import LLMAPI, TritonLLMClient, contract_of, resolve_model
+    from trtpipe.serving.client import TritonLLMClient, contract_of, resolve_model
 
     prompts = list(prompts or DEFAULT_PROMPTS)
     try:
@@ -261,21 +259,21 @@ def run_smoke(
         def metadata() -> str:
             meta = raw.get_model_metadata(model, as_json=True, client_timeout=timeout)
             names = {t["name"] for t in meta.get("inputs", [])}
-            llmapi = contract_of(meta) == LLMAPI
-            missing = [n for n in (REQUIRED_LLMAPI_INPUTS if llmapi else REQUIRED_INPUTS) if n not in names]
+            contract = contract_of(meta)
+            missing = [n for n in contract.required_inputs if n not in names]
             if missing:
                 raise CheckFailed(f"{model} lacks inputs {', '.join(missing)}", check="metadata")
             outputs = {t["name"] for t in meta.get("outputs", [])}
             if "text_output" not in outputs:
                 raise CheckFailed(f"{model} lacks the text_output output", check="metadata")
-            return f"{len(names)} inputs, {len(outputs)} outputs ({'llmapi' if llmapi else 'inflight_batcher_llm'} contract)"
+            return f"{len(names)} inputs, {len(outputs)} outputs ({contract.name} contract)"
 
         client = TritonLLMClient(url, model=model, timeout=timeout)
         generated: dict[str, str] = {}
 
         def non_streaming() -> str:
             gen = client.generate(prompts[0], max_tokens, top_k=1)
-            if client.contract() == LLMAPI:  # text only
+            if not client.contract().returns_token_ids:  # text only (llmapi)
                 if not gen.text:
                     raise CheckFailed("no text generated", check="generate")
                 generated["text"] = gen.text
@@ -294,7 +292,7 @@ def run_smoke(
             text = "".join(c.text for c in chunks)
             if "text" in generated and text != generated["text"]:
                 raise CheckFailed(f"streamed text {text!r} differs from the non-streaming text {generated['text']!r}", check="stream")
-            if client.contract() == LLMAPI:
+            if not client.contract().returns_token_ids:
                 return f"{len(text)} characters in {len(chunks)} responses"
             return f"{sum(len(c.token_ids) for c in chunks)} tokens in {len(chunks)} responses"
 
