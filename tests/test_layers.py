@@ -136,3 +136,34 @@ def test_the_checks_catch_a_lazy_upward_import_and_a_cycle(tmp_path: Path) -> No
     (package / "engine" / "rules.py").write_text("from trtpipe import resolve\n")
     assert upward_imports(package) == ["resolve.py:2: resolve (layer 2) imports engine (layer 4)"]
     assert cycles(package) == [["engine", "resolve", "engine"]]
+
+
+# --------------------------------------------------------------------------- layouts are looked up, not named
+# Issue 24: a repository layout is a unit (trtpipe.serving.layouts; its request contract in
+# trtpipe.serving.client.REQUEST_CONTRACTS). These modules ask the registry and use what it returns; none names a
+# layout. (Still to move: serving/client_patterns.py, bench/counting.py, commands/bench.py, store/.)
+LAYOUT_NEUTRAL = ("serving/smoke.py", "serving/server.py", "serving/container.py", "serving/validate.py",
+                  "serving/templates.py", "bench/__init__.py", "bench/loadgen.py")
+LAYOUT_NAMES = {"inflight_batcher_llm", "llmapi"}
+LAYOUT_CONSTANTS = {"INFLIGHT", "INFLIGHT_BATCHER_LLM", "LLMAPI"}
+
+
+def layout_mentions(path: Path) -> list[str]:
+    """Where a module's code names a layout: a string equal to a layout's name, or a layout-name constant."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Constant) and node.value in LAYOUT_NAMES:
+            found.append(f"{path.name}:{node.lineno}: {node.value!r}")
+        elif isinstance(node, ast.Name) and node.id in LAYOUT_CONSTANTS:
+            found.append(f"{path.name}:{node.lineno}: {node.id}")
+        elif isinstance(node, ast.alias) and node.name in LAYOUT_CONSTANTS:
+            found.append(f"{path.name}: imports {node.name}")
+    return found
+
+
+def test_the_layout_neutral_modules_name_no_layout(tmp_path: Path) -> None:
+    assert [m for rel in LAYOUT_NEUTRAL for m in layout_mentions(PACKAGE / rel)] == []
+    # The check sees both ways of naming one.
+    probe = tmp_path / "probe.py"
+    probe.write_text('from trtpipe.serving.client import LLMAPI\nif contract == "llmapi" or contract == LLMAPI:\n    pass\n')
+    assert layout_mentions(probe) == ["probe.py: imports LLMAPI", "probe.py:2: 'llmapi'", "probe.py:2: LLMAPI"]

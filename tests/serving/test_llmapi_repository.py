@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from trtpipe.errors import IntegrityError, InvalidInput, UsageError
-from trtpipe.serving.contract import LLMAPI, contract_for
+from trtpipe.serving.contract import contract_for
+from trtpipe.serving.layouts import LLMAPI
 from trtpipe.serving.llmapi import ARTIFACT_DIR, publish_llmapi_repository
 from trtpipe.serving.templates import templates_digest
 from trtpipe.serving.validate import errors_only, validate_repository

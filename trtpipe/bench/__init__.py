@@ -122,9 +122,9 @@ def run_bench(
     contract = None  # the served model's request contract (trtpipe.serving.client.RequestContract)
     if sender is None:
         from trtpipe.errors import TrtpipeError
-        from trtpipe.serving.client import INFLIGHT, REQUEST_CONTRACTS, resolve_model
+        from trtpipe.serving.client import DEFAULT_CONTRACT, resolve_model
 
-        contract = REQUEST_CONTRACTS[INFLIGHT]
+        contract = DEFAULT_CONTRACT
         try:
             model, contract = resolve_model(url, model, timeout=max(drain_s, 1.0))
         except TrtpipeError:

@@ -306,9 +306,9 @@ class TritonSender:
         import tritonclient.grpc as grpcclient
 
         # the serving area's request contracts and its reading of the final flag
-        from trtpipe.serving.client import INFLIGHT, REQUEST_CONTRACTS, is_final_response, text_delta
+        from trtpipe.serving.client import DEFAULT_CONTRACT, is_final_response, text_delta
 
-        contract = contract if contract is not None else REQUEST_CONTRACTS[INFLIGHT]
+        contract = contract if contract is not None else DEFAULT_CONTRACT
         if not contract.returns_token_ids and count_tokens is None:
             raise ValueError(f"a {contract.name} model returns text only: give count_tokens to count its output tokens")
         self._grpc = grpcclient

@@ -33,6 +33,7 @@ from pydantic import BaseModel, Field
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from trtpipe.errors import InvalidInput, RemoteError, TrtpipeError, UsageError
+from trtpipe.serving.layouts import INFLIGHT_BATCHER_LLM, LLMAPI
 
 OUTPUTS = ("text_output", "output_ids", "sequence_length")
 # Produced only when the request sets return_log_probs (as the C++ backend does): asked for only then, since a
@@ -40,8 +41,7 @@ OUTPUTS = ("text_output", "output_ids", "sequence_length")
 LOG_PROB_OUTPUTS = ("cum_log_probs", "output_log_probs")
 LLMAPI_OUTPUTS = ("text_output",)
 
-INFLIGHT = "inflight_batcher_llm"
-LLMAPI = "llmapi"
+INFLIGHT = INFLIGHT_BATCHER_LLM  # the request contracts carry their layouts' names (trtpipe.serving.layouts)
 Contract = Literal["inflight_batcher_llm", "llmapi"]
 # The client's keyword arguments the llmapi model has inputs for (sampling_param_<name> unless mapped here).
 LLMAPI_INPUTS = {
@@ -247,12 +247,16 @@ REQUEST_CONTRACTS: dict[str, RequestContract] = {
 }
 
 
+# What a model speaks until its metadata says otherwise: the default layout's contract (the ensemble's).
+DEFAULT_CONTRACT = REQUEST_CONTRACTS[INFLIGHT]
+
+
 def contract_of(metadata: dict[str, Any]) -> RequestContract:
     """Which request contract a model speaks, from its gRPC metadata (as_json)."""
     names = {t["name"] for t in metadata.get("inputs", [])}
     if "sampling_param_max_tokens" in names and "max_tokens" not in names:
         return REQUEST_CONTRACTS[LLMAPI]
-    return REQUEST_CONTRACTS[INFLIGHT]
+    return DEFAULT_CONTRACT
 
 
 DEFAULT_MODEL = "ensemble"
@@ -274,7 +278,7 @@ def resolve_model(url: str, model: str = DEFAULT_MODEL, *, timeout: float = 30) 
                 if contract.name == LLMAPI:  # the llmapi layout's own model, the one it serves
                     return LLMAPI_MODEL, contract
             if model not in names:
-                return model, REQUEST_CONTRACTS[INFLIGHT]  # the caller's own checks say the model is missing
+                return model, DEFAULT_CONTRACT  # the caller's own checks say the model is missing
             return model, contract_of(client.get_model_metadata(model, as_json=True, client_timeout=timeout))
         except InferenceServerException as err:
             raise TritonConnectionError(f"cannot ask {url} which models it serves: {err.message()}", remote=url,

@@ -1,7 +1,7 @@
 """GPU targets: the toolchain's Triton container, run by `serve` as a watched child process.
 
-The exact `docker run` that `serve --print` shows (`trtpipe.serving.server.docker_command` / `llmapi_command`) runs in
-the foreground as a child of trtpipe, with the runtime executable the settings name (`TRTPIPE_DOCKER`, default
+The exact `docker run` that `serve --print` shows (`trtpipe.serving.server.docker_command`; its processes are
+the repository layout's) runs in the foreground as a child of trtpipe, with the runtime executable the settings name (`TRTPIPE_DOCKER`, default
 `docker` on PATH). So the container is started, waited for, checked and watched like the CPU server
 (trtpipe.serving.server `_start`, trtpipe.serving.watch): ready once gRPC says every model is ready and the HTTP and
 metrics ports answer, refused unless it reports the repository's digest, restarted on the same ports by

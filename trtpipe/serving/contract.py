@@ -22,10 +22,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from trtpipe.errors import IntegrityError, MissingCapability
+from trtpipe.serving.layouts import INFLIGHT_BATCHER_LLM, LAYOUTS
 
-INFLIGHT_BATCHER_LLM = "inflight_batcher_llm"
-LLMAPI = "llmapi"
-LAYOUTS = (INFLIGHT_BATCHER_LLM, LLMAPI)
 CONTRACT_FILE = "triton_contracts/inflight_batcher_llm.yaml"  # the default layout's table
 
 

@@ -26,7 +26,8 @@ REPUBLISH = "publish the repository again from its spec"
 def _contract(checker: Any):
     """The llmapi contract of the manifest's toolchain, or None (a warning says why)."""
     from trtpipe.errors import TrtpipeError
-    from trtpipe.serving.contract import LLMAPI, contract_for, load_contract
+    from trtpipe.serving.contract import contract_for, load_contract
+    from trtpipe.serving.layouts import LLMAPI
 
     toolchain = (checker.manifest or {}).get("toolchain")
     try:

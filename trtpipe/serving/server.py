@@ -722,15 +722,18 @@ def docker_command(
     repo: Path, manifest: dict[str, Any], *, grpc_port: int = 8001, http_port: int = 8000,
     metrics_port: int = 8002, shm_size: str = "2g", name: str | None = None,
 ) -> list[str]:
-    """The exact `docker run` for the toolchain's Triton container, one server per rank (MPI); for an llmapi
-    repository one server under `mpirun -n 1` (the LLM starts its own workers: llmapi_command). It runs in the
-    foreground: `serve` runs it as a child process and watches it (trtpipe.serving.container)."""
-    if manifest.get("layout") == "llmapi":
-        return llmapi_command(repo, manifest, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
-                              shm_size=shm_size, name=name)
+    """The exact `docker run` for the toolchain's Triton container. Which tritonserver processes it runs, and
+    the models each loads, are the repository layout's (trtpipe.serving.layouts): an inflight_batcher_llm
+    repository runs one server per rank (MPI), rank 0 serving the manifest's models; an llmapi repository one
+    server under `mpirun -n 1` whatever its world size. It runs in the foreground: `serve` runs it as a child
+    process and watches it (trtpipe.serving.container). The container sees tp x pp GPUs; every process gets
+    --disable-auto-complete-config and a per-rank shm prefix, as upstream's launch script gives them.
+    """
+    from trtpipe.serving.layouts import layout_of
+
+    layout = layout_of(repo, manifest)
     mount = manifest.get("container_repo_mount", "/trtpipe/repo")
     world = _world_size(manifest)
-    image = container_image(manifest)
     devices = ",".join(str(i) for i in range(world))
     cmd = [
         *_run_options(name),
@@ -741,62 +744,26 @@ def docker_command(
         "-p", f"127.0.0.1:{http_port}:{http_port}",
         "-p", f"127.0.0.1:{metrics_port}:{metrics_port}",
         "-v", f"{Path(repo).resolve()}:{mount}:ro",
-        image,
+        container_image(manifest),
     ]
-    def server(rank: int) -> list[str]:
-        args = [
+
+    def server(rank: int, models: list[str]) -> list[str]:
+        return [
             "/opt/tritonserver/bin/tritonserver",
             f"--model-repository={mount}",
             f"--grpc-port={grpc_port}", f"--http-port={http_port}", f"--metrics-port={metrics_port}",
             "--disable-auto-complete-config",
             f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
             f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
+            *load_flags(models),
         ]
-        # Rank 0 serves the models the manifest names, nothing else in the folder; the other ranks only run
-        # the engine.
-        args += load_flags(models_to_load(repo, manifest) if rank == 0 else ["tensorrt_llm"])
-        return args
-    if world == 1:
-        return cmd + server(0)
+
+    servers = layout.server_models(Path(repo), manifest, models_to_load(repo, manifest), world)
+    if len(servers) == 1 and not layout.always_mpirun:
+        return cmd + server(0, servers[0])
     cmd += ["mpirun", "--allow-run-as-root"]
-    for rank in range(world):
-        cmd += ["-n", "1", *server(rank)]
-        if rank != world - 1:
+    for rank, models in enumerate(servers):
+        cmd += ["-n", "1", *server(rank, models)]
+        if rank != len(servers) - 1:
             cmd.append(":")
     return cmd
-
-
-def llmapi_command(
-    repo: Path, manifest: dict[str, Any], *, grpc_port: int = 8001, http_port: int = 8000,
-    metrics_port: int = 8002, shm_size: str = "2g", name: str | None = None,
-) -> list[str]:
-    """The exact `docker run` for an llmapi repository in the toolchain's Triton TRT-LLM container.
-
-    Upstream's launch for this layout (tensorrtllm_backend 98bfe1d docs/llmapi.md: launch_triton_server.py
-    --model_repo=llmapi_repo/, world size left at its default 1) runs ONE tritonserver under `mpirun -n 1` with
-    --disable-auto-complete-config and a per-rank shm prefix (TensorRT-LLM triton_backend/scripts/
-    launch_triton_server.py get_cmd, code index 0a2e2c1f); with an MPI world of one, upstream's model.py starts
-    the LLM, which spawns its own workers for tensor/pipeline parallelism. The container sees tp x pp GPUs.
-    """
-    mount = manifest.get("container_repo_mount", "/trtpipe/repo")
-    world = _world_size(manifest)
-    devices = ",".join(str(i) for i in range(world))
-    return [
-        *_run_options(name),
-        f"--gpus=\"device={devices}\"",
-        f"--shm-size={shm_size}",
-        "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
-        "-p", f"127.0.0.1:{grpc_port}:{grpc_port}",
-        "-p", f"127.0.0.1:{http_port}:{http_port}",
-        "-p", f"127.0.0.1:{metrics_port}:{metrics_port}",
-        "-v", f"{Path(repo).resolve()}:{mount}:ro",
-        container_image(manifest),
-        "mpirun", "--allow-run-as-root", "-n", "1",
-        "/opt/tritonserver/bin/tritonserver",
-        f"--model-repository={mount}",
-        f"--grpc-port={grpc_port}", f"--http-port={http_port}", f"--metrics-port={metrics_port}",
-        "--disable-auto-complete-config",
-        "--backend-config=python,shm-region-prefix-name=prefix0_",
-        f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
-        *load_flags(models_to_load(repo, manifest)),
-    ]

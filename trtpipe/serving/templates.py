@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 from trtpipe.errors import InternalError, MissingCapability
+from trtpipe.serving.layouts import DEFAULT_LAYOUT, LAYOUTS, RepositoryLayout
 from trtpipe.shipped import triton_repo_dir
 
 # The shipped triton_repo/ (trtpipe.shipped: inside the package in a wheel, beside it in a checkout). A module
@@ -30,17 +31,21 @@ REFERENCE_SOURCES = {**GPU_SOURCES, "tensorrt_llm": "tensorrt_llm_reference"}
 
 # The llm-api backend's layout lives in triton_repo/llmapi/: one config.pbtxt (tensorrt_llm/) shared by both
 # targets, and the model.py per target kind (its folder under llmapi/).
-LLMAPI_DIR = "llmapi"
 LLMAPI_SOURCES = {"gpu": "tensorrt_llm", "reference": "tensorrt_llm_reference"}
-LAYOUTS = ("inflight_batcher_llm", "llmapi")
 
 
-def template_root(layout: str = "inflight_batcher_llm") -> Path:
-    """The folder holding `layout`'s templates (inflight_batcher_llm: triton_repo/; llmapi: triton_repo/llmapi/)."""
-    root, first = (TEMPLATE_ROOT / LLMAPI_DIR, "tensorrt_llm") if layout == "llmapi" else (TEMPLATE_ROOT, "ensemble")
-    if layout not in LAYOUTS:
-        raise InternalError(f"unknown repository layout {layout!r}", fix=f"use one of {', '.join(LAYOUTS)}")
-    if not (root / first / "config.pbtxt").is_file():
+def _layout(name: str) -> RepositoryLayout:
+    if name not in LAYOUTS:
+        raise InternalError(f"unknown repository layout {name!r}", fix=f"use one of {', '.join(LAYOUTS)}")
+    return LAYOUTS[name]
+
+
+def template_root(layout: str = DEFAULT_LAYOUT) -> Path:
+    """The folder holding `layout`'s templates (trtpipe.serving.layouts: inflight_batcher_llm triton_repo/,
+    llmapi triton_repo/llmapi/)."""
+    found = _layout(layout)
+    root = TEMPLATE_ROOT / found.template_subdir if found.template_subdir else TEMPLATE_ROOT
+    if not (root / found.first_model / "config.pbtxt").is_file():
         raise MissingCapability(
             f"Triton templates not found under {root}",
             fix="reinstall trtpipe (its wheel carries triton_repo/), or restore triton_repo/ in the checkout from git",
@@ -74,7 +79,7 @@ def render(text: str, values: dict[str, str], *, source: str) -> str:
     return rendered
 
 
-def templates_digest(root: Path | None = None, *, layout: str = "inflight_batcher_llm") -> str:
+def templates_digest(root: Path | None = None, *, layout: str = DEFAULT_LAYOUT) -> str:
     """sha256 over every template and model.py of `layout` under triton_repo/ (or `root`): path and bytes, sorted.
 
     What a published repository is made of besides the engine, spec and tokenizer: the store's
@@ -83,11 +88,13 @@ def templates_digest(root: Path | None = None, *, layout: str = "inflight_batche
     """
     import hashlib
 
+    own = _layout(layout).template_subdir
     if root is None:
         root = template_root(layout)
-    elif layout == "llmapi":
-        root = root / LLMAPI_DIR
-    skip = (LLMAPI_DIR,) if layout != "llmapi" else ()
+    elif own:
+        root = root / own
+    # The root layout's digest skips the folders of the layouts that live below it.
+    skip = () if own else tuple(other.template_subdir for other in LAYOUTS.values() if other.template_subdir)
     digest = hashlib.sha256()
     for path in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
                        and p.relative_to(root).parts[0] not in skip):

@@ -1,7 +1,7 @@
 """Validate a published Triton model repository before any server sees it.
 
-Two layouts: inflight_batcher_llm (the checks below) and llmapi (trtpipe.serving.llmapi_validate, chosen by the
-manifest's `layout`).
+Two layouts (trtpipe.serving.layouts, chosen by the manifest's `layout`): inflight_batcher_llm (the checks
+below, `check_inflight_batcher`) and llmapi (trtpipe.serving.llmapi_validate).
 
 Every config.pbtxt is parsed with Triton's own schema (tritonclient's model_config_pb2 and
 protobuf text_format). Each issue names the model, the field and the fix.
@@ -17,6 +17,7 @@ from google.protobuf import text_format
 from pydantic import BaseModel
 from tritonclient.grpc import model_config_pb2 as mc
 
+from trtpipe.serving.layouts import layout_of
 from trtpipe.serving.templates import MANIFEST_NAME, MODEL_NAMES, PLACEHOLDER
 PYTHON_MODELS_ALWAYS = ("preprocessing", "postprocessing", "tensorrt_llm_bls")
 
@@ -489,13 +490,6 @@ class _Checker:
                      "rebuild the engine with the pinned toolchain, or publish it with its own toolchain")
 
 
-def _is_llmapi(repo: Path, manifest: dict[str, Any] | None) -> bool:
-    """The llm-api backend's layout (trtpipe.serving.llmapi): said by the manifest, else by the files."""
-    if manifest is not None and "layout" in manifest:
-        return manifest.get("layout") == "llmapi"
-    return (repo / "tensorrt_llm" / "1" / "model.yaml").is_file() and not (repo / "ensemble").exists()
-
-
 def validate_repository(repo: Path) -> list[ValidationIssue]:
     """All problems found in the model repository at `repo` (empty list: it is valid)."""
     repo = Path(repo)
@@ -504,11 +498,12 @@ def validate_repository(repo: Path) -> list[ValidationIssue]:
         checker.add("repository", "path", f"{repo} is not a directory", "pass the folder publish wrote")
         return checker.issues
     checker.load_manifest()
-    if _is_llmapi(repo, checker.manifest):
-        from trtpipe.serving.llmapi_validate import check_llmapi
+    layout_of(repo, checker.manifest).validate(checker)
+    return checker.issues
 
-        check_llmapi(checker)
-        return checker.issues
+
+def check_inflight_batcher(checker: _Checker) -> None:
+    """The inflight_batcher_llm layout's checks (trtpipe.serving.layouts), after the manifest is loaded."""
     checker.load_configs()
     checker.check_ensemble()
     checker.check_transaction_policy()
@@ -521,7 +516,6 @@ def validate_repository(repo: Path) -> list[ValidationIssue]:
     checker.check_tokenizers()
     checker.check_toolchain(limits)
     checker.check_contract()
-    return checker.issues
 
 
 def errors_only(issues: list[ValidationIssue]) -> list[ValidationIssue]:
