@@ -145,7 +145,10 @@ def test_seeded_sampling_with_penalties_is_reproducible(model, prompts) -> None:
     kwargs = dict(temperature=1.3, top_k=0, top_p=1.0, seed=5, repetition_penalty=1.2, presence_penalty=0.4)
     first = _ours(model, prompts[1], **kwargs)
     assert first == _ours(model, prompts[1], **kwargs)
-    assert first != _ours(model, prompts[1], **(kwargs | {"presence_penalty": 3.0}))
+    # The penalty takes effect: a far larger one changes what is sampled. On one short prompt the tiny model can
+    # sample the same tokens either way (it did, on a fresh install at 5b6fcec); over every prompt it cannot.
+    assert any(_ours(model, prompt, **kwargs) != _ours(model, prompt, **(kwargs | {"presence_penalty": 3.0}))
+               for prompt in prompts)
 
 
 def test_length_penalty_does_not_change_a_beam_width_1_generation(model, prompts) -> None:
