@@ -213,11 +213,7 @@ def check_tokenizer(tokenizer_dir: Path) -> TokenizerFacts:
     except BaseException as exc:  # tokenizers raises Exception, and pyo3's PanicException (a BaseException)
         raise InvalidInput(f"{path} does not load with the tokenizers library ({_first_line(exc)})",
                            fix="restore the model's tokenizer.json (tokenizer.save_pretrained writes it)") from None
-    configs: dict[str, dict[str, Any]] = {}
-    for name in ("tokenizer_config.json", "generation_config.json"):
-        if (tokenizer_dir / name).is_file():
-            configs[name] = _read_json_object(tokenizer_dir / name, MAX_TOKENIZER_CONFIG_BYTES, name.removesuffix(".json"))
-    end_id = _end_id(tokenizer, configs)
+    end_id = _end_id(tokenizer, _end_token_configs(tokenizer_dir))
     if end_id is None:
         raise InvalidInput(f"{tokenizer_dir}: cannot tell the end token (no eos_token in tokenizer_config.json that "
                            "tokenizer.json knows, no eos_token_id in generation_config.json)",
@@ -251,6 +247,15 @@ def _eos_from_generation_config(config: dict[str, Any]) -> int | None:
     return None
 
 
+def _end_token_configs(folder: Path) -> dict[str, dict[str, Any]]:
+    """The files that name a folder's end token, parsed (file name -> object); absent files are left out."""
+    configs: dict[str, dict[str, Any]] = {}
+    for name in ("tokenizer_config.json", "generation_config.json"):
+        if (folder / name).is_file():
+            configs[name] = _read_json_object(folder / name, MAX_TOKENIZER_CONFIG_BYTES, name.removesuffix(".json"))
+    return configs
+
+
 def _end_id(tokenizer: Any, configs: dict[str, dict[str, Any]], rule: EndTokenRule = "preprocessing") -> int | None:
     """The end token `rule`'s consumer stops on, from the folder's parsed configs (file name -> object)."""
     from_tokenizer = _eos_from_tokenizer_config(tokenizer, configs.get("tokenizer_config.json", {}))
@@ -263,10 +268,7 @@ def end_token_id(folder: Path, rule: EndTokenRule) -> int | None:
     """The end token of the model or tokenizer folder as `rule`'s consumer reads it (None: the folder names
     none). Files that are absent count as empty; a tokenizer.json is needed only to look an eos_token up."""
     folder = Path(folder)
-    configs: dict[str, dict[str, Any]] = {}
-    for name in ("tokenizer_config.json", "generation_config.json"):
-        if (folder / name).is_file():
-            configs[name] = _read_json_object(folder / name, MAX_TOKENIZER_CONFIG_BYTES, name.removesuffix(".json"))
+    configs = _end_token_configs(folder)
     tokenizer: Any = _NoTokenizer()
     if (folder / "tokenizer.json").is_file():
         from tokenizers import Tokenizer
