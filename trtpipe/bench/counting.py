@@ -20,16 +20,18 @@ from pydantic import BaseModel
 
 from trtpipe.bench.workload import ServerCountCheck, Workload
 from trtpipe.errors import UsageError
+from trtpipe.model_folder import SERVING_TOKENIZER_FILE as TOKENIZER_FILE
+from trtpipe.serving.layouts import DEFAULT_LAYOUT, LAYOUTS, RepositoryLayout, recognised_layout
 
-PREPROCESSING = "preprocessing"
-TOKENIZER_FILE = "tokenizer.json"
 CHECKED_PROMPTS = 32  # a foreign tokenizer miscounts nearly every prompt; 32 prompts are a few ms of server time
 SERVER_TIMEOUT_S = 10.0
 
 
 class ServedPreprocessing(BaseModel):
-    """The tokenization parameters of the served preprocessing model (its config, read over gRPC)."""
+    """The tokenization parameters of the served model that counts prompts (its config, read over gRPC): the
+    preprocessing model the ensemble and BLS tokenize with."""
 
+    model: str
     add_special_tokens: bool
     max_input_len: int | None
     max_batch_size: int
@@ -45,8 +47,8 @@ def _bool_parameter(value: str | None) -> bool | None:
     return value.strip().lower() == "true"
 
 
-def served_preprocessing(url: str) -> tuple[ServedPreprocessing | None, str | None]:
-    """The served preprocessing model's parameters, or None and the reason it cannot be asked."""
+def served_preprocessing(url: str, model: str) -> tuple[ServedPreprocessing | None, str | None]:
+    """The served counting model's parameters, or None and the reason it cannot be asked."""
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
@@ -55,17 +57,18 @@ def served_preprocessing(url: str) -> tuple[ServedPreprocessing | None, str | No
     except Exception as err:  # noqa: BLE001 - a bad URL shows up again (and is reported) when the load starts
         return None, f"cannot reach {url}: {' '.join(str(err).split())[:160]}"
     try:
-        if not client.is_model_ready(PREPROCESSING, client_timeout=SERVER_TIMEOUT_S):
-            return None, f"the server at {url} serves no ready {PREPROCESSING} model"
-        config = client.get_model_config(PREPROCESSING, as_json=True, client_timeout=SERVER_TIMEOUT_S)["config"]
+        if not client.is_model_ready(model, client_timeout=SERVER_TIMEOUT_S):
+            return None, f"the server at {url} serves no ready {model} model"
+        config = client.get_model_config(model, as_json=True, client_timeout=SERVER_TIMEOUT_S)["config"]
     except InferenceServerException as err:
-        return None, f"cannot ask {url} for its {PREPROCESSING} model: {' '.join(str(err.message()).split())[:160]}"
+        return None, f"cannot ask {url} for its {model} model: {' '.join(str(err.message()).split())[:160]}"
     finally:
         client.close()
     params = _parameters(config)
     max_input_len = int(params.get("max_input_len") or 0) or None
     add_special = _bool_parameter(params.get("add_special_tokens"))
     return ServedPreprocessing(
+        model=model,
         add_special_tokens=True if add_special is None else add_special,  # model.py's default
         max_input_len=max_input_len,
         max_batch_size=int(config.get("max_batch_size") or 0),
@@ -76,64 +79,32 @@ class TokenizerMismatch(UsageError):
     """The tokenizer given counts prompts differently from the served model."""
 
 
-def repository_tokenizer(repo: Path, option: str) -> tuple[Path, bool | None]:
-    """The tokenizer.json and add_special_tokens of a published repository's preprocessing model."""
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2 as mc
-
-    config_path = repo / PREPROCESSING / "config.pbtxt"
-    config = mc.ModelConfig()
-    try:
-        text_format.Parse(config_path.read_text(encoding="utf-8"), config)
-    except (OSError, text_format.ParseError) as err:
-        raise UsageError(
-            f"{option}: cannot read {config_path}: {' '.join(str(err).split())[:160]}",
-            fix="pass a model repository published by trtpipe, or the tokenizer directory itself",
-        ) from None
-    params = {key: value.string_value for key, value in config.parameters.items()}
-    tokenizer_dir = (repo / PREPROCESSING / (params.get("tokenizer_dir") or "tokenizer")).resolve()
-    if not tokenizer_dir.is_relative_to((repo / PREPROCESSING).resolve()):
-        raise UsageError(
-            f"{config_path}: parameter tokenizer_dir {params['tokenizer_dir']!r} leaves the model directory",
-            fix="publish the repository again",
-        )
-    tokenizer_json = tokenizer_dir / TOKENIZER_FILE
-    if not tokenizer_json.is_file():
-        raise UsageError(
-            f"{option}: {tokenizer_json} does not exist (the preprocessing model's tokenizer)",
-            fix="publish the repository again",
-        )
-    return tokenizer_json, _bool_parameter(params.get("add_special_tokens"))
+def served_tokenizer(source: Path, option: str) -> tuple[Path, bool | None, RepositoryLayout | None]:
+    """The tokenizer.json prompts are counted with, the add_special_tokens the served model counts with (None:
+    as the server does), and the layout of `source` (None: a bare tokenizer). `source` is a model repository
+    (its layout says where its served model's tokenizer sits) or a tokenizer directory or file."""
+    layout = recognised_layout(source)
+    if layout is not None:
+        tokenizer_json, add_special = layout.served_tokenizer(source, option)
+        return tokenizer_json, add_special, layout
+    if (source / TOKENIZER_FILE).is_file():
+        return source / TOKENIZER_FILE, None, None
+    if source.is_file() and source.name == TOKENIZER_FILE:
+        return source, None, None
+    raise UsageError(
+        f"{option}: {source} is neither a model repository (preprocessing/config.pbtxt) nor a tokenizer "
+        f"directory ({TOKENIZER_FILE})",
+        fix="pass the model repository the server serves, or count words instead of tokens",
+    )
 
 
-LLMAPI_CONFIG = "tensorrt_llm/1/model.yaml"
-LLMAPI_NOT_CHECKED = ("the llmapi model counts no tokens over gRPC (it returns text only); prompt lengths are counted "
-                      "with the tokenizer of the checkpoint it serves")
-
-
-def is_llmapi_repository(repo: Path) -> bool:
-    """An llm-api backend repository (trtpipe.serving.llmapi): one tensorrt_llm model reading model.yaml."""
-    return (repo / LLMAPI_CONFIG).is_file() and not (repo / PREPROCESSING).exists()
-
-
-def llmapi_repository_tokenizer(repo: Path, option: str) -> tuple[Path, bool]:
-    """The tokenizer.json the llmapi model's LLM loads (its checkpoint folder, model.yaml `model`), with the LLM
-    API's default add_special_tokens=True."""
-    import yaml
-
-    try:
-        settings = yaml.safe_load((repo / LLMAPI_CONFIG).read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as err:
-        raise UsageError(f"{option}: cannot read {repo / LLMAPI_CONFIG}: {' '.join(str(err).split())[:160]}",
-                         fix="pass a model repository published by trtpipe, or the tokenizer directory itself") from None
-    model = str(settings.get("model") or "")
-    # GPU repositories name the container's mount; the files are the repository's own checkpoint folder.
-    folder = repo / "tensorrt_llm" / "1" / Path(model).name if model else repo / "tensorrt_llm" / "1" / "checkpoint"
-    tokenizer_json = folder / TOKENIZER_FILE
-    if not folder.resolve().is_relative_to((repo / "tensorrt_llm" / "1").resolve()) or not tokenizer_json.is_file():
-        raise UsageError(f"{option}: {tokenizer_json} does not exist (the llmapi model's tokenizer)",
-                         fix="publish the repository again")
-    return tokenizer_json, True
+def ask_server(url: str, layout: RepositoryLayout | None) -> tuple[ServedPreprocessing | None, str | None]:
+    """The served counting model's parameters for the repository's layout (a bare tokenizer: the default
+    layout's), or None and why the server cannot count prompts."""
+    layout = layout if layout is not None else LAYOUTS[DEFAULT_LAYOUT]
+    if layout.counting_model is None:
+        return None, layout.uncounted
+    return served_preprocessing(url, layout.counting_model)
 
 
 def text_token_counter(tokenizer_json: Path) -> Callable[[str], int]:
@@ -145,8 +116,9 @@ def text_token_counter(tokenizer_json: Path) -> Callable[[str], int]:
     return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
 
 
-def server_counts(url: str, prompts: list[str], max_batch_size: int) -> list[int]:
-    """The served preprocessing model's REQUEST_INPUT_LEN for each prompt (the length the engine sees)."""
+def server_counts(url: str, prompts: list[str], max_batch_size: int, model: str) -> list[int]:
+    """The served counting model's REQUEST_INPUT_LEN for each prompt (the length the engine sees), asked with
+    upstream preprocessing's tensors (QUERY, REQUEST_OUTPUT_LEN)."""
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
@@ -162,14 +134,14 @@ def server_counts(url: str, prompts: list[str], max_batch_size: int) -> list[int
             out_len.set_data_from_numpy(np.ones((len(chunk), 1), dtype=np.int32))
             try:
                 result = client.infer(
-                    PREPROCESSING, [query, out_len],
+                    model, [query, out_len],
                     outputs=[grpcclient.InferRequestedOutput("REQUEST_INPUT_LEN")],
                     client_timeout=SERVER_TIMEOUT_S,
                 )
             except InferenceServerException as err:
                 message = " ".join(str(err.message()).split())[:200]
                 raise UsageError(
-                    f"the served {PREPROCESSING} model refused prompt {start} while counting its tokens: {message}",
+                    f"the served {model} model refused prompt {start} while counting its tokens: {message}",
                     fix="shorten the prompts to the served max_input_len, or check the server",
                 ) from None
             counts.extend(int(n) for n in result.as_numpy("REQUEST_INPUT_LEN").reshape(-1))
@@ -194,11 +166,11 @@ def check_with_server(
         over_max = sum(1 for spec in workload.requests if spec.input_tokens > served.max_input_len)
     sample = [spec for spec in workload.requests if not served.max_input_len or spec.input_tokens <= served.max_input_len]
     sample = sample[:CHECKED_PROMPTS]
-    counts = server_counts(url, [spec.prompt for spec in sample], served.max_batch_size)
+    counts = server_counts(url, [spec.prompt for spec in sample], served.max_batch_size, served.model)
     for spec, count in zip(sample, counts):
         if count != spec.input_tokens:
             raise TokenizerMismatch(
-                f"the served {PREPROCESSING} model counts {count} tokens in request {spec.index} where "
+                f"the served {served.model} model counts {count} tokens in request {spec.index} where "
                 f"{workload.tokenizer} counts {spec.input_tokens}: that is not the tokenizer the server serves",
                 fix="count with the tokenizer of the model repository the server serves, or count words",
             )

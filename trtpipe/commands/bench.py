@@ -40,15 +40,7 @@ def token_counter(
     """The counter `--token-counting` asks for, and the served preprocessing parameters (or why there
     are none). The tokenizer comes from --tokenizer, else --record; nothing is asked of the server
     before the options are known to be usable."""
-    from trtpipe.bench.counting import (
-        LLMAPI_NOT_CHECKED,
-        PREPROCESSING,
-        TOKENIZER_FILE,
-        is_llmapi_repository,
-        llmapi_repository_tokenizer,
-        repository_tokenizer,
-        served_preprocessing,
-    )
+    from trtpipe.bench.counting import ask_server, served_tokenizer
     from trtpipe.bench.workload import HfTokenizerCounter, WordCounter
 
     if counting == "words":
@@ -62,20 +54,8 @@ def token_counter(
             fix="pass --tokenizer REPO (the model repository the server serves, or its tokenizer directory) "
             "or --record REPO; or --token-counting words to count words instead of tokens",
         )
-    llmapi = is_llmapi_repository(source)
-    if llmapi:
-        tokenizer_json, add_special = llmapi_repository_tokenizer(source, option)
-    elif (source / PREPROCESSING / "config.pbtxt").is_file():
-        tokenizer_json, add_special = repository_tokenizer(source, option)
-    elif (source / TOKENIZER_FILE).is_file() or (source.is_file() and source.name == TOKENIZER_FILE):
-        tokenizer_json, add_special = (source if source.is_file() else source / TOKENIZER_FILE), None
-    else:
-        raise UsageError(
-            f"{option}: {source} is neither a model repository (preprocessing/config.pbtxt) nor a tokenizer "
-            f"directory ({TOKENIZER_FILE})",
-            fix="pass the model repository the server serves, or --token-counting words",
-        )
-    served, reason = (None, LLMAPI_NOT_CHECKED) if llmapi else served_preprocessing(url)
+    tokenizer_json, add_special, layout = served_tokenizer(source, option)
+    served, reason = ask_server(url, layout)
     if add_special is None:  # a bare tokenizer: add special tokens as the server does (model.py's default: true)
         add_special = served.add_special_tokens if served is not None else True
     try:

@@ -230,20 +230,34 @@ class RequestContract:
     returns_token_ids: bool  # False: text only (output tokens are counted with the served tokenizer)
     cumulative_stream: bool  # a streamed text_output is the whole text so far, not the new piece
     takes_end_id: bool  # an end_id input (bench --ignore-eos sends end_id=-1)
+    # The request patterns of upstream's clients for it, by name (trtpipe.serving.client_patterns: smoke runs them).
+    client_patterns: Callable[[], dict[str, Callable[..., str]]]
 
     def outputs(self, *, log_probs: bool = False) -> tuple[str, ...]:
         return self.output_names(log_probs)
+
+
+def _inflight_patterns() -> dict[str, Callable[..., str]]:
+    from trtpipe.serving.client_patterns import INFLIGHT_PATTERNS
+
+    return INFLIGHT_PATTERNS
+
+
+def _llmapi_patterns() -> dict[str, Callable[..., str]]:
+    from trtpipe.serving.llmapi_patterns import PATTERNS
+
+    return PATTERNS
 
 
 REQUEST_CONTRACTS: dict[str, RequestContract] = {
     INFLIGHT: RequestContract(
         name=INFLIGHT, build_inputs=build_inputs, output_names=_inflight_outputs,
         required_inputs=("text_input", "max_tokens"), returns_token_ids=True, cumulative_stream=False,
-        takes_end_id=True),
+        takes_end_id=True, client_patterns=_inflight_patterns),
     LLMAPI: RequestContract(
         name=LLMAPI, build_inputs=build_llmapi_inputs, output_names=_llmapi_outputs,
         required_inputs=("text_input", "sampling_param_max_tokens"), returns_token_ids=False,
-        cumulative_stream=True, takes_end_id=False),
+        cumulative_stream=True, takes_end_id=False, client_patterns=_llmapi_patterns),
 }
 
 

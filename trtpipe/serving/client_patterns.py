@@ -227,18 +227,6 @@ def unary(d: Deployment) -> str:
     """end_to_end_test.py: a plain unary infer, which Triton allows only on a model that is not decoupled."""
     if d.decoupled:
         return "skipped: Triton refuses unary calls to a decoupled model (upstream's too)"
-    if d.contract == "llmapi":
-        values = {"text_input": np.array([d.prompts[0].encode("utf-8")], dtype=object),
-                  "sampling_param_max_tokens": np.array([d.max_tokens], dtype=np.int32)}
-        try:
-            result = unary_request(d.url, d.model, values, outputs=None, timeout=d.timeout)
-        except Refused as err:
-            raise CheckFailed(f"{d.model} refused llmapi_client.py's unary request: {err}", check="patterns") from None
-        text = texts_of(result, d.model)
-        if not text or not text[0]:
-            raise CheckFailed(f"{d.model} answered llmapi_client.py's request with no text", check="patterns")
-        echo = "echoes the prompt" if text[0].startswith(d.prompts[0]) else "does not echo the prompt"
-        return f"unary (llmapi_client.py): {len(text[0])} characters, {echo}"
     try:
         result = unary_request(d.url, d.model, _request(d, d.prompts[:1], stream=False), outputs=["text_output"],
                                timeout=d.timeout)
@@ -251,24 +239,28 @@ def unary(d: Deployment) -> str:
 
 
 def stop(d: Deployment) -> str:
-    """inflight_batcher_llm_client.py --stop-after-ms / llmapi_client.py: `stop` with the request id cancels it.
+    """inflight_batcher_llm_client.py --stop-after-ms: `stop` with the request id, sent to tensorrt_llm, cancels
+    the generation its ids asked for (the ids preprocessing makes of the first prompt)."""
+    target = "tensorrt_llm"
+    if target not in d.models:
+        return f"skipped: no {target} model to send `stop` to"
+    stop_values = {"input_ids": np.zeros((1, 1), dtype=np.int32), "input_lengths": np.array([[1]], dtype=np.int32),
+                   "request_output_len": np.array([[1]], dtype=np.int32), "stop": np.array([[True]])}
+    long_tokens = d.max_tokens * 4
+    return stop_check(d, target, stop_values, _prompt_ids(d, long_tokens, streaming=d.decoupled), long_tokens,
+                      cancelled_is_an_end=False)
+
+
+def stop_check(d: Deployment, target: str, stop_values: dict[str, np.ndarray], values: dict[str, np.ndarray],
+               long_tokens: int, *, cancelled_is_an_end: bool) -> str:
+    """Send `values` (a request for `long_tokens` tokens) to `target` and `stop_values` with the same request id.
 
     Streaming: the stop goes out when the first token arrives. Not streaming: a stop goes out every 20 ms until the
     answer comes (a stop that arrives before the request is a no-op, as in the C++ backend's handleStopRequest).
     Whether the generation was cut depends on how fast the engine is; what must hold is that every stop is answered
-    and the generation ends."""
-    from trtpipe.serving.client import LLMAPI
-
-    llmapi = d.contract == LLMAPI
-    target = d.model if llmapi else "tensorrt_llm"
-    if target not in d.models:
-        return f"skipped: no {target} model to send `stop` to"
+    and the generation ends: with its last response, or (`cancelled_is_an_end`) with a CANCELLED error. The tokens
+    generated are counted from `sequence_length` where the responses carry it."""
     request_id = uuid.uuid4().hex
-    if llmapi:
-        stop_values = {"text_input": np.array([b""], dtype=object), "stop": np.array([True])}
-    else:
-        stop_values = {"input_ids": np.zeros((1, 1), dtype=np.int32), "input_lengths": np.array([[1]], dtype=np.int32),
-                       "request_output_len": np.array([[1]], dtype=np.int32), "stop": np.array([[True]])}
     refusals: list[str] = []
 
     def send_stop() -> None:
@@ -278,16 +270,9 @@ def stop(d: Deployment) -> str:
             else:
                 unary_request(d.url, target, stop_values, outputs=None, timeout=d.timeout, request_id=request_id)
         except Refused as err:
-            if "cancel" not in str(err).lower():  # the llmapi model answers a stop with CANCELLED
+            if "cancel" not in str(err).lower():  # a stop that cancels may be answered with CANCELLED
                 refusals.append(str(err))
 
-    long_tokens = d.max_tokens * 4
-    if llmapi:
-        values = {"text_input": np.array([d.prompts[0].encode("utf-8")], dtype=object),
-                  "streaming": np.array([d.decoupled]),
-                  "sampling_param_max_tokens": np.array([long_tokens], dtype=np.int32)}
-    else:
-        values = _prompt_ids(d, long_tokens, streaming=d.decoupled)
     start = time.monotonic()
     try:
         if d.decoupled:
@@ -296,11 +281,11 @@ def stop(d: Deployment) -> str:
         else:
             responses = [_unary_while_stopping(d, target, values, request_id, send_stop)]
         tokens = sum(int(r.as_numpy("sequence_length").reshape(-1)[0]) for r in responses
-                     if not llmapi and r.as_numpy("sequence_length") is not None)
+                     if r.as_numpy("sequence_length") is not None)
     except Refused as err:
-        if not (llmapi and "cancel" in str(err).lower()):
+        if not (cancelled_is_an_end and "cancel" in str(err).lower()):
             raise CheckFailed(f"{target} failed a request that was stopped: {err}", check="patterns") from None
-        tokens = -1  # the llmapi model ends a stopped request with a CANCELLED error
+        tokens = -1
     if refusals:
         raise CheckFailed(f"{target} refused `stop` for request id {request_id}: {refusals[0]}", check="patterns")
     seconds = time.monotonic() - start
@@ -352,17 +337,19 @@ def _prompt_ids(d: Deployment, max_tokens: int, *, streaming: bool) -> dict[str,
             "streaming": np.array([[streaming]])}
 
 
+# The ensemble's and BLS's patterns (the inflight_batcher_llm request contract's; other contracts name theirs in
+# trtpipe.serving.client.REQUEST_CONTRACTS).
 INFLIGHT_PATTERNS: dict[str, Callable[[Deployment], str]] = {
     "text-only": text_only, "log-probs": log_probs, "all-outputs": all_outputs, "batch": batch, "unary": unary,
     "stop": stop,
 }
-LLMAPI_PATTERNS: dict[str, Callable[[Deployment], str]] = {"unary": unary, "stop": stop}
 
 
 def patterns_for(contract: str) -> dict[str, Callable[[Deployment], str]]:
-    from trtpipe.serving.client import LLMAPI
+    """The patterns upstream's clients send to a model of request contract `contract`, by name."""
+    from trtpipe.serving.client import REQUEST_CONTRACTS
 
-    return LLMAPI_PATTERNS if contract == LLMAPI else INFLIGHT_PATTERNS
+    return REQUEST_CONTRACTS[contract].client_patterns()
 
 
 def describe(url: str, model: str, *, prompts: list[str], max_tokens: int, timeout: float) -> Deployment:

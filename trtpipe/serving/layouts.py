@@ -1,10 +1,14 @@
 """Repository layouts: the kinds of Triton model repository trtpipe publishes, one registry entry each.
 
-A layout owns where its templates live under triton_repo/, how a repository of it is recognised when its
-manifest predates the `layout` field, how it is validated, and how its Triton container runs: which
-tritonserver processes, and which models each one loads. (Its request contract, how clients talk to the model
-it serves, is `trtpipe.serving.client.REQUEST_CONTRACTS`, keyed by the same names.) Code outside a layout's own
-modules looks its layout up here, from the manifest, and calls what it finds; it does not compare names.
+A layout owns its writer (the publish stage calls it), where its templates live under triton_repo/, what its
+repository key adds, how a repository of it is recognised when its manifest predates the `layout` field (or when
+bench is handed a folder), how it is validated, where the tokenizer its served model counts with sits and whether
+the server can count prompts for bench, and how its Triton container runs: which tritonserver processes, and which
+models each one loads. (Its request contract, how clients talk to the model it serves, and the request patterns
+of upstream's clients for it, are `trtpipe.serving.client.REQUEST_CONTRACTS`, keyed by the same names.) Code
+outside a layout's own modules looks its layout up here, from the manifest, and calls what it finds; it does not
+compare names. (Still naming layouts' files: the store's rule of which repository files may be weight-sized,
+trtpipe.store.manifest, one layer below this registry.)
 
 - inflight_batcher_llm: upstream's ensemble, preprocessing, tensorrt_llm, postprocessing and tensorrt_llm_bls
   (trtpipe.serving.publish); on a GPU one tritonserver per rank under mpirun, rank 0 serving the models the
@@ -40,6 +44,19 @@ class RepositoryLayout:
     looks_like: Callable[[Path], bool]
     # Its checks, on a trtpipe.serving.validate checker whose manifest is loaded.
     validate: Callable[[Any], None]
+    # Its writer: (resolved spec, artifact folder, artifact digest, artifact key, output folder, repository key)
+    # -> the validated repository in the output folder (the artifact is the engine, or the LLM-API artifact).
+    publish: Callable[[Any, Path, str, str | None, Path, str | None], Path]
+    # What its repository key's `serving` document holds beside the spec's triton section (the default layout
+    # adds nothing, so its keys are what they were before there were layouts).
+    key_serving: dict[str, str]
+    # The tokenizer.json its served model tokenizes with, and that model's add_special_tokens (None: the
+    # tokenizer's default), for a repository of this layout: (repository, the option that named it).
+    served_tokenizer: Callable[[Path, str], tuple[Path, bool | None]]
+    # The served model that counts a prompt's tokens for bench's server check (its REQUEST_INPUT_LEN), or None
+    # and `uncounted` saying why the prompt lengths cannot be checked by the server.
+    counting_model: str | None
+    uncounted: str | None
 
 
 def _inflight_servers(repo: Path, manifest: dict[str, Any], models: list[str], world: int) -> list[list[str]]:
@@ -54,8 +71,13 @@ def _llmapi_servers(repo: Path, manifest: dict[str, Any], models: list[str], wor
     return [models]
 
 
+def _looks_like_inflight(repo: Path) -> bool:
+    return (repo / "preprocessing" / "config.pbtxt").is_file()
+
+
 def _looks_like_llmapi(repo: Path) -> bool:
-    return (repo / "tensorrt_llm" / "1" / "model.yaml").is_file() and not (repo / "ensemble").exists()
+    return ((repo / "tensorrt_llm" / "1" / "model.yaml").is_file() and not (repo / "ensemble").exists()
+            and not (repo / "preprocessing").exists())
 
 
 def _validate_inflight(checker: Any) -> None:
@@ -70,13 +92,46 @@ def _validate_llmapi(checker: Any) -> None:
     check_llmapi(checker)
 
 
+def _publish_inflight(resolved: Any, engine_dir: Path, engine_digest: str, engine_key: str | None, out_dir: Path,
+                      repository_key: str | None) -> Path:
+    from trtpipe.serving.publish import publish_repository
+
+    assert engine_key is not None, "an engine repository names its engine's key"
+    return publish_repository(resolved, engine_dir, engine_digest, engine_key, out_dir, repository_key=repository_key)
+
+
+def _publish_llmapi(resolved: Any, artifact_dir: Path, artifact_digest: str, artifact_key: str | None, out_dir: Path,
+                    repository_key: str | None) -> Path:
+    from trtpipe.serving.llmapi import publish_llmapi_repository
+
+    return publish_llmapi_repository(resolved, artifact_dir, artifact_digest, out_dir, repository_key=repository_key)
+
+
+def _inflight_tokenizer(repo: Path, option: str) -> tuple[Path, bool | None]:
+    from trtpipe.serving.publish import served_tokenizer
+
+    return served_tokenizer(repo, option)
+
+
+def _llmapi_tokenizer(repo: Path, option: str) -> tuple[Path, bool | None]:
+    from trtpipe.serving.llmapi import served_tokenizer
+
+    return served_tokenizer(repo, option)
+
+
 LAYOUTS: dict[str, RepositoryLayout] = {
     INFLIGHT_BATCHER_LLM: RepositoryLayout(
         name=INFLIGHT_BATCHER_LLM, template_subdir="", first_model="ensemble", server_models=_inflight_servers,
-        always_mpirun=False, looks_like=lambda repo: True, validate=_validate_inflight),
+        always_mpirun=False, looks_like=_looks_like_inflight, validate=_validate_inflight,
+        publish=_publish_inflight, key_serving={}, served_tokenizer=_inflight_tokenizer,
+        counting_model="preprocessing", uncounted=None),
     LLMAPI: RepositoryLayout(
         name=LLMAPI, template_subdir="llmapi", first_model="tensorrt_llm", server_models=_llmapi_servers,
-        always_mpirun=True, looks_like=_looks_like_llmapi, validate=_validate_llmapi),
+        always_mpirun=True, looks_like=_looks_like_llmapi, validate=_validate_llmapi,
+        publish=_publish_llmapi, key_serving={"layout": LLMAPI}, served_tokenizer=_llmapi_tokenizer,
+        counting_model=None,
+        uncounted="the llmapi model counts no tokens over gRPC (it returns text only); prompt lengths are counted "
+                  "with the tokenizer of the checkpoint it serves"),
 }
 DEFAULT_LAYOUT = INFLIGHT_BATCHER_LLM
 
@@ -90,3 +145,8 @@ def layout_of(repo: Path, manifest: dict[str, Any] | None) -> RepositoryLayout:
         if layout.name != DEFAULT_LAYOUT and layout.looks_like(Path(repo)):
             return layout
     return LAYOUTS[DEFAULT_LAYOUT]
+
+
+def recognised_layout(folder: Path) -> RepositoryLayout | None:
+    """The layout whose files `folder` holds, or None when it is no repository trtpipe publishes."""
+    return next((layout for layout in LAYOUTS.values() if layout.looks_like(Path(folder))), None)

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from trtpipe.errors import IntegrityError, InvalidInput
+from trtpipe.errors import IntegrityError, InvalidInput, UsageError
 from trtpipe.model_folder import SERVING_TOKENIZER_FILE, TOKENIZER_FILES
 from trtpipe.serving import identity, templates
 from trtpipe.serving.publish import (
@@ -195,3 +195,23 @@ def publish_llmapi_repository(
 
     return write_repository_atomically(out_dir, artifact_digest, repository_key, write, validate_repository,
                                        "llmapi repository")
+
+
+def served_tokenizer(repo: Path, option: str) -> tuple[Path, bool]:
+    """The tokenizer.json the llmapi model's LLM loads (its checkpoint folder, model.yaml `model`), with the LLM
+    API's default add_special_tokens=True. `option` names where the repository came from, for the error."""
+    config = Path(repo) / VERSION_DIR / MODEL_YAML
+    try:
+        settings = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise UsageError(f"{option}: cannot read {config}: {' '.join(str(err).split())[:160]}",
+                         fix="pass a model repository published by trtpipe, or the tokenizer directory itself") from None
+    model = str(settings.get("model") or "") if isinstance(settings, dict) else ""
+    # GPU repositories name the container's mount; the files are the repository's own checkpoint folder.
+    version_dir = Path(repo) / VERSION_DIR
+    folder = version_dir / Path(model).name if model else version_dir / ARTIFACT_SUBDIR
+    tokenizer_json = folder / SERVING_TOKENIZER_FILE
+    if not folder.resolve().is_relative_to(version_dir.resolve()) or not tokenizer_json.is_file():
+        raise UsageError(f"{option}: {tokenizer_json} does not exist (the llmapi model's tokenizer)",
+                         fix="publish the repository again")
+    return tokenizer_json, True

@@ -435,3 +435,36 @@ def read_manifest(repo: Path) -> dict[str, Any]:
                        fix="give the repository path a build printed (repository_path in its JSON report)") from None
     except json.JSONDecodeError as err:
         raise IntegrityError(f"{path}: not valid JSON ({err})", path=str(path), fix="publish the repository again") from None
+
+
+def served_tokenizer(repo: Path, option: str) -> tuple[Path, bool | None]:
+    """The tokenizer.json and add_special_tokens of a published repository's preprocessing model, found the way
+    the served preprocessing/1/model.py finds them (its `tokenizer_dir` and `add_special_tokens` parameters).
+    `option` names where the repository came from, for the error."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    config_path = repo / "preprocessing" / "config.pbtxt"
+    config = mc.ModelConfig()
+    try:
+        text_format.Parse(config_path.read_text(encoding="utf-8"), config)
+    except (OSError, text_format.ParseError) as err:
+        raise UsageError(
+            f"{option}: cannot read {config_path}: {' '.join(str(err).split())[:160]}",
+            fix="pass a model repository published by trtpipe, or the tokenizer directory itself",
+        ) from None
+    params = {key: value.string_value for key, value in config.parameters.items()}
+    tokenizer_dir = (repo / "preprocessing" / (params.get("tokenizer_dir") or TOKENIZER_SUBDIR)).resolve()
+    if not tokenizer_dir.is_relative_to((repo / "preprocessing").resolve()):
+        raise UsageError(
+            f"{config_path}: parameter tokenizer_dir {params['tokenizer_dir']!r} leaves the model directory",
+            fix="publish the repository again",
+        )
+    tokenizer_json = tokenizer_dir / SERVING_TOKENIZER_FILE
+    if not tokenizer_json.is_file():
+        raise UsageError(
+            f"{option}: {tokenizer_json} does not exist (the preprocessing model's tokenizer)",
+            fix="publish the repository again",
+        )
+    add_special = params.get("add_special_tokens")
+    return tokenizer_json, None if not add_special else add_special.strip().lower() == "true"

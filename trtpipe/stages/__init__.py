@@ -18,12 +18,12 @@ from typing import Any
 
 from trtpipe.engine.plan import make_build_plan
 from trtpipe.resolve import ResolvedSpec
+from trtpipe.serving.layouts import INFLIGHT_BATCHER_LLM, LAYOUTS, LLMAPI
 from trtpipe.stages.base import InputRef, NoKey, Preview, StageContext, StoredStage
 from trtpipe.stages.checkpoint import CheckpointStage
 from trtpipe.stages.engine import EngineStage
 from trtpipe.stages.hf_checkpoint import HfCheckpointStage
 from trtpipe.stages.imported_engine import ImportedEngineStage
-from trtpipe.stages.llmapi_publish import LlmApiPublishStage
 from trtpipe.stages.publish import PublishStage
 
 
@@ -41,22 +41,27 @@ def _llm_api_plan(resolved: ResolvedSpec) -> Any:
     return resolved.llm_api
 
 
+def _publish_engine() -> PublishStage:
+    """The trtllm-build and reference backends publish their engine in upstream's inflight_batcher_llm layout."""
+    return PublishStage(LAYOUTS[INFLIGHT_BATCHER_LLM], reads="engine")
+
+
 BACKEND_STAGES: dict[str, BackendStages] = {
     # The GPU path: convert where the engine is built (the executor), run the pinned trtllm-build.
     "trtllm-build": BackendStages(
         plan=make_build_plan,
-        stages=(CheckpointStage(in_executor=True), EngineStage(renders_command=True), PublishStage()),
+        stages=(CheckpointStage(in_executor=True), EngineStage(renders_command=True), _publish_engine()),
     ),
     # The CPU reference: convert here, wrap the checkpoint as the runtime's engine, same repository contract.
     "reference": BackendStages(
         plan=make_build_plan,
-        stages=(CheckpointStage(in_executor=False), EngineStage(renders_command=False), PublishStage()),
+        stages=(CheckpointStage(in_executor=False), EngineStage(renders_command=False), _publish_engine()),
     ),
     # TensorRT-LLM's PyTorch backend: ModelOpt's unified HF export + llm_args.json (in the executor on a GPU
     # target, in-process on cpu-reference), then the llmapi repository; no engine is built.
     "llm-api": BackendStages(
         plan=_llm_api_plan,
-        stages=(HfCheckpointStage(), LlmApiPublishStage()),
+        stages=(HfCheckpointStage(), PublishStage(LAYOUTS[LLMAPI], reads="export")),
     ),
 }
 
@@ -65,7 +70,7 @@ BACKEND_STAGES: dict[str, BackendStages] = {
 def imported_engine_stages(engine_dir: Path) -> BackendStages:
     """The trtllm-build backend's stages for an engine built outside trtpipe (`trtpipe publish SPEC --engine DIR`):
     the engine is imported instead of converted and built, then published as a built one is."""
-    return BackendStages(plan=make_build_plan, stages=(ImportedEngineStage(engine_dir), PublishStage()))
+    return BackendStages(plan=make_build_plan, stages=(ImportedEngineStage(engine_dir), _publish_engine()))
 
 
 # Every stored stage's name (what `--force` takes), in build order.

@@ -1,11 +1,13 @@
-"""The publish stage: engine -> Triton model repository (the inflight_batcher_llm layout), keyed by the
-engine's bytes and what the repository is released as.
+"""The publish stage: the backend's artifact (an engine, or the LLM-API artifact) -> a Triton model repository in
+the backend's layout (trtpipe.serving.layouts: the layout's writer), keyed by the artifact's bytes and what the
+repository is released as.
 
-Key document (`repository_key`): the engine's DIGEST (not its key: a repository is a function of the
-engine's bytes, so a rebuilt engine with other bytes publishes a new repository and one with the same
-bytes reuses it), the serving options, the tokenizer files' digest, the serving templates' digest, the
-trtpipe version, and the artifact's name, target, toolchain, quantization and release gates (promote
-reads them from the repository, so two specs that differ only there get two repositories).
+Key document (`repository_key`): the artifact's DIGEST (not its key: a repository is a function of the
+artifact's bytes, so a rebuilt engine with other bytes publishes a new repository and one with the same
+bytes reuses it), the serving options with what the layout adds to them, the tokenizer files' digest, the
+layout's templates digest (its files under triton_repo/: a change to one layout's templates never republishes
+another's), the trtpipe version, and the artifact's name, target, toolchain, quantization and release gates
+(promote reads them from the repository, so two specs that differ only there get two repositories).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 import trtpipe
 from trtpipe.model_folder import TOKENIZER_FILES
+from trtpipe.serving.layouts import RepositoryLayout
 from trtpipe.serving.templates import templates_digest
 from trtpipe.stages.base import InputRef, NoKey, Preview, StageContext
 from trtpipe.store.digest_cache import DigestCache
@@ -63,24 +66,28 @@ def tokenizer_digest(digests: DigestCache, tokenizer_dir: Path | None) -> str | 
 
 
 class PublishStage:
-    """Write the inflight_batcher_llm repository for the engine (the reference backend's tensorrt_llm model
-    is the CPU runtime behind the same contract)."""
+    """Write the repository of `layout` for the artifact of the stage `reads` (on cpu-reference the served
+    model is the reference runtime behind the same contract)."""
 
     name = "publish"
     kind = "repository"
-    inputs = ("engine",)
+
+    def __init__(self, layout: RepositoryLayout, *, reads: str) -> None:
+        self.layout = layout
+        self.reads = reads
+        self.inputs = (reads,)
 
     def key(self, ctx: StageContext, inputs: dict[str, InputRef]) -> StageKey:
-        engine_digest = inputs["engine"].digest
-        if engine_digest is None:
-            raise NoKey("key follows the engine's digest, known once the engine is built")
+        artifact_digest = inputs[self.reads].digest
+        if artifact_digest is None:
+            raise NoKey(f"key follows the {self.reads}'s digest, known once the {self.reads} is built")
         resolved = ctx.resolved
         spec = resolved.spec
         return repository_key(
-            engine_digest=engine_digest,
-            serving=spec.triton.model_dump(mode="json"),
+            engine_digest=artifact_digest,
+            serving={**spec.triton.model_dump(mode="json"), **self.layout.key_serving},
             tokenizer_digest=tokenizer_digest(ctx.digests, resolved.tokenizer_dir),
-            templates_digest=templates_digest(),
+            templates_digest=templates_digest(layout=self.layout.name),
             trtpipe_version=trtpipe.__version__,
             name=spec.artifact_name,
             target={"gpu": spec.target.gpu, "sm": resolved.sm, "tp": spec.target.tp, "pp": spec.target.pp},
@@ -90,11 +97,9 @@ class PublishStage:
         )
 
     def build(self, ctx: StageContext, out_dir: Path, inputs: dict[str, InputRef], key: StageKey) -> dict[str, Any]:
-        from trtpipe.serving.publish import publish_repository
-
-        engine = inputs["engine"]
-        assert engine.key is not None and engine.digest is not None
-        publish_repository(ctx.resolved, engine.path, engine.digest, engine.key, out_dir, repository_key=key.key)
+        artifact = inputs[self.reads]
+        assert artifact.digest is not None
+        self.layout.publish(ctx.resolved, artifact.path, artifact.digest, artifact.key, out_dir, key.key)
         return {}
 
     def preview(self, ctx: StageContext, key: str | None, inputs: dict[str, InputRef]) -> Preview | None:
