@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from trtpipe.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -70,7 +71,7 @@ def main() -> int:
 
     results: dict[str, list[dict]] = {name: [] for name in variants}
     with tempfile.TemporaryDirectory(prefix="trtpipe-bench-first-") as tmp, \
-            start_server(MODELS, validate=False, start_timeout=120) as server:
+            start_server(MODELS, validate=False, start_timeout=120, settings=Settings.from_env()) as server:
         work = Path(tmp)
         for _ in range(args.runs):  # interleaved: load on the host hits every variant alike
             for name, extra in variants.items():

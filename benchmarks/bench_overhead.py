@@ -27,6 +27,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from trtpipe.settings import Settings
 
 MODELS = Path(__file__).resolve().parent / "models"
 
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     workload = synthetic_workload(args.requests, LengthDist.parse("16"), LengthDist.parse(str(args.tokens)), seed=0,
                                   counter=WordCounter())  # the no-work model never reads the prompt
     rows = []
-    with start_server(MODELS, validate=False, start_timeout=60) as server:
+    with start_server(MODELS, validate=False, start_timeout=60, settings=Settings.from_env()) as server:
         # One warm-up run so the first level does not pay for connection and stub start-up.
         run_bench(server.grpc_url, workload.model_copy(update={"requests": workload.requests[:10]}), "closed",
                   model="stream_tokens", concurrency=2, duration_s=30, drain_s=10, metrics_url=None)

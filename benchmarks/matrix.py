@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import yaml
+from trtpipe.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -143,7 +144,7 @@ def bench_matrix_vs_one_by_one(work: Path, models: dict[str, Path]) -> dict[str,
     in_process = []
     for spec in specs:
         started = time.perf_counter()
-        run_build(spec, store=store, progress=False)
+        run_build(spec, store=store, progress=False, settings=Settings.from_env())
         in_process.append(time.perf_counter() - started)
     store.close()
 
@@ -154,7 +155,7 @@ def bench_matrix_vs_one_by_one(work: Path, models: dict[str, Path]) -> dict[str,
     cpus = ray.cluster_resources().get("CPU", 0)
     store = Store.open(work / "matrix-store")
     started = time.perf_counter()
-    report = build_matrix(matrix, store=store, progress=False)
+    report = build_matrix(matrix, store=store, progress=False, settings=Settings.from_env())
     matrix_wall = time.perf_counter() - started
     store.close()
     ray.shutdown()
@@ -204,7 +205,7 @@ def bench_all_hit_50(work: Path, llama: Path, remote_url: str | None, label: str
     ray.init(address="local", object_store_memory=200 * 1024 * 1024, include_dashboard=False, log_to_driver=False,
              logging_level="ERROR", namespace="trtpipe")
     started = time.perf_counter()
-    first = build_matrix(matrix, store=store, remote=remote, progress=False)
+    first = build_matrix(matrix, store=store, remote=remote, progress=False, settings=Settings.from_env())
     cold = time.perf_counter() - started
     ray.shutdown()
     assert first.counts["built"] == 50, first.model_dump_json(indent=1)
@@ -214,7 +215,7 @@ def bench_all_hit_50(work: Path, llama: Path, remote_url: str | None, label: str
     runs = []
     for _ in range(3):
         started = time.perf_counter()
-        again = build_matrix(matrix, store=head, remote=remote, progress=False)
+        again = build_matrix(matrix, store=head, remote=remote, progress=False, settings=Settings.from_env())
         runs.append((time.perf_counter() - started, again.decide_seconds))
         assert again.counts["hit"] == 50 and again.tasks == 0 and again.ray is None
     head.close()
@@ -224,10 +225,10 @@ def bench_all_hit_50(work: Path, llama: Path, remote_url: str | None, label: str
     local = Store.open(folder / "head") if remote is None else Store.open(folder / "baseline")
     if remote is not None:
         for spec in specs:  # fill the baseline's store from the registry first (not timed)
-            run_build(spec, store=local, remote=remote, progress=False)
+            run_build(spec, store=local, remote=remote, progress=False, settings=Settings.from_env())
     started = time.perf_counter()
     for spec in specs:
-        report = run_build(spec, store=local, progress=False)
+        report = run_build(spec, store=local, progress=False, settings=Settings.from_env())
         assert all(s.outcome in ("ran", "hit") for s in report.stages)
     baseline = time.perf_counter() - started
     local.close()

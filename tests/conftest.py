@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from trtpipe.settings import Settings
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -206,7 +207,7 @@ def _publish_example(tmp_dir: Path, *, streaming: bool = True, model_dir: Path |
     # One store per tmp_dir: a second call (say streaming=False) reuses the checkpoint and engine.
     name = "tiny-llama-cpu" if streaming else "tiny-llama-cpu-unary"
     spec_path = write_example_spec(tmp_dir / "spec", Path(model_dir), streaming=streaming, name=name)
-    report = run_build(spec_path, store=tmp_dir / "store", progress=False)
+    report = run_build(spec_path, store=tmp_dir / "store", progress=False, settings=Settings.from_env())
     if report.repository_path:
         return Path(report.repository_path)
     raise AssertionError(f"building the example published no repository: {report.status}: "

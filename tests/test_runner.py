@@ -16,6 +16,7 @@ from trtpipe.stages import BACKEND_STAGES, BackendStages, InputRef, Preview, Sta
 from trtpipe.store.keys import StageKey, make_key
 from trtpipe.store.local import Store
 from trtpipe.toolchain import BACKEND_KINDS, load_toolchains
+from trtpipe.settings import Settings
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -77,7 +78,7 @@ def spec(tmp_path: Path, tiny_llama_dir: Path) -> Path:
 def test_the_runner_builds_hits_forces_and_records_declared_stages(declared, spec: Path, tmp_path: Path) -> None:
     note, echo = declared
     home = tmp_path / "home"
-    first = run_build(spec, store=home, progress=False)
+    first = run_build(spec, store=home, progress=False, settings=Settings.from_env())
     assert [(s.name, s.outcome) for s in first.stages] == [
         ("resolve", "ran"), ("plan", "ran"), ("checkpoint", "built"), ("engine", "built")]
     assert first.keys["checkpoint"] == make_key("checkpoint", {"model": "runner-test"}).key
@@ -87,11 +88,11 @@ def test_the_runner_builds_hits_forces_and_records_declared_stages(declared, spe
     store = Store.open(home)
     assert "builds" not in json.dumps(store.get("checkpoint", first.keys["checkpoint"]).manifest)  # ... not the artifact
 
-    again = run_build(spec, store=home, progress=False)
+    again = run_build(spec, store=home, progress=False, settings=Settings.from_env())
     assert [s.outcome for s in again.stages[2:]] == ["hit", "hit"] and (note.builds, echo.builds) == (1, 1)
     assert again.artifacts == first.artifacts
 
-    forced = run_build(spec, store=home, force=["checkpoint"], progress=False)
+    forced = run_build(spec, store=home, force=["checkpoint"], progress=False, settings=Settings.from_env())
     # The note came back with other bytes, so the echo keyed by its digest is a new key: built.
     assert [s.outcome for s in forced.stages[2:]] == ["built", "built"]
     assert forced.keys["engine"] != first.keys["engine"] and forced.keys["checkpoint"] == first.keys["checkpoint"]
@@ -99,7 +100,7 @@ def test_the_runner_builds_hits_forces_and_records_declared_stages(declared, spe
 
 def test_a_dry_run_keys_what_it_can_and_previews_what_would_build(declared, spec: Path, tmp_path: Path) -> None:
     note, _ = declared
-    report = run_build(spec, store=tmp_path / "home", dry_run=True, progress=False)
+    report = run_build(spec, store=tmp_path / "home", dry_run=True, progress=False, settings=Settings.from_env())
     checkpoint, engine = report.stages[2], report.stages[3]
     assert checkpoint.outcome == "would-build" and checkpoint.command == ["write", "note.txt"]
     assert engine.outcome == "would-build" and engine.key and note.builds == 0
@@ -110,12 +111,12 @@ def test_a_dry_run_keys_what_it_can_and_previews_what_would_build(declared, spec
 def test_a_damaged_input_is_rebuilt_and_the_stage_on_it_rekeyed(declared, spec: Path, tmp_path: Path) -> None:
     note, echo = declared
     home = tmp_path / "home"
-    first = run_build(spec, store=home, progress=False)
+    first = run_build(spec, store=home, progress=False, settings=Settings.from_env())
     stored = Store.open(home).get("checkpoint", first.keys["checkpoint"])
     victim = stored.path / "note.txt"
     victim.chmod(0o644)
     victim.write_text("build X\n")  # same size, other bytes: only a digest check sees it
-    report = run_build(spec, store=home, force=["engine"], progress=False)
+    report = run_build(spec, store=home, force=["engine"], progress=False, settings=Settings.from_env())
     # The engine verified its input before building on it: quarantined, rebuilt (build 2), and the engine
     # built under the key of the new digest, from the new bytes.
     assert note.builds == 2 and report.keys["engine"] != first.keys["engine"]

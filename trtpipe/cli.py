@@ -66,8 +66,9 @@ def make_app() -> typer.Typer:
         if version:
             from trtpipe.commands.version import print_installation
             from trtpipe.installation import describe_installation
+            from trtpipe.settings import Settings
 
-            info = describe_installation()
+            info = describe_installation(Settings.from_env())
             print_installation(info, as_json=as_json)
             raise typer.Exit(info.problem.exit_code if info.problem is not None else 0)
         if as_json:

@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from trtpipe.errors import TrtpipeError
-from trtpipe.settings import Settings, from_env
+from trtpipe.settings import Settings
 from trtpipe.shipped import ShippedData, describe
 from trtpipe.toolchain import load_toolchains
 
@@ -44,11 +44,11 @@ class Installation(BaseModel):
     problem: InstallationProblem | None = None
 
 
-def describe_installation(settings: Settings | None = None) -> Installation:
-    """This trtpipe's version, data folders and pinned toolchains (stable and preview, oldest first)."""
+def describe_installation(settings: Settings) -> Installation:
+    """This trtpipe's version, data folders (as the caller's `settings` say) and pinned toolchains (stable and
+    preview, oldest first)."""
     import trtpipe
 
-    settings = settings if settings is not None else from_env()
     python = ".".join(str(part) for part in sys.version_info[:3])
     data: ShippedData | None = None
     try:

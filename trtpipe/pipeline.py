@@ -40,6 +40,7 @@ from trtpipe.store.keys import StageKey
 from trtpipe.store import signatures
 from trtpipe.store.local import Entry, Store
 from trtpipe.store.remote import RemoteUse, is_unavailable
+from trtpipe.settings import Settings
 
 PLAIN_STEPS = ("resolve", "plan")
 
@@ -574,25 +575,23 @@ class _Runner:
             self.report.message = f"the build record could not be written either ({lost.message})"
 
 
-def _remote_use_from_settings() -> RemoteUse:
-    from trtpipe.settings import from_env
+def _remote_use_from_settings(settings: Settings) -> RemoteUse:
     from trtpipe.store.remote import remote_use
 
-    return remote_use(from_env())
+    return remote_use(settings)
 
 
-def open_stores(store: Store | Path | str | None, remote: Any = None) -> tuple[Store, Any]:
+def open_stores(store: Store | Path | str | None, remote: Any = None, *, settings: Settings) -> tuple[Store, Any]:
     """The local store, and the remote cache (`trtpipe.store.remote`) when `remote` is given or `store`
-    (or $TRTPIPE_STORE) names one, e.g. `oci://host/repo` (`trtpipe.settings.places` decides).
+    (or the settings' TRTPIPE_STORE) names one, e.g. `oci://host/repo` (`trtpipe.settings.places` decides).
 
     With a remote cache, artifacts still live in the local store; the remote is consulted before
     building a stage, and what is built is pushed to it."""
     if isinstance(store, Store):
         return store, remote
-    from trtpipe.settings import from_env, places
+    from trtpipe.settings import places
     from trtpipe.store.remote import open_remote
 
-    settings = from_env()
     root, remote_url = places(store, settings)
     if remote is None and remote_url is not None:
         remote = open_remote(remote_url, settings)
@@ -612,6 +611,7 @@ def run_build(
     pulled_check: PulledCheck | None = None,
     remote_use: RemoteUse | None = None,
     sign_push: PushSigner | None = None,
+    settings: Settings,
 ) -> BuildReport:
     """Build (or reuse) every stage of a spec. Raises TrtpipeError when a stage fails (BuildInterrupted on
     Ctrl-C); the report's status is "dry-run" for a dry run.
@@ -619,16 +619,17 @@ def run_build(
     `store`: a Store, a store root, or `oci://HOST/REPO` (the default store with that remote cache);
     `remote`: a remote cache (probe / find / pull_into / push) to consult before building and push to after;
     `remote_use`: how (read-write or read-only, required or best effort: `trtpipe.store.remote.RemoteUse`;
-    default: as TRTPIPE_REMOTE_MODE and TRTPIPE_REQUIRE_REMOTE say, else read-write and best effort, where a
-    cache that is away is a warning and a local build);
+    default: as the settings' TRTPIPE_REMOTE_MODE and TRTPIPE_REQUIRE_REMOTE say, else read-write and best
+    effort, where a cache that is away is a warning and a local build);
+    `settings`: the caller's (`trtpipe.settings.Settings`): the store, the remote's credentials, the remote mode;
     `on_stage`: called with each step's report as soon as it is known;
     `sign_push`: signs each entry the build pushes (the workspace's signing key), or None: pushed unsigned."""
     spec_path = Path(spec_path)
     if not spec_path.is_file():
         raise UsageError(f"{spec_path}: no such spec file", fix="give the path of a build spec YAML")
     forced = check_force(force)
-    opened, remote = open_stores(store, remote)
-    remote_use = remote_use if remote_use is not None else _remote_use_from_settings()
+    opened, remote = open_stores(store, remote, settings=settings)
+    remote_use = remote_use if remote_use is not None else _remote_use_from_settings(settings)
     started_ns = time.time_ns()  # before anything is read: the memo's inputs must be older (trtpipe.warm)
     runner = _Runner(spec_path, opened, dry_run=dry_run, force=forced, verify=verify, progress=progress,
                      remote=remote, on_stage=on_stage, pulled_check=pulled_check, remote_use=remote_use,
@@ -644,9 +645,9 @@ def run_build(
     return report
 
 
-def stage_keys(spec_path: Path | str, *, store: Store | Path | str | None = None) -> dict[str, str]:
+def stage_keys(spec_path: Path | str, *, store: Store | Path | str | None = None, settings: Settings) -> dict[str, str]:
     """The keys of a spec's stages without building anything (a dry run)."""
-    report = run_build(spec_path, dry_run=True, store=store, progress=False)
+    report = run_build(spec_path, dry_run=True, store=store, progress=False, settings=settings)
     return dict(report.keys)
 
 
@@ -723,7 +724,7 @@ def _publish_tokenizer(request: PublishRequest, resolved: ResolvedSpec) -> Path:
 
 def run_publish(
     request: PublishRequest, *, store: Store | Path | str | None = None, remote: Any = None, progress: bool = True,
-    remote_use: RemoteUse | None = None,
+    remote_use: RemoteUse | None = None, settings: Settings,
 ) -> PublishOutcome:
     """Check an engine built outside trtpipe against its spec, store it (stage outcome "imported"; its build record
     names the folder it came from) and publish its repository through the publish stage, as `build` would. The spec
@@ -735,12 +736,12 @@ def run_publish(
     if not spec_path.is_file():
         raise UsageError(f"{spec_path}: no such spec file", fix="give the path of a build spec YAML")
     read_engine_config(request.engine)  # a folder that is no engine is one line before the spec is resolved
-    opened, remote = open_stores(store, remote)
+    opened, remote = open_stores(store, remote, settings=settings)
     stage_box: list[Any] = []
     tokenizer_box: list[Path] = []
     runner = _Runner(spec_path, opened, dry_run=False, force=(), verify=False, progress=progress, remote=remote,
                      need_weights=False, choose=_publish_chooser(request, stage_box, tokenizer_box),
-                     remote_use=remote_use if remote_use is not None else _remote_use_from_settings())
+                     remote_use=remote_use if remote_use is not None else _remote_use_from_settings(settings))
     try:
         # No resolution memo (trtpipe.warm): that is `build`'s, and this spec's build would convert and build.
         report = runner.run()

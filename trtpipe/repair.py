@@ -20,6 +20,7 @@ from trtpipe.errors import TrtpipeError
 from trtpipe.store.local import Store
 
 if TYPE_CHECKING:
+    from trtpipe.settings import Settings
     from trtpipe.store.remote import RemoteCache
 
 
@@ -40,12 +41,14 @@ class RepairOutcome(BaseModel):
     detail: str = ""
 
 
-def repair(store: Store, damaged: list[Damaged], *, remote: RemoteCache | None = None) -> list[RepairOutcome]:
-    """Restore each damaged artifact from `remote` (when given and it holds that digest), else by rebuilding."""
-    return [_repair_one(store, item, remote) for item in damaged]
+def repair(store: Store, damaged: list[Damaged], *, remote: RemoteCache | None = None,
+           settings: Settings) -> list[RepairOutcome]:
+    """Restore each damaged artifact from `remote` (when given and it holds that digest), else by rebuilding
+    (with the caller's `settings`)."""
+    return [_repair_one(store, item, remote, settings) for item in damaged]
 
 
-def _repair_one(store: Store, item: Damaged, remote: RemoteCache | None) -> RepairOutcome:
+def _repair_one(store: Store, item: Damaged, remote: RemoteCache | None, settings: Settings) -> RepairOutcome:
     def outcome(restored: bool, how: str | None, detail: str = "") -> RepairOutcome:
         return RepairOutcome(kind=item.kind, key=item.key, digest=item.digest, channels=item.channels,
                              restored=restored, how=how, detail=detail)
@@ -68,7 +71,7 @@ def _repair_one(store: Store, item: Damaged, remote: RemoteCache | None) -> Repa
         return outcome(False, None, "; ".join(reasons) + "; a remote cache that holds it can restore it")
     record = records[0]
     try:
-        _rebuild(store, record.spec)
+        _rebuild(store, record.spec, settings)
     except TrtpipeError as err:
         reasons.append(f"rebuilding from the spec of build {record.id} failed: {err.one_line()}")
         return outcome(False, None, "; ".join(reasons))
@@ -91,7 +94,7 @@ def _pull(store: Store, item: Damaged, remote: RemoteCache) -> bool:
     return entry is not None and entry.digest == item.digest
 
 
-def _rebuild(store: Store, spec: dict) -> None:
+def _rebuild(store: Store, spec: dict, settings: Settings) -> None:
     """Run the build on a spec as a build record holds it (loaded: paths absolute)."""
     import yaml
 
@@ -100,4 +103,4 @@ def _rebuild(store: Store, spec: dict) -> None:
     with tempfile.TemporaryDirectory(prefix="trtpipe-repair-") as tmp:
         path = Path(tmp) / "spec.yaml"
         path.write_text(yaml.safe_dump(spec, sort_keys=False))
-        run_build(path, store=store, progress=False)
+        run_build(path, store=store, progress=False, settings=settings)

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from trtpipe.chained import ChainedLog, HeadKey, canonical, signature_verifies
 from trtpipe.errors import IntegrityError, TimedOut, UsageError
+from trtpipe.settings import Settings
 
 ResultKind = Literal["smoke", "parity", "bench"]
 ResultOrigin = Literal["run", "hand"]
@@ -98,12 +99,15 @@ class ResultRecord(BaseModel):
 
 class ResultsLog:
     """Append-only, hash-chained per-digest result log under `<home>/results/<hex>.jsonl` (its head:
-    `<hex>.head.json`). `key`: the release key, which signs each head written and checks each read."""
+    `<hex>.head.json`). `key`: the release key, which signs each head written and checks each read. `who`: who
+    records (`current_user(settings)`, as the workspace passes it); None: the login name (`login_name`), since
+    this module reads no settings of its own."""
 
-    def __init__(self, home: Path, key: HeadKey | None = None) -> None:
+    def __init__(self, home: Path, key: HeadKey | None = None, *, who: str | None = None) -> None:
         self.home = Path(home)
         self.dir = self.home / "results"
         self.key = key
+        self.who = who
 
     def _path(self, digest: str) -> Path:
         return self.dir / (digest.split(":", 1)[1] + ".jsonl")
@@ -133,7 +137,7 @@ class ResultsLog:
                 passed=passed,
                 data=data,
                 gpu_class=gpu_class,
-                recorded_by=current_user(),
+                recorded_by=self.who if self.who is not None else login_name(),
                 origin=origin,  # type: ignore[arg-type]
                 evidence=evidence,
             )
@@ -274,13 +278,14 @@ def _first_error(exc: Exception) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
-def current_user() -> str:
-    """Who is acting: $TRTPIPE_USER, else the CI's actor, else the login name (`trtpipe.settings`)."""
-    from trtpipe.settings import from_env
+def current_user(settings: Settings) -> str:
+    """Who is acting: the settings' actor ($TRTPIPE_USER, else the CI's actor: `trtpipe.settings`), else the
+    login name."""
+    return settings.actor or login_name()
 
-    actor = from_env().actor
-    if actor:
-        return actor
+
+def login_name() -> str:
+    """The login name of this process's user (getpass), else `uid-N` (a container without a passwd entry)."""
     import getpass
 
     try:

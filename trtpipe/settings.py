@@ -1,10 +1,17 @@
 """trtpipe's settings from the environment: the one module that reads environment variables.
 
 Every variable trtpipe honours is listed in `VARIABLES` (docs/cli.md's table is checked against it).
-`Settings.from_env()` reads them once; the CLI builds its workspace from the result and passes
-it on. Library code that needs a setting asks this module (`from_env()`), never `os.environ`.
-Variables other tools define for their children (CUDA_VISIBLE_DEVICES, DOCKER_HOST ...) are theirs,
-not trtpipe settings.
+
+The rule: nothing below the CLI reads the environment. `Settings.from_env()` is called by the shell only
+(trtpipe/cli.py, trtpipe/commands/, and `trtpipe.workspace.Workspace.open`), once per command; the
+workspace carries the result (`Workspace.settings`) and every library function that needs a setting takes
+a `Settings` (or the workspace) from its caller as a required parameter, never `os.environ` and never a
+`None -> from_env()` fallback. The one other process entry, a matrix worker's Ray task
+(`trtpipe.matrix.worker.run_cell`), reads its node's settings once, as the CLI does on the head (so a node's
+TRTPIPE_HOME and registry credentials stay on it). tests/test_environment_reads.py checks the
+rule over the package's source, with its few exceptions listed there (reads that are not trtpipe settings,
+and `trtpipe.shipped.build_configs_dir`, still to move). Variables other tools define for themselves or their
+children (CUDA_VISIBLE_DEVICES, DOCKER_HOST ...) are theirs, not trtpipe settings.
 """
 
 from __future__ import annotations
@@ -176,11 +183,6 @@ def _positive_int(value: str | None) -> int | None:
     except ValueError:
         return None
     return number if number is not None and number > 0 else None
-
-
-def from_env() -> Settings:
-    """The settings of the current environment (read now; nothing is cached)."""
-    return Settings.from_env()
 
 
 def url_scheme(text: str | None) -> str | None:

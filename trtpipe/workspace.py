@@ -66,9 +66,9 @@ class Workspace:
     @property
     def results(self) -> ResultsLog:
         from trtpipe.release.trail import release_key
-        from trtpipe.results import ResultsLog
+        from trtpipe.results import ResultsLog, current_user
 
-        return ResultsLog(self.root, release_key(self.settings))
+        return ResultsLog(self.root, release_key(self.settings), who=current_user(self.settings))
 
     @property
     def channels(self) -> ChannelStore:

@@ -12,12 +12,15 @@ from pathlib import Path
 import pytest
 
 from trtpipe.bench import run_bench
-from trtpipe.bench.counting import LLMAPI_NOT_CHECKED, llmapi_repository_tokenizer, text_token_counter
+from trtpipe.bench.counting import text_token_counter
 from trtpipe.bench.metrics import Slo
 from trtpipe.bench.workload import HfTokenizerCounter, LengthDist, synthetic_workload
 from trtpipe.cli import main
 from trtpipe.errors import UsageError
 from trtpipe.serving.client import TritonLLMClient
+from trtpipe.serving.layouts import LAYOUTS, LLMAPI
+from trtpipe.serving.llmapi import served_tokenizer as llmapi_repository_tokenizer
+from trtpipe.settings import Settings
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +41,7 @@ def llmapi_repo(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path, 
 def server(llmapi_repo: Path):
     from trtpipe.serving.server import start_server
 
-    with start_server(llmapi_repo, start_timeout=180) as handle:
+    with start_server(llmapi_repo, start_timeout=180, settings=Settings.from_env()) as handle:
         yield handle
 
 
@@ -83,7 +86,7 @@ def test_cli_bench_with_the_llmapi_repository_as_tokenizer(server, llmapi_repo: 
     assert summary["model"] == "tensorrt_llm" and summary["output_token_counting"] == "text"
     data = json.loads(out.read_text())
     assert data["workload"]["tokenizer"] == str(llmapi_repo / "tensorrt_llm/1/checkpoint/tokenizer.json")
-    assert data["workload"]["server_check_skipped"] == LLMAPI_NOT_CHECKED
+    assert data["workload"]["server_check_skipped"] == LAYOUTS[LLMAPI].uncounted
     assert all(r["output_tokens"] > 0 for r in data["runs"][0]["records"])
 
 

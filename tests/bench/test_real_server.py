@@ -16,6 +16,7 @@ from trtpipe.bench.counting import server_counts
 from trtpipe.commands.bench import token_counter as counter_for
 from trtpipe.bench.workload import LengthDist, WordCounter, synthetic_workload
 from trtpipe.cli import main
+from trtpipe.settings import Settings
 
 BENCH_MODELS = Path(__file__).resolve().parents[2] / "benchmarks" / "models"
 
@@ -30,7 +31,7 @@ def example_repo(tmp_path_factory: pytest.TempPathFactory, publish_example) -> P
 def example_server(example_repo: Path):
     from trtpipe.serving.server import start_server
 
-    with start_server(example_repo, start_timeout=120) as handle:
+    with start_server(example_repo, start_timeout=120, settings=Settings.from_env()) as handle:
         yield handle
 
 
@@ -110,7 +111,7 @@ def test_input_len_is_exact_in_served_tokens_at_the_engine_limit(example_server,
     assert [spec.input_tokens for spec in result.workload.requests] == [limit] * 6
     assert len(set(prompts)) == 6  # six different prompts, each exact
     # The server's own count, asked here independently of bench's check: the length the engine sees.
-    assert server_counts(example_server.grpc_url, prompts, max_batch_size=4) == [limit] * 6
+    assert server_counts(example_server.grpc_url, prompts, max_batch_size=4, model="preprocessing") == [limit] * 6
     assert result.workload.server_check is not None and result.workload.server_check.prompts_checked == 6
     (run,) = result.runs
     assert run.aggregates.requests_ok == 6 and run.aggregates.input_tokens.mean == limit
@@ -151,7 +152,7 @@ def test_bench_without_a_tokenizer_says_how_to_give_one(capsys) -> None:
 def test_server_killed_during_a_run_ends_in_time_and_reports_failures() -> None:
     from trtpipe.serving.server import start_server
 
-    handle = start_server(BENCH_MODELS, validate=False, start_timeout=60)
+    handle = start_server(BENCH_MODELS, validate=False, start_timeout=60, settings=Settings.from_env())
     try:
         workload = synthetic_workload(10_000, LengthDist.parse("8"), LengthDist.parse("30"), seed=2, counter=WordCounter())
         killer = threading.Timer(1.5, handle.kill)
@@ -180,7 +181,7 @@ def stream_server():
     """The no-work streaming model of benchmarks/models (not a published repository: validation off)."""
     from trtpipe.serving.server import start_server
 
-    with start_server(BENCH_MODELS, validate=False, start_timeout=60) as handle:
+    with start_server(BENCH_MODELS, validate=False, start_timeout=60, settings=Settings.from_env()) as handle:
         yield handle
 
 

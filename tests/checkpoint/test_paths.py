@@ -14,6 +14,7 @@ from trtpipe.checkpoint.streaming import load_hf_config
 from trtpipe.pipeline import stage_keys
 from trtpipe.resolve import resolve
 from trtpipe.spec_loader import load_spec
+from trtpipe.settings import Settings
 
 
 def _choice(model: Path, tmp_path: Path, device: str = "cpu", trust_remote_code: bool = False,
@@ -61,5 +62,5 @@ def test_converter_is_not_in_the_checkpoint_key(tiny_llama_dir: Path, tmp_path: 
     for converter in ("auto", "modelopt"):
         spec = tmp_path / f"{converter}.yaml"
         spec.write_text(spec_text(tiny_llama_dir, algo=algo, converter=converter))
-        keys[converter] = stage_keys(spec, store=tmp_path / "store")["checkpoint"]
+        keys[converter] = stage_keys(spec, store=tmp_path / "store", settings=Settings.from_env())["checkpoint"]
     assert keys["auto"] == keys["modelopt"]

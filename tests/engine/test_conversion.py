@@ -33,6 +33,7 @@ from trtpipe.engine.executors.local import LocalExecutor
 from trtpipe.errors import SpecError, TimedOut, TrtpipeError
 
 from .sandbox_runtime import SandboxClient, requirement_closure, sandbox_unavailable
+from trtpipe.settings import Settings
 
 IMAGE = "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"
 REVISION = "0123456789abcdef0123456789abcdef01234567"
@@ -176,18 +177,18 @@ def test_job_spec_converts_exactly_what_the_key_covers(layout, trtpipe_home):
         {k: v for k, v in original["quantization"].items() if k != "calibration"}
     written = layout["root"] / "job-spec.json"
     written.write_text(json.dumps(converted), encoding="utf-8")
-    assert stage_keys(written) == stage_keys(layout["spec"])
+    assert stage_keys(written, settings=Settings.from_env()) == stage_keys(layout["spec"], settings=Settings.from_env())
 
 
 def test_the_key_does_not_depend_on_where_the_conversion_runs(layout, trtpipe_home):
     from trtpipe.pipeline import stage_keys
 
     root, snapshot, dataset = layout["root"], layout["snapshot"], layout["dataset"]
-    keys = {executor: stage_keys(_spec(root, snapshot, executor=executor, dataset=dataset))
+    keys = {executor: stage_keys(_spec(root, snapshot, executor=executor, dataset=dataset), settings=Settings.from_env())
             for executor in ("auto", "local", "docker")}
     assert keys["auto"] == keys["local"] == keys["docker"]
     # cpu-reference converts in-process: still the same checkpoint key (its engine differs, of course)
-    reference = stage_keys(_spec(root, snapshot, gpu="cpu-reference", executor="auto", dataset=dataset))
+    reference = stage_keys(_spec(root, snapshot, gpu="cpu-reference", executor="auto", dataset=dataset), settings=Settings.from_env())
     assert reference["checkpoint"] == keys["docker"]["checkpoint"]
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from .test_gpu_build import DOCKER_MISSING, _catalog_name_for_host
+from trtpipe.settings import Settings
 
 LOCAL_MISSING = "; ".join(m for m in [
     "no trtllm-build on PATH" if shutil.which("trtllm-build") is None else "",
@@ -43,7 +44,7 @@ def _build_on_gpu(tmp_path: Path, model: Path, executor: str, monkeypatch: pytes
 
     home = tmp_path / f"home-{executor}"
     monkeypatch.setenv("TRTPIPE_HOME", str(home))
-    report = run_build(_spec(tmp_path, model, executor), progress=False)
+    report = run_build(_spec(tmp_path, model, executor), progress=False, settings=Settings.from_env())
     assert report.status == "ok", report
     from trtpipe.store.local import Store
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from trtpipe import shipped
+from trtpipe.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,7 +23,7 @@ def test_a_checkout_reads_the_folders_at_the_repository_root(monkeypatch: pytest
     assert shipped.build_configs_dir() == ROOT / "build_configs"
     assert shipped.triton_repo_dir() == TEMPLATE_ROOT == ROOT / "triton_repo"
     assert shipped.data_file("report", "release.html.j2") == ROOT / "trtpipe" / "data" / "report" / "release.html.j2"
-    where = shipped.describe()
+    where = shipped.describe(Settings.from_env())
     assert (where.build_configs_from, where.triton_repo_from) == ("checkout", "checkout")
 
 
@@ -42,11 +43,11 @@ def test_the_copy_inside_the_package_wins_over_one_beside_it(fake_install: Path)
         (place / "triton_repo").mkdir()
     assert shipped.build_configs_dir() == fake_install / "build_configs"
     assert shipped.triton_repo_dir() == fake_install / "triton_repo"
-    assert shipped.describe().model_dump(include={"build_configs_from", "triton_repo_from"}) == {
+    assert shipped.describe(Settings.from_env()).model_dump(include={"build_configs_from", "triton_repo_from"}) == {
         "build_configs_from": "package", "triton_repo_from": "package"}
     (fake_install / "triton_repo").rmdir()
     assert shipped.triton_repo_dir() == fake_install.parent / "triton_repo"
-    assert shipped.describe().triton_repo_from == "checkout"
+    assert shipped.describe(Settings.from_env()).triton_repo_from == "checkout"
 
 
 def test_a_missing_folder_is_named_where_an_installed_trtpipe_keeps_it(fake_install: Path) -> None:
@@ -66,7 +67,7 @@ def test_trtpipe_build_configs_overrides_the_shipped_folder(fake_install: Path, 
     monkeypatch.setenv("TRTPIPE_BUILD_CONFIGS", str(mine))
     assert shipped.build_configs_dir() == mine
     assert shipped.shipped_build_configs_dir() == fake_install / "build_configs"
-    assert shipped.describe().build_configs_from == "TRTPIPE_BUILD_CONFIGS"
+    assert shipped.describe(Settings.from_env()).build_configs_from == "TRTPIPE_BUILD_CONFIGS"
 
 
 def test_no_module_finds_shipped_data_on_its_own() -> None:

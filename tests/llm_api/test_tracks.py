@@ -12,6 +12,7 @@ import pytest
 from trtpipe.pipeline import run_build
 from trtpipe.serving.validate import validate_repository
 from trtpipe.store.local import Store
+from trtpipe.settings import Settings
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -25,8 +26,8 @@ def _flip(spec: Path, backend: str) -> Path:
 def test_only_the_backend_differs_and_the_keys_differ(tiny_spec, tmp_path) -> None:
     llm_api = tiny_spec()
     reference = _flip(llm_api, "reference")
-    a = run_build(llm_api, dry_run=True, store=tmp_path / "store", progress=False)
-    b = run_build(reference, dry_run=True, store=tmp_path / "store", progress=False)
+    a = run_build(llm_api, dry_run=True, store=tmp_path / "store", progress=False, settings=Settings.from_env())
+    b = run_build(reference, dry_run=True, store=tmp_path / "store", progress=False, settings=Settings.from_env())
     assert [s.name for s in a.stages] == ["resolve", "plan", "export", "publish"]
     assert [s.name for s in b.stages] == ["resolve", "plan", "checkpoint", "engine", "publish"]
     assert a.backend == "llm-api" and b.backend == "reference"
@@ -62,7 +63,7 @@ def test_the_artifact_key_names_the_weights_recipe_llm_args_and_versions(tiny_sp
 def test_a_gpu_target_exports_in_the_executor(gpu_spec, tmp_path) -> None:
     """A planning-only GPU spec's dry run: the export would run in the toolchain's container, with --artifact hf."""
     spec = gpu_spec(quantization={"algo": "fp8"}, target={"gpu": "h100-sxm", "executor": "docker"})
-    report = run_build(spec, dry_run=True, store=tmp_path / "store", progress=False)
+    report = run_build(spec, dry_run=True, store=tmp_path / "store", progress=False, settings=Settings.from_env())
     export = report.stage("export")
     assert export.outcome == "would-build" and export.executor == "docker"
     assert export.command[-2:] == ["--artifact", "hf"]
@@ -71,8 +72,8 @@ def test_a_gpu_target_exports_in_the_executor(gpu_spec, tmp_path) -> None:
 
 def test_both_tracks_build_from_the_same_spec(tiny_spec, tmp_path) -> None:
     llm_api = tiny_spec()
-    a = run_build(llm_api, store=tmp_path / "store", progress=False)
-    b = run_build(_flip(llm_api, "reference"), store=tmp_path / "store", progress=False)
+    a = run_build(llm_api, store=tmp_path / "store", progress=False, settings=Settings.from_env())
+    b = run_build(_flip(llm_api, "reference"), store=tmp_path / "store", progress=False, settings=Settings.from_env())
     assert a.status == b.status == "ok"
     assert set(a.artifacts) == {"hf-checkpoint", "repository"}
     assert set(b.artifacts) == {"checkpoint", "engine", "repository"}
@@ -81,7 +82,7 @@ def test_both_tracks_build_from_the_same_spec(tiny_spec, tmp_path) -> None:
     assert json.loads((repo / "trtpipe.json").read_text())["layout"] == "llmapi"
     assert validate_repository(repo) == []
     assert (repo / "tensorrt_llm" / "1" / "checkpoint" / "llm_args.json").is_file()
-    again = run_build(llm_api, store=tmp_path / "store", progress=False)
+    again = run_build(llm_api, store=tmp_path / "store", progress=False, settings=Settings.from_env())
     assert {s.name: s.outcome for s in again.stages if s.name in ("export", "publish")} == {"export": "hit",
                                                                                             "publish": "hit"}
 
@@ -93,13 +94,14 @@ def test_the_llmapi_repository_key_covers_the_llmapi_templates(tiny_spec, tmp_pa
     from trtpipe.serving.templates import templates_digest
     from trtpipe.spec_loader import load_spec
     from trtpipe.stages.base import InputRef, StageContext
-    from trtpipe.stages.llmapi_publish import LlmApiPublishStage
+    from trtpipe.stages import BACKEND_STAGES
 
     resolved = resolve(load_spec(tiny_spec()))
     store = Store(tmp_path / "store")
     ctx = StageContext(resolved=resolved, build_plan=resolved.llm_api, digests=store.digests,
                        store_root=store.root, progress=False, dry_run=True)
-    key = LlmApiPublishStage().key(ctx, {"export": InputRef(key=None, digest="sha256:" + "a" * 64, path=tmp_path)})
+    publish = BACKEND_STAGES["llm-api"].stages[-1]
+    key = publish.key(ctx, {"export": InputRef(key=None, digest="sha256:" + "a" * 64, path=tmp_path)})
     assert key.inputs["templates"] == templates_digest(layout="llmapi")
     assert key.inputs["templates"] != templates_digest()
 
@@ -129,4 +131,4 @@ def test_force_names_only_a_stage_of_the_specs_own_backend(tiny_spec, tmp_path) 
     assert not any((store / kind).is_dir() and any((store / kind).iterdir()) for kind in ("checkpoint", "export", "engine", "repository"))
     # A stage of the spec's own backend, and all, are taken (a dry run: keys only).
     for spec, stage in ((reference, "engine"), (llm_api, "export"), (llm_api, "all")):
-        assert run_build(spec, dry_run=True, force=[stage], store=store, progress=False).status == "dry-run"
+        assert run_build(spec, dry_run=True, force=[stage], store=store, progress=False, settings=Settings.from_env()).status == "dry-run"

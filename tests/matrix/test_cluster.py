@@ -26,6 +26,7 @@ from .conftest import (
 )
 from trtpipe.matrix.build import build_matrix
 from trtpipe.matrix.report import MatrixReport
+from trtpipe.settings import Settings
 from trtpipe.store.local import Store
 
 pytestmark = pytest.mark.timeout(900)
@@ -63,7 +64,8 @@ class Fleet:
 def _build(matrix: Path, head: Path, remote: Any, cluster: RayTestCluster, **options: Any) -> MatrixReport:
     store = Store.open(head)
     try:
-        return build_matrix(matrix, store=store, remote=remote, ray_address=cluster.address, progress=False, **options)
+        return build_matrix(matrix, store=store, remote=remote, ray_address=cluster.address, progress=False,
+                            settings=Settings.from_env(), **options)
     finally:
         store.close()
 

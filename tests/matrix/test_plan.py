@@ -15,6 +15,7 @@ from trtpipe.matrix.loader import load_matrix
 from trtpipe.matrix.plan import plan_matrix
 from trtpipe.pipeline import run_build, stage_keys
 from trtpipe.store.local import Store
+from trtpipe.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,7 +70,7 @@ def test_plan_then_build_one_cell_then_plan_again(matrix: Path, tmp_path: Path) 
 
     # Keys are the runner's (a dry run of the cell's spec keys the same checkpoint and engine).
     none = plan.cell("llama-cpu-reference-none")
-    runner = stage_keys(_cell_spec(matrix, none.cell, tmp_path), store=tmp_path / "dry")
+    runner = stage_keys(_cell_spec(matrix, none.cell, tmp_path), store=tmp_path / "dry", settings=Settings.from_env())
     assert none.keys == {"checkpoint": runner["checkpoint"], "engine": runner["engine"]}
     assert [s.provisional for s in none.stages] == [False, False, True]  # publish follows the engine's digest
 
@@ -81,7 +82,7 @@ def test_plan_then_build_one_cell_then_plan_again(matrix: Path, tmp_path: Path) 
     # A GPU target converts the same checkpoint (same key), so it waits for that cell as well.
     assert plan.cell("llama-a100-80gb-none").waits_for == [none.cell]
 
-    built = run_build(_cell_spec(matrix, none.cell, tmp_path), store=store, progress=False)
+    built = run_build(_cell_spec(matrix, none.cell, tmp_path), store=store, progress=False, settings=Settings.from_env())
     again, _ = plan_matrix(matrix, store)
     hit = again.cell(none.cell)
     assert hit.status == "hit" and hit.shared == "yes" and not any(s.provisional for s in hit.stages)
@@ -89,7 +90,7 @@ def test_plan_then_build_one_cell_then_plan_again(matrix: Path, tmp_path: Path) 
     kv16 = again.cell("llama-cpu-reference-none-kv16")
     assert kv16.status == "build" and kv16.shared == "partly: checkpoint, engine" and kv16.waits_for == []
     # Its repository key, no longer provisional, is the one the runner gives it now that the engine exists.
-    assert kv16.stage_key("publish") == stage_keys(_cell_spec(matrix, kv16.cell, tmp_path), store=store)["publish"]
+    assert kv16.stage_key("publish") == stage_keys(_cell_spec(matrix, kv16.cell, tmp_path), store=store, settings=Settings.from_env())["publish"]
     store.close()
 
 

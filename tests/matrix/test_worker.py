@@ -13,6 +13,7 @@ from trtpipe.matrix.worker import CellJob, WorkerResult, run_cell
 from trtpipe.pipeline import run_build, stage_keys
 
 from .conftest import registry_remote
+from trtpipe.settings import Settings
 
 
 def _spec(model: Path) -> dict[str, Any]:
@@ -29,7 +30,7 @@ def test_a_worker_of_another_trtpipe_or_other_keys_fails_the_cell(tiny_llama_dir
 
     spec = tmp_path / "cell.yaml"
     spec.write_text(text)
-    keys = stage_keys(spec, store=tmp_path / "store")
+    keys = stage_keys(spec, store=tmp_path / "store", settings=Settings.from_env())
     same = WorkerResult.model_validate(run_cell(CellJob(
         task="cell", attempt=1, spec_name="cell", spec_yaml=text, store_dir=str(tmp_path / "store"), remote_url=None,
         dry_run=True, expected_keys={"checkpoint": keys["checkpoint"]})))
@@ -51,7 +52,7 @@ def test_stages_a_node_held_alone_are_pushed_to_the_remote(tiny_llama_dir: Path,
     node_home = tmp_path / "node-home"
     spec = tmp_path / "cell.yaml"
     spec.write_text(yaml.safe_dump(_spec(tiny_llama_dir)))
-    built = run_build(spec, store=node_home, progress=False)  # this node built it before, with no remote
+    built = run_build(spec, store=node_home, progress=False, settings=Settings.from_env())  # this node built it before, with no remote
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("TRTPIPE_HOME", str(node_home))
     monkeypatch.setenv("TRTPIPE_REGISTRY_USERNAME", registry.username)

@@ -14,6 +14,7 @@ import pytest
 from trtpipe.release import keys as K
 from trtpipe.results import ResultsLog
 from trtpipe.store import oci, referrers
+from trtpipe.settings import Settings
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -38,7 +39,7 @@ def test_a_registry_channel_tag_moved_back_is_reported(registry_env, store_entry
         assert cli("promote", pushed["ref"], "--to", "prod")[0] == 0
     assert cli("channels", "--verify")[0] == 0
     # Anyone who can push moves the prod tag back to v1's manifest.
-    client = oci.OciClient(registry_env.host)
+    client = oci.OciClient(registry_env.host, settings=Settings.from_env())
     client.put_manifest("bound/channel", "tiny-llama.cpu-reference.prod", _tag_body(client, "bound/channel", refs[0]["oci_digest"]))
     code, out, _ = cli("channels", "--verify")
     assert code == 1, out
@@ -89,7 +90,7 @@ def test_a_malformed_referrer_does_not_block_the_genuine_pull(registry_env, stor
     entry = store_entry(home, "5a" * 8, seed="genuine")
     url = registry_env.url("bound/junkref")
     pushed = _push(cli, entry, url, "--tag", "v1", "--sign", str(tmp_path / "release.key"))
-    client = oci.OciClient(registry_env.host)
+    client = oci.OciClient(registry_env.host, settings=Settings.from_env())
     subject = _tag_body(client, "bound/junkref", pushed["oci_digest"])
     # Anyone who can push: a signature that is junk text, a referrer manifest with no layer, and an index entry
     # naming a manifest that is not there.
@@ -146,7 +147,7 @@ def test_a_re_pointed_version_tag_is_refused_at_pull(registry_env, store_entry, 
     url = registry_env.url("bound/versions")
     v1 = _push(cli, store_entry(home, "4a" * 8, seed="one"), url, "--tag", "v1", "--sign", str(tmp_path / "release.key"))
     v2 = _push(cli, store_entry(home, "4b" * 8, seed="two"), url, "--tag", "v2", "--sign", str(tmp_path / "release.key"))
-    client = oci.OciClient(registry_env.host)
+    client = oci.OciClient(registry_env.host, settings=Settings.from_env())
     # Anyone who can push re-points v2 at v1's (genuinely signed) manifest.
     client.put_manifest("bound/versions", "v2", _tag_body(client, "bound/versions", v1["oci_digest"]))
     deploy = _elsewhere(monkeypatch, tmp_path, "deploy")
@@ -229,7 +230,7 @@ def test_status_names_only_a_verified_signer(registry_env, store_entry, cli, tmp
     gates = {"dev": {"smoke": False}}
     forged = store_entry(home, "8a" * 8, seed="forged", gates=gates)
     junked = store_entry(home, "8b" * 8, seed="junk", model="junk-llama", gates=gates)
-    client = oci.OciClient(registry_env.host)
+    client = oci.OciClient(registry_env.host, settings=Settings.from_env())
     for entry, payload in ((forged, sign_entry(forged, keys["stranger"], tmp_path / "scratch")), (junked, b"junk text")):
         pushed = _push(cli, entry, url, "--tag", entry.key[:4])
         referrers.attach(client, "bound/status", _tag_body(client, "bound/status", pushed["oci_digest"]),
@@ -297,7 +298,7 @@ def test_a_channel_tag_moved_back_is_refused_at_pull(registry_env, store_entry, 
     code, out, err = cli("cache", "pull", prod, "--policy", policy, "--json")
     assert code == 0 and json.loads(out)["artifact_digest"] == refs[1]["artifact_digest"], err
     # Anyone who can push moves the prod tag back to the older, genuinely signed manifest.
-    client = oci.OciClient(registry_env.host)
+    client = oci.OciClient(registry_env.host, settings=Settings.from_env())
     client.put_manifest("bound/prodtag", "tiny-llama.cpu-reference.prod", _tag_body(client, "bound/prodtag", refs[0]["oci_digest"]))
     deploy = _elsewhere(monkeypatch, tmp_path, "deploy2")
     code, _, err = cli("cache", "pull", prod, "--policy", policy)

@@ -13,6 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from trtpipe.errors import InvalidInput
 from trtpipe.release import keys as K
 from trtpipe.release.policy import allows_hand_recorded, load_policy, policy_from
+from trtpipe.settings import Settings
 
 
 def _pair(tmp_path: Path, name: str) -> K.PrivateKey:
@@ -168,11 +169,11 @@ def test_a_remote_without_the_pull_hook_is_refused_only_under_a_policy(tmp_path)
 
     _pair(tmp_path, "release")
     policy = load_policy(_policy(tmp_path, "keys: {release: release.pub}\n"))
-    install_gate(Plain(), PullGate(None, store_root=tmp_path, home=tmp_path))  # no policy: nothing to enforce
+    install_gate(Plain(), PullGate(None, store_root=tmp_path, home=tmp_path, settings=Settings.from_env()))  # no policy: nothing to enforce
     with pytest.raises(Untrusted) as info:
-        install_gate(Plain(), PullGate(policy, store_root=tmp_path, home=tmp_path))
+        install_gate(Plain(), PullGate(policy, store_root=tmp_path, home=tmp_path, settings=Settings.from_env()))
     assert "folder:///x cannot verify signatures" in str(info.value)
     hooked = Hooked()
-    gate = PullGate(policy, store_root=tmp_path, home=tmp_path)
+    gate = PullGate(policy, store_root=tmp_path, home=tmp_path, settings=Settings.from_env())
     install_gate(hooked, gate)
     assert hooked.gate is gate

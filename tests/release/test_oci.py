@@ -10,6 +10,7 @@ import pytest
 
 from trtpipe.errors import TrtpipeError
 from trtpipe.store import oci
+from trtpipe.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,7 +46,7 @@ def test_parse_refs() -> None:
 
 def test_push_pull_roundtrip_is_verified_and_deterministic(registry_env, tmp_path: Path) -> None:
     art = make_entry(tmp_path / "a")
-    client = oci.OciClient(registry_env.host)
+    client = oci.OciClient(registry_env.host, settings=Settings.from_env())
     base = oci.parse_oci_ref(registry_env.url("roundtrip/engines"))
     first = oci.push_artifact(client, base, art, tags=("v1",))
     # Same entry from another place: same OCI digest (no tar, no timestamps).
@@ -66,7 +67,7 @@ def test_push_pull_roundtrip_is_verified_and_deterministic(registry_env, tmp_pat
 
 
 def test_version_tag_never_moves(registry_env, tmp_path: Path) -> None:
-    client = oci.OciClient(registry_env.host)
+    client = oci.OciClient(registry_env.host, settings=Settings.from_env())
     base = oci.parse_oci_ref(registry_env.url("immutable/engines"))
     first = oci.push_artifact(client, base, make_entry(tmp_path / "a", seed="a"), tags=("v1",))
     with pytest.raises(TrtpipeError, match="never moved"):
@@ -76,7 +77,7 @@ def test_version_tag_never_moves(registry_env, tmp_path: Path) -> None:
 
 def test_tampered_blob_is_refused(registry_env, tmp_path: Path) -> None:
     art = make_entry(tmp_path / "a", key="tamper" * 3, seed="t")
-    client = oci.OciClient(registry_env.host)
+    client = oci.OciClient(registry_env.host, settings=Settings.from_env())
     base = oci.parse_oci_ref(registry_env.url("tamper/engines"))
     pushed = oci.push_artifact(client, base, art)
     remote = oci.resolve_remote(client, pushed.ref)
@@ -118,26 +119,26 @@ def test_docker_config_credentials_are_used(registry, isolated_home) -> None:
     config.parent.mkdir(parents=True)
     token = base64.b64encode(f"{registry.username}:{registry.password}".encode()).decode()
     config.write_text(json.dumps({"auths": {registry.host: {"auth": token}}}))
-    creds = oci.resolve_credentials(registry.host)
+    creds = oci.resolve_credentials(registry.host, Settings.from_env())
     assert creds is not None and creds.username == registry.username
     assert registry.password not in repr(creds)
-    oci.OciClient(registry.host).probe()
+    oci.OciClient(registry.host, settings=Settings.from_env()).probe()
 
 
 def test_unreachable_registry_fails_fast(isolated_home) -> None:
     with pytest.raises(TrtpipeError, match="unreachable"):
-        oci.OciClient("127.0.0.1:9").probe()
+        oci.OciClient("127.0.0.1:9", settings=Settings.from_env()).probe()
 
 
 def test_bearer_token_registry_push_pull(token_registry, isolated_home, monkeypatch, tmp_path: Path) -> None:
     """Registries with token auth (GHCR, ECR, Docker Hub): challenge, token exchange, scoped tokens."""
     monkeypatch.setenv("TRTPIPE_REGISTRY_USERNAME", token_registry.username)
     monkeypatch.setenv("TRTPIPE_REGISTRY_PASSWORD", token_registry.password)
-    client = oci.OciClient(token_registry.host)
+    client = oci.OciClient(token_registry.host, settings=Settings.from_env())
     base = oci.parse_oci_ref(token_registry.url("tokens/engines"))
     art = make_entry(tmp_path / "a", seed="tok")
     pushed = oci.push_artifact(client, base, art, tags=("v1",))
-    reader = oci.OciClient(token_registry.host)
+    reader = oci.OciClient(token_registry.host, settings=Settings.from_env())
     remote = oci.resolve_remote(reader, base.with_tag("v1"))
     assert remote.oci_digest == pushed.oci_digest
     dest = tmp_path / "pulled"
@@ -146,7 +147,7 @@ def test_bearer_token_registry_push_pull(token_registry, isolated_home, monkeypa
     assert (dest / "rank0.safetensors").read_bytes() == (art.path / "rank0.safetensors").read_bytes()
     monkeypatch.setenv("TRTPIPE_REGISTRY_PASSWORD", "not-the-password-4711")
     with pytest.raises(TrtpipeError, match="rejected the credentials") as err:
-        oci.OciClient(token_registry.host).probe()
+        oci.OciClient(token_registry.host, settings=Settings.from_env()).probe()
     assert "not-the-password-4711" not in str(err.value)
 
 
@@ -171,7 +172,7 @@ def test_docker_credential_helper_is_used(registry, isolated_home, monkeypatch, 
     config = Path(os.environ["HOME"]) / ".docker" / "config.json"
     config.parent.mkdir(parents=True)
     config.write_text(json.dumps({"auths": {registry.host: {}}, "credHelpers": {registry.host: "trtpipetest"}}))
-    creds = oci.resolve_credentials(registry.host)
+    creds = oci.resolve_credentials(registry.host, Settings.from_env())
     assert creds is not None and creds.source == "docker-credential-trtpipetest"
-    oci.OciClient(registry.host).probe()
-    assert oci.resolve_credentials("other.example.com:5000") is None
+    oci.OciClient(registry.host, settings=Settings.from_env()).probe()
+    assert oci.resolve_credentials("other.example.com:5000", Settings.from_env()) is None

@@ -12,6 +12,7 @@ from trtpipe.release.audit import read_audit
 from trtpipe.release.trail import channel_records
 from trtpipe.results import ResultsLog
 from trtpipe.store import oci
+from trtpipe.settings import Settings
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,7 +60,7 @@ def test_version_tag_refuses_overwrite_via_cli(registry_env, store_entry, cli) -
     assert cli("cache", "push", first.key, "--to", url, "--tag", "v2")[0] == 0
     code, _, err = cli("cache", "push", second.key, "--to", url, "--tag", "v2")
     assert code == 4 and "never moved" in err  # Conflict: the tag already names another artifact
-    client = oci.OciClient(registry_env.host)
+    client = oci.OciClient(registry_env.host, settings=Settings.from_env())
     remote = oci.resolve_remote(client, oci.parse_oci_ref(url + ":v2"))
     assert remote.artifact_digest == first.digest
 
@@ -71,7 +72,7 @@ def test_tampered_pull_installs_nothing(registry_env, store_entry, cli, tmp_path
     url = registry_env.url("flow/tamper")
     code, out, _ = cli("cache", "push", entry.key, "--to", url, "--json")
     assert code == 0
-    client = oci.OciClient(registry_env.host)
+    client = oci.OciClient(registry_env.host, settings=Settings.from_env())
     remote = oci.resolve_remote(client, oci.parse_oci_ref(json.loads(out)["ref"]))
     layer = next(l for l in remote.manifest["layers"] if l["annotations"][oci.TITLE_ANNOTATION] == "config.json")
     data = registry_env.blob_data_path(layer["digest"])
@@ -93,7 +94,7 @@ def test_remote_store_as_shared_build_cache(registry_env, store_entry, tmp_path)
     from trtpipe.store.local import Store
 
     entry = store_entry(Path(os.environ["TRTPIPE_HOME"]), "5eed5eed5eed5eed", seed="c")
-    remote = oci.OciRemote(registry_env.url("flow/cache"))
+    remote = oci.OciRemote(registry_env.url("flow/cache"), settings=Settings.from_env())
     runner_store = Store.open(tmp_path / "runner-store")
     assert remote.find("engine", entry.key) is None
     remote.push(entry)
@@ -124,7 +125,7 @@ def test_promote_registry_artifact_moves_channel_tag_and_rolls_back(registry_env
         assert code == 0
         refs.append(json.loads(out))
         ResultsLog(home).record(entry.digest, "smoke", True, {"checks": 6})
-    client = oci.OciClient(registry_env.host)
+    client = oci.OciClient(registry_env.host, settings=Settings.from_env())
     tag = "tiny-llama.cpu-reference.prod"
     for pushed in refs:
         code, out, err = cli("promote", pushed["ref"], "--to", "prod", "--json")
@@ -164,7 +165,7 @@ def test_a_rewrite_of_the_adopted_trail_disagrees_with_the_registrys(registry_en
         ResultsLog(home).record(entry.digest, "smoke", True, {})
     for ref in refs:
         assert cli("promote", ref, "--to", "prod")[0] == 0
-    copy = oci.OciRemote(url).get_channel_trail("trail.tiny-llama.cpu-reference.prod")
+    copy = oci.OciRemote(url, settings=Settings.from_env()).get_channel_trail("trail.tiny-llama.cpu-reference.prod")
     log = SharedChannel(home, "tiny-llama", "cpu-reference", "prod").log
     assert copy is not None and copy.log == log.path.read_bytes() and copy.head == log.head_path.read_bytes()
     code, out, _ = cli("channels", "--verify")

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from trtpipe.cli import main
+from trtpipe.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = shutil.which("chromium")
@@ -78,10 +79,10 @@ def release_home(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path)
         env.setenv("TRTPIPE_HOME", str(home))
         digests = []
         for batch in (4, 2):
-            report = run_build(_spec(base / "spec", tiny_llama_dir, batch), store=home, progress=False)
+            report = run_build(_spec(base / "spec", tiny_llama_dir, batch), store=home, progress=False, settings=Settings.from_env())
             assert report.status == "ok", report.error
             repo = Path(report.repository_path)
-            with start_server(repo, start_timeout=120) as server:
+            with start_server(repo, start_timeout=120, settings=Settings.from_env()) as server:
                 assert _cli("smoke", server.grpc_url, "--record", str(repo), "--store", str(home), "--max-tokens", "4")[0] == 0
                 code, text = _cli(
                     "bench", server.grpc_url, "--rates", "4,16", "--requests", "8", "--input-len", "uniform:4,24",
@@ -283,7 +284,7 @@ def test_concurrent_reports_leave_one_whole_report(release_home: dict[str, Any],
 
     out = tmp_path / "report"
     with ThreadPoolExecutor(3) as pool:
-        outcomes = list(pool.map(lambda _: write_report(release_home["home"], out), range(3)))
+        outcomes = list(pool.map(lambda _: write_report(release_home["home"], out, settings=Settings.from_env()), range(3)))
     assert len(outcomes) == 3
     assert sorted(os.listdir(out)) == [".trtpipe-report", "index.html", "report.json"]
     assert json.loads((out / "report.json").read_text())["home"] == str(release_home["home"])
@@ -466,6 +467,6 @@ def test_an_artifact_not_in_the_store_is_unknown(tmp_path: Path) -> None:
     """Its signature cannot be checked over files this workspace does not hold: unknown, not unsigned."""
     from trtpipe.release.report_trust import artifact_trust
 
-    trust = artifact_trust(tmp_path, "sha256:" + "0" * 64, None, "dev", None)
+    trust = artifact_trust(tmp_path, "sha256:" + "0" * 64, None, "dev", Settings())
     assert (trust.signature, trust.signer, trust.provenance) == ("unknown", None, "unknown")
     assert "not in this store" in trust.signature_detail

@@ -14,6 +14,7 @@ from trtpipe.release.audit import read_audit
 from trtpipe.store import oci
 from trtpipe.store.keys import canonical_json
 from trtpipe.store.local import Store
+from trtpipe.settings import Settings
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
@@ -104,7 +105,7 @@ def test_an_engine_pulled_under_the_victims_key_is_no_silent_cache_hit(built, re
     files = {item["path"]: (genuine.path / item["path"]).read_bytes() for item in genuine.files}
     rank = next(p for p in files if p.endswith(".safetensors"))
     files[rank] = _negated(files[rank])
-    client = oci.OciClient(registry_env.host)
+    client = oci.OciClient(registry_env.host, settings=Settings.from_env())
     items = [{"path": p, "mode": "0644", "size": len(b), "sha256": hashlib.sha256(b).hexdigest()} for p, b in sorted(files.items())]
     config = canonical_json({"manifest_version": 2, "kind": "engine", "key": genuine.key, "inputs": genuine.inputs, "files": items})
     layers = [{"mediaType": oci.FILE_MEDIA_TYPE, "digest": client.push_bytes("evil/engines", b), "size": len(b),

@@ -14,6 +14,7 @@ from trtpipe.release import keys as K
 from trtpipe.release.audit import read_audit
 from trtpipe.store import oci, referrers, signatures
 from trtpipe.store.keys import canonical_json
+from trtpipe.settings import Settings
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -54,7 +55,7 @@ def _push_as(registry, repository: str, kind: str, key: str, files: dict[str, by
     """What someone with registry write access and no release key can push: any files, under any key."""
     import hashlib
 
-    client = oci.OciClient(registry.host)
+    client = oci.OciClient(registry.host, settings=Settings.from_env())
     items = [{"path": rel, "mode": "0644", "size": len(body), "sha256": hashlib.sha256(body).hexdigest()}
              for rel, body in sorted(files.items())]
     config = canonical_json({"manifest_version": 2, "kind": kind, "key": key, "inputs": inputs, "files": items})
@@ -89,7 +90,7 @@ def test_sign_push_pull_verify(registry_env, isolated_home: Path, tmp_path: Path
     assert pushed["signature"]["key_id"] == keys["release"].key_id
     assert pushed["signature"]["referrers"] == "tag-schema"  # docker-registry 2.8 answers 404 to the referrers API
     # The fallback index under sha256-<hex> lists the signature and the provenance, each with its subject.
-    client = oci.OciClient(registry_env.host)
+    client = oci.OciClient(registry_env.host, settings=Settings.from_env())
     listed = referrers.list_referrers(client, "signed/repos", pushed["oci_digest"])
     assert sorted(r.artifact_type for r in listed) == ["application/vnd.dev.sigstore.bundle.v0.3+json",
                                                        "application/vnd.in-toto+json"]
@@ -135,7 +136,7 @@ def test_modified_model_py_refused_at_pull_and_serve(registry_env, isolated_home
     files["preprocessing/1/model.py"] = EVIL_PY
     repository = url.split("/", 3)[3]
     evil_url, evil_body = _push_as(registry_env, repository, "repository", entry.key, files, entry.inputs, "evil")
-    client = oci.OciClient(registry_env.host)
+    client = oci.OciClient(registry_env.host, settings=Settings.from_env())
     if variant == "replayed signature":
         # The genuine bundle, attached to the modified artifact (what a copy of the referrer does).
         from trtpipe.release.signing import KEY_ID_ANNOTATION, SIGNATURE_ARTIFACT_TYPE
@@ -212,7 +213,7 @@ def test_keyless_signing_without_network_is_one_clear_line(registry_env, isolate
     entry = _repository(isolated_home)
     code, _, err = cli("cache", "push", entry.key, "--to", registry_env.url("keyless/x"), "--sign", "sigstore")
     assert code == 3 and "keyless sigstore signing failed" in err and "OIDC" in err and "Traceback" not in err, err
-    assert oci.OciClient(registry_env.host).get_manifest("keyless/x", f"repository-{entry.key}") is None  # nothing pushed
+    assert oci.OciClient(registry_env.host, settings=Settings.from_env()).get_manifest("keyless/x", f"repository-{entry.key}") is None  # nothing pushed
 
 
 def test_bad_key_fails_before_the_push(registry_env, isolated_home: Path, tmp_path: Path, cli) -> None:
@@ -220,7 +221,7 @@ def test_bad_key_fails_before_the_push(registry_env, isolated_home: Path, tmp_pa
     (tmp_path / "bad.key").write_text("not a key\n")
     code, _, err = cli("cache", "push", entry.key, "--to", registry_env.url("badkey/x"), "--sign", str(tmp_path / "bad.key"))
     assert code == 2 and str(tmp_path / "bad.key") in err
-    assert oci.OciClient(registry_env.host).get_manifest("badkey/x", f"repository-{entry.key}") is None
+    assert oci.OciClient(registry_env.host, settings=Settings.from_env()).get_manifest("badkey/x", f"repository-{entry.key}") is None
 
 
 def test_signing_key_from_the_environment(registry_env, isolated_home: Path, tmp_path: Path, cli, monkeypatch) -> None:
@@ -265,7 +266,7 @@ def test_promote_into_a_channel_that_requires_signatures(registry_env, isolated_
 def test_referrers_api_when_the_registry_has_it(registry_env, isolated_home: Path, cli, monkeypatch) -> None:
     """Where GET /v2/<repo>/referrers/<digest> answers (the docker-registry here does not: 404), the answer is
     used and no fallback tag is written. The API's answer is emulated at the one function that reads it."""
-    client = oci.OciClient(registry_env.host)
+    client = oci.OciClient(registry_env.host, settings=Settings.from_env())
     entry = _repository(isolated_home)
     code, out, err = cli("cache", "push", entry.key, "--to", registry_env.url("api/x"), "--json")
     assert code == 0, err

@@ -11,6 +11,7 @@ import pytest
 
 from trtpipe.store import oci
 from trtpipe.store.keys import canonical_json
+from trtpipe.settings import Settings
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -25,7 +26,7 @@ def _evil_twin(stock: bytes) -> bytes:
 
 
 def _push_crafted(registry, repository: str, key: str, files: list[dict], blobs: dict[str, bytes], tag: str) -> str:
-    client = oci.OciClient(registry.host)
+    client = oci.OciClient(registry.host, settings=Settings.from_env())
     config = canonical_json({"manifest_version": 2, "kind": "repository", "key": key, "inputs": {"name": "tiny-llama"},
                              "files": files})
     layers = []

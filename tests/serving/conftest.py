@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from trtpipe.settings import Settings
 
 
 @pytest.fixture(scope="session")
@@ -24,7 +25,7 @@ def triton_server(example_repo: Path) -> Iterator["TritonServerHandle"]:  # noqa
     """A real tritonserver serving the example repository; stopped at the end of the session."""
     from trtpipe.serving.server import start_server
 
-    handle = start_server(example_repo, start_timeout=180)
+    handle = start_server(example_repo, start_timeout=180, settings=Settings.from_env())
     try:
         yield handle
     finally:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from trtpipe.settings import SECRET_VARIABLES
+from trtpipe.settings import Settings
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -41,7 +42,7 @@ def test_tritonserver_and_its_stubs_get_no_secret(example_repo: Path, monkeypatc
     for name in SECRET_VARIABLES:
         monkeypatch.setenv(name, SECRET)
     monkeypatch.setenv("TRTPIPE_TEST_MARKER", "inherited")  # an ordinary variable still reaches them
-    with start_server(example_repo, start_timeout=240) as handle:
+    with start_server(example_repo, start_timeout=240, settings=Settings.from_env()) as handle:
         pids = _group(handle.pid)
         stubs = [pid for pid in pids if pid != handle.pid]
         assert handle.pid in pids and stubs, "expected tritonserver and at least one Python-backend stub"

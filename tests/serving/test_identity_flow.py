@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from trtpipe.cli import main
+from trtpipe.settings import Settings
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -111,7 +112,7 @@ def test_a_server_reporting_no_identity_cannot_record(repo_copy: Path, example_r
     """A repository outside a store (a hand-made copy) has no artifact digest: nothing is recorded for it."""
     from trtpipe.serving.server import start_server
 
-    with start_server(repo_copy, start_timeout=180) as server:
+    with start_server(repo_copy, start_timeout=180, settings=Settings.from_env()) as server:
         assert server.repository_digest is None
         capsys.readouterr()
         assert main(["smoke", server.grpc_url, "--record", str(example_repo),
@@ -132,7 +133,7 @@ def test_serve_refuses_a_damaged_entry(example_repo: Path, tmp_path: Path) -> No
     victim.write_text(victim.read_text().replace("import", "import  ", 1))
     serving_before = set((home / "serving").iterdir()) if (home / "serving").exists() else set()
     with pytest.raises(TrtpipeError, match="failed verification"):
-        start_server(repo, start_timeout=60)
+        start_server(repo, start_timeout=60, settings=Settings.from_env())
     assert not repo.exists() and list((home / "quarantine").glob("repository-*"))
     assert (set((home / "serving").iterdir()) if (home / "serving").exists() else set()) <= serving_before
 
@@ -168,15 +169,15 @@ def test_parity_fails_when_the_stored_engine_weights_are_negated(example_repo: P
     home = tmp_path / "home"
     subprocess.run(["cp", "-a", str(example_dir / "store"), str(home)], check=True)
     store = Store.open(home)
-    first = run_build(spec, store=store, progress=False)
+    first = run_build(spec, store=store, progress=False, settings=Settings.from_env())
     engine = store.get("engine", first.keys["engine"])
     with store.building("engine", engine.key, force=True) as b:
         _negated(engine.path, b.dir)
         bad = b.commit(inputs=engine.inputs)
-    second = run_build(spec, store=store, progress=False)
+    second = run_build(spec, store=store, progress=False, settings=Settings.from_env())
     assert second.artifacts["engine"] == bad.digest != first.artifacts["engine"]
     assert {s.name: s.outcome for s in second.stages}["publish"] == "built"
-    with start_server(Path(second.repository_path), start_timeout=180) as server:
+    with start_server(Path(second.repository_path), start_timeout=180, settings=Settings.from_env()) as server:
         capsys.readouterr()
         code = main(["smoke", server.grpc_url, "--parity", str(spec), "--json"])
     result = json.loads(capsys.readouterr().out)
@@ -214,6 +215,6 @@ def test_a_killed_serve_leaves_a_serving_dir_that_the_next_serve_removes(example
     while stale_serving_dirs(home) == [] and time.monotonic() < deadline:
         time.sleep(0.2)
     assert serving_dir in stale_serving_dirs(home)
-    with start_server(repo, start_timeout=180) as server:
+    with start_server(repo, start_timeout=180, settings=Settings.from_env()) as server:
         assert not serving_dir.exists() and server.serving_dir != serving_dir
     assert main(["cache", "verify", "--store", str(home)]) == 0

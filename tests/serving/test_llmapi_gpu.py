@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from trtpipe.settings import Settings
 
 
 def _gpus() -> list:
@@ -114,7 +115,7 @@ def test_llmapi_repository_in_the_pinned_container(tmp_path: Path, tiny_llama_di
     fresh = export_llmapi(tiny_llama_dir, tmp_path / "fresh", algo="none")
     # The container command `serve --print` shows, run and watched as `serve` runs it (trtpipe.serving.container):
     # the container pulls nothing, but loads the LLM, which takes minutes.
-    with start_server(repo, grpc_port=18001, http_port=18000, metrics_port=18002, start_timeout=1200) as server:
+    with start_server(repo, grpc_port=18001, http_port=18000, metrics_port=18002, start_timeout=1200, settings=Settings.from_env()) as server:
         assert server.image == json.loads((repo / "trtpipe.json").read_text())["serving_container"]
         result = run_smoke(server.grpc_url, parity_engine=(fresh, fresh), max_tokens=MAX_TOKENS, timeout=300)
         assert result.passed, result

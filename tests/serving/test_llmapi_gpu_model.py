@@ -17,6 +17,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from trtpipe.serving.llmapi import publish_llmapi_repository
+from trtpipe.settings import Settings
 
 DIGEST = "sha256:" + "2" * 64
 
@@ -84,7 +85,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path, llmap
     from trtpipe.serving.server import start_server
 
     repo = _gpu_repository(tmp_path_factory.mktemp("gpu-model"), tiny_llama_dir, llmapi_artifact("llama"), stand_in)
-    with start_server(repo, start_timeout=180, validate=False) as handle:
+    with start_server(repo, start_timeout=180, validate=False, settings=Settings.from_env()) as handle:
         yield handle
 
 
@@ -138,6 +139,6 @@ def test_a_container_without_the_upstream_model_says_what_is_missing(tmp_path: P
 
     repo = _gpu_repository(tmp_path, tiny_llama_dir, llmapi_artifact("llama"), tmp_path / "no-such-folder")
     with pytest.raises(CheckFailed) as caught:
-        start_server(repo, start_timeout=120, validate=False).stop()
+        start_server(repo, start_timeout=120, validate=False, settings=Settings.from_env()).stop()
     log = Path(caught.value.fix.rsplit(" ", 1)[-1]).read_text()
     assert "the upstream llmapi model" in log and "is not in this container" in log

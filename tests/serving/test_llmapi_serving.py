@@ -21,6 +21,7 @@ from trtpipe.errors import UsageError
 from trtpipe.serving.client import LLMAPI, REQUEST_CONTRACTS, TritonLLMClient, TritonRequestError, resolve_model
 from trtpipe.serving.llmapi import ARTIFACT_DIR, publish_llmapi_repository
 from trtpipe.serving.smoke import run_smoke
+from trtpipe.settings import Settings
 
 PROMPT = "The cat sat on the"
 MAX_TOKENS = 12
@@ -40,7 +41,7 @@ def _resolved(tmp_path: Path, model_dir: Path, streaming: bool):
 def _serve(repo: Path):
     from trtpipe.serving.server import start_server
 
-    return start_server(repo, start_timeout=180)
+    return start_server(repo, start_timeout=180, settings=Settings.from_env())
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from trtpipe.serving.client_patterns import unary_request
+from trtpipe.settings import Settings
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -30,7 +31,7 @@ def _spec(tmp: Path, name: str, model_dir: Path, extra: str = "", *, tp: int = 1
 def _build(spec: Path, store: Path) -> Path:
     from trtpipe.pipeline import run_build
 
-    report = run_build(spec, store=store, progress=False)
+    report = run_build(spec, store=store, progress=False, settings=Settings.from_env())
     assert report.repository_path, report.error or report.message
     return Path(report.repository_path)
 
@@ -40,7 +41,7 @@ def _smoke_with_parity(repo: Path, spec: Path, *, validate: bool = True):
     from trtpipe.serving.server import start_server
     from trtpipe.serving.smoke import run_smoke
 
-    with start_server(repo, start_timeout=180, validate=validate) as server, converted_afresh(spec) as reference:
+    with start_server(repo, start_timeout=180, validate=validate, settings=Settings.from_env()) as server, converted_afresh(spec) as reference:
         return run_smoke(server.grpc_url, parity_engine=reference, max_tokens=MAX_TOKENS, timeout=120)
 
 
@@ -105,7 +106,7 @@ def test_an_awq_padded_vocabulary_is_banned_by_preprocessing(semantic_model, sto
     repo = _build(spec, store)
     engine = json.loads((repo / "trtpipe.json").read_text())["engine"]
     assert (engine["vocab_size"], engine["padded_vocab_size"]) == (1001, 1024)
-    with start_server(repo, start_timeout=180) as server:
+    with start_server(repo, start_timeout=180, settings=Settings.from_env()) as server:
         pre = unary_request(server.grpc_url, "preprocessing", {
             "QUERY": np.array([[b"Once upon a time"]], dtype=object),
             "REQUEST_OUTPUT_LEN": np.array([[8]], dtype=np.int32),

@@ -21,6 +21,7 @@ from trtpipe.serving.parameters import PARAMETER_FILE, RULE_IDS, load_parameter_
 from trtpipe.serving.publish import publish_repository
 from trtpipe.serving.templates import TEMPLATE_ROOT
 from trtpipe.serving.validate import ValidationIssue, errors_only, validate_repository
+from trtpipe.settings import Settings
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "build_configs" / "examples"
 # Every GPU example (tiny-cpu* are the cpu-reference ones), found on disk so a new example is covered too.
@@ -303,7 +304,7 @@ def test_the_reference_model_refuses_to_load_on_a_logits_mismatch(repo_copy: Pat
         assert _logits(repo_copy, model) == {"TYPE_FP32"}
     assert any(i.field == "output[context_logits]" for i in errors_only(validate_repository(repo_copy)))
     with pytest.raises(TrtpipeError) as raised:
-        start_server(repo_copy, start_timeout=180, validate=False).stop()
+        start_server(repo_copy, start_timeout=180, validate=False, settings=Settings.from_env()).stop()
     assert "logits_dtype is float16" in str(raised.value) and "declare it TYPE_FP16" in str(raised.value)
 
 

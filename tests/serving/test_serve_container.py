@@ -27,6 +27,7 @@ import pytest
 from trtpipe.cli import main
 from trtpipe.serving.client import TritonLLMClient
 from trtpipe.serving.watch import TICK_S, WatchPolicy, find_stubs
+from trtpipe.settings import Settings
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -128,7 +129,7 @@ def test_the_container_path_waits_checks_identity_and_restarts_a_killed_stub(cpu
     def run() -> None:
         try:
             serve_watched(repo, on_event=events.put, stop=stop, start_timeout=240, launcher=launcher,
-                          policy=WatchPolicy(probe_interval_s=0, restart="on-failure", max_restarts=1, backoff_s=0.5))
+                          policy=WatchPolicy(probe_interval_s=0, restart="on-failure", max_restarts=1, backoff_s=0.5), settings=Settings.from_env())
         except BaseException as err:  # noqa: BLE001 - what the test is about
             failure.append(err)
 
@@ -278,7 +279,7 @@ def test_the_container_path_writes_the_ready_file_streams_its_log_and_says_where
         try:
             serve_watched(repo, on_event=events.put, stop=stop, start_timeout=240, launcher=launcher,
                           policy=WatchPolicy(probe_interval_s=0), ready_file=ready_file,
-                          server_log=ServerLog(path=log, follow=followed))
+                          server_log=ServerLog(path=log, follow=followed), settings=Settings.from_env())
         except BaseException as err:  # noqa: BLE001 - what the test is about
             failure.append(err)
 

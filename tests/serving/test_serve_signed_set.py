@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from trtpipe.release.audit import read_audit
+from trtpipe.settings import Settings
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -93,7 +94,7 @@ def test_an_unsigned_addition_to_a_signed_copy_is_refused_under_a_policy(signed,
     from trtpipe.release.policy import load_policy
     from trtpipe.release.trust import require_trusted_folder
 
-    verified = require_trusted_folder(copy, load_policy(signed.policy), home=signed.home, action="serve")
+    verified = require_trusted_folder(copy, load_policy(signed.policy), home=signed.home, action="serve", settings=Settings.from_env())
     assert verified.signature_verified and "zz_extra/config.pbtxt" not in verified.files
 
 
@@ -105,7 +106,7 @@ def test_the_serving_directory_holds_only_the_verified_bytes(signed, tmp_path: P
     from trtpipe.serving.serving_dir import prepare
 
     copy = _copy(signed.repo, tmp_path / "copy")
-    verified = require_trusted_folder(copy, load_policy(signed.policy), home=signed.home, action="serve")
+    verified = require_trusted_folder(copy, load_policy(signed.policy), home=signed.home, action="serve", settings=Settings.from_env())
     _add_stray_model(copy, tmp_path / "MARKER")  # after the check
     serving = prepare(copy, verified=verified)
     try:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from trtpipe.serving.client import TritonConnectionError, TritonLLMClient, TritonRequestError
+from trtpipe.settings import Settings
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -226,7 +227,7 @@ def test_server_killed_mid_stream(example_repo: Path) -> None:
 
     outcomes = []
     for _attempt in range(3):
-        with start_server(example_repo, start_timeout=180) as server:
+        with start_server(example_repo, start_timeout=180, settings=Settings.from_env()) as server:
             client = TritonLLMClient(server.grpc_url, timeout=15)
             received = []
             try:
@@ -263,7 +264,7 @@ def test_non_streaming_deployment(example_repo: Path, tiny_llama_dir: Path, publ
     example_dir = example_repo.parent.parent.parent  # publish_example's tmp_dir: same store, engine reused
     repo = publish_example(example_dir, streaming=False, model_dir=tiny_llama_dir)
     assert "decoupled: false" in (repo / "tensorrt_llm" / "config.pbtxt").read_text()
-    with start_server(repo, start_timeout=180) as server:
+    with start_server(repo, start_timeout=180, settings=Settings.from_env()) as server:
         ensemble = TritonLLMClient(server.grpc_url, timeout=60)
         bls = TritonLLMClient(server.grpc_url, model="tensorrt_llm_bls", timeout=60)
         assert not ensemble.is_decoupled() and not bls.is_decoupled()

@@ -17,6 +17,7 @@ import pytest
 from trtpipe.errors import CheckFailed
 from trtpipe.serving import client_patterns
 from trtpipe.serving.client_patterns import Refused, stream_request, texts_of, unary_request
+from trtpipe.settings import Settings
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -28,7 +29,7 @@ DIGEST = "sha256:" + "2" * 64
 def _serve(repo: Path):
     from trtpipe.serving.server import start_server
 
-    return start_server(repo, start_timeout=180)
+    return start_server(repo, start_timeout=180, settings=Settings.from_env())
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +245,7 @@ def test_the_patterns_fail_an_ensemble_wired_the_old_way(unary_repo: Path, tmp_p
                for i in issues), [i.one_line() for i in issues]
     from trtpipe.serving.server import start_server
 
-    with start_server(copy, start_timeout=180, validate=False) as broken:
+    with start_server(copy, start_timeout=180, validate=False, settings=Settings.from_env()) as broken:
         d = _deployment(broken.grpc_url, "ensemble")
         with pytest.raises(CheckFailed, match="refused upstream's text-only request"):
             client_patterns.run_pattern("text-only", client_patterns.text_only, d)

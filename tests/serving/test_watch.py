@@ -32,6 +32,7 @@ import pytest
 from trtpipe.cli import main
 from trtpipe.serving.client import ModelProcessDied, TritonLLMClient
 from trtpipe.serving.watch import TICK_S, WatchPolicy, Watchdog, find_stubs
+from trtpipe.settings import Settings
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -171,7 +172,7 @@ def test_a_dead_stub_is_named_by_the_client_bench_doctor_and_the_watchdog(exampl
 
     from trtpipe.serving.server import start_server
 
-    with start_server(example_repo, start_timeout=180) as server:
+    with start_server(example_repo, start_timeout=180, settings=Settings.from_env()) as server:
         client = TritonLLMClient(server.grpc_url, timeout=60)
         assert client.generate(PROMPT, 2, top_k=1).output_token_ids
         watchdog = Watchdog(server, WatchPolicy(probe_interval_s=0))
@@ -329,7 +330,7 @@ def test_a_restart_that_cannot_start_counts_against_the_bound(home_copy: tuple[P
     def run() -> None:
         try:
             serve_watched(repo, on_event=events.put, stop=stop, start_timeout=180,
-                          policy=WatchPolicy(probe_interval_s=0, restart="on-failure", max_restarts=1, backoff_s=5))
+                          policy=WatchPolicy(probe_interval_s=0, restart="on-failure", max_restarts=1, backoff_s=5), settings=Settings.from_env())
         except BaseException as err:  # noqa: BLE001 - what the test is about
             failure.append(err)
 
@@ -434,7 +435,7 @@ def test_a_port_taken_after_the_check_is_read_from_the_server_log(example_repo: 
     log = tmp_path / "tritonserver.log"
     try:
         with pytest.raises(UsageError) as caught:
-            server_module.start_server(example_repo, http_port=port, start_timeout=180, log_path=log)
+            server_module.start_server(example_repo, http_port=port, start_timeout=180, log_path=log, settings=Settings.from_env())
         assert main(["serve", str(example_repo), "--http-port", str(port)]) == 2
     finally:
         holder.close()

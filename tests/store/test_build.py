@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from trtpipe.pipeline import run_build, stage_keys
 from trtpipe.store.local import Store
+from trtpipe.settings import Settings
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.timeout(600)
 def built(tiny_spec: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     """One cold build of the tiny spec (shared: it is the expensive step), plus its report."""
     home = tmp_path_factory.mktemp("built-home")
-    report = run_build(tiny_spec, store=home, progress=False)
+    report = run_build(tiny_spec, store=home, progress=False, settings=Settings.from_env())
     return home, report.model_dump()
 
 
@@ -115,7 +116,7 @@ def test_force_rebuilds_only_that_stage_and_same_bytes_keep_their_digests(built,
                                                                           tools) -> None:
     home = _copy_store(built[0], tmp_path / "home")
     for _ in range(2):
-        report = run_build(tiny_spec, store=home, force=["engine"], progress=False)
+        report = run_build(tiny_spec, store=home, force=["engine"], progress=False, settings=Settings.from_env())
         outcomes = {s.name: s.outcome for s in report.stages}
         assert outcomes["checkpoint"] == "hit" and outcomes["engine"] == "built"
         # The rebuilt engine has the same bytes, so the same digest, so the same repository.
@@ -127,7 +128,7 @@ def test_force_rebuilds_only_that_stage_and_same_bytes_keep_their_digests(built,
 def test_gpu_dry_run_prints_the_trtllm_build_command(built, tiny_llama_dir: Path, tmp_path: Path) -> None:
     spec = tmp_path / "h100.yaml"
     spec.write_text(f"model:\n  path: {tiny_llama_dir}\ntarget:\n  gpu: h100-sxm\n  executor: docker\n")
-    report = run_build(spec, store=built[0], dry_run=True, progress=False)
+    report = run_build(spec, store=built[0], dry_run=True, progress=False, settings=Settings.from_env())
     engine = report.stage("engine")
     assert engine is not None and engine.key and engine.command
     assert engine.command[0] == "trtllm-build" and "--checkpoint_dir" in engine.command
@@ -155,7 +156,7 @@ def test_flipped_byte_is_caught_by_verify_and_rebuilt(built, tiny_spec: Path, tm
     _flip_byte(victim)
 
     # build --verify notices, never reuses or publishes it, and rebuilds.
-    report = run_build(tiny_spec, store=home, verify=True, progress=False)
+    report = run_build(tiny_spec, store=home, verify=True, progress=False, settings=Settings.from_env())
     outcomes = {s.name: s.outcome for s in report.stages}
     assert outcomes["engine"] == "built" and outcomes["publish"] == "built", outcomes
     rebuilt = store.get("engine", report.keys["engine"], verify=True)
@@ -174,7 +175,7 @@ def test_flipped_byte_is_caught_by_verify_and_rebuilt(built, tiny_spec: Path, tm
     problems = json.loads(result.stdout)["problems"]
     assert any(p["kind"] == "engine" and p["file"] == "config.json" for p in problems)
     assert store.get("engine", report.keys["engine"]) is None
-    again = run_build(tiny_spec, store=home, progress=False)
+    again = run_build(tiny_spec, store=home, progress=False, settings=Settings.from_env())
     assert {s.name: s.outcome for s in again.stages}["engine"] == "built"
     assert tools.run_cli(home, "cache", "verify").returncode == 0
 
@@ -237,7 +238,7 @@ def base_homes(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     for quantized in (False, True):
         work = tmp_path_factory.mktemp(f"base-{quantized}")
         spec, _, _ = _work_spec(work, tiny_llama_dir, quantized)
-        report = run_build(spec, store=work / "home", progress=False)
+        report = run_build(spec, store=work / "home", progress=False, settings=Settings.from_env())
         assert report.status == "ok", report
         homes[quantized] = work / "home"
     return homes
@@ -258,7 +259,7 @@ def test_real_changes_move_exactly_the_dependent_keys(tiny_llama_dir: Path, tmp_
     spec, model, calib = _work_spec(work, tiny_llama_dir, quantized)
     quant = _quant(calib, quantized)
     home = base_homes[quantized]  # read only: a dry run builds nothing
-    before = stage_keys(spec, store=home)
+    before = stage_keys(spec, store=home, settings=Settings.from_env())
     assert set(before) == {"checkpoint", "engine", "publish"}
 
     expected: set[str]
@@ -298,7 +299,7 @@ def test_real_changes_move_exactly_the_dependent_keys(tiny_llama_dir: Path, tmp_
         converter_changed = (old.modelopt_version, old.transformers_version) != (new.modelopt_version,
                                                                                  new.transformers_version)
         expected = {"checkpoint", "engine", "publish"} if converter_changed else {"engine", "publish"}
-    after = stage_keys(spec, store=home)
+    after = stage_keys(spec, store=home, settings=Settings.from_env())
     # A key that moved, or that a dry run can no longer compute (its engine is not built under the new key).
     changed = {name for name in before if before[name] != after.get(name)}
     assert changed == expected, (change, quantized)

@@ -15,6 +15,7 @@ import pytest
 
 from trtpipe.cli import main
 from trtpipe.store.local import Store
+from trtpipe.settings import Settings
 
 SPEC = """\
 name: tiny-damage
@@ -37,7 +38,7 @@ def pristine(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     base = tmp_path_factory.mktemp("damage")
     spec = base / "tiny.yaml"
     spec.write_text(SPEC.format(model=tiny_llama_dir))
-    report = run_build(spec, store=base / "store", progress=False)
+    report = run_build(spec, store=base / "store", progress=False, settings=Settings.from_env())
     return base, dict(report.artifacts)
 
 

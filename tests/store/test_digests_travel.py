@@ -19,6 +19,7 @@ import pytest
 
 from trtpipe.pipeline import run_build
 from trtpipe.store.local import Store
+from trtpipe.settings import Settings
 
 SPEC = """\
 name: tiny-travel
@@ -76,7 +77,7 @@ def test_a_cold_build_hashes_its_weights_once_and_never_rehashes_what_it_stored(
     tmp_path: Path, model: Path, hashed: Counter
 ) -> None:
     store = tmp_path / "store"
-    report = run_build(_spec(tmp_path, model), store=store, progress=False)
+    report = run_build(_spec(tmp_path, model), store=store, progress=False, settings=Settings.from_env())
     assert report.status == "ok"
     weights = str((model / "model.safetensors").resolve())
     assert hashed[weights] == 1  # the checkpoint key: the model's content, read once
@@ -96,11 +97,11 @@ def test_publish_again_verifies_its_engine_through_the_digest_cache_reading_noth
 ) -> None:
     store = tmp_path / "store"
     spec = _spec(tmp_path, model)
-    first = run_build(spec, store=store, progress=False)
+    first = run_build(spec, store=store, progress=False, settings=Settings.from_env())
     engine = Path(first.stage("engine").path)
     for attempt in range(3):
         hashed.clear()
-        report = run_build(spec, store=store, force=["publish"], progress=False)
+        report = run_build(spec, store=store, force=["publish"], progress=False, settings=Settings.from_env())
         assert report.stage("publish").outcome == "built" and report.artifacts == first.artifacts
         read = _stored(store, hashed)
         # The engine (and the checkpoint it links) is vouched for by the digest cache: not one byte of it
@@ -118,12 +119,12 @@ def test_gc_of_an_old_entry_keeps_the_digest_cache_vouching_for_the_files_it_sha
 
     store = tmp_path / "store"
     spec = _spec(tmp_path, model)
-    run_build(spec, store=store, progress=False)
-    run_build(spec, store=store, force=["publish"], progress=False)  # the old repository goes to trash/
+    run_build(spec, store=store, progress=False, settings=Settings.from_env())
+    run_build(spec, store=store, force=["publish"], progress=False, settings=Settings.from_env())  # the old repository goes to trash/
     report = gc.collect(Store(store), pins={})
     assert any(a.what == "trash" for a in report.removed)
     hashed.clear()
-    run_build(spec, store=store, force=["publish"], progress=False)
+    run_build(spec, store=store, force=["publish"], progress=False, settings=Settings.from_env())
     assert not [p for p in _stored(store, hashed) if p.endswith(".safetensors")]
 
 
@@ -147,9 +148,9 @@ def _flip_byte_keep_mtime(path: Path) -> None:
 def test_a_weight_edited_in_place_with_its_mtime_restored_is_rebuilt(tmp_path: Path, model: Path) -> None:
     store = tmp_path / "store"
     spec = _spec(tmp_path, model)
-    first = run_build(spec, store=store, progress=False)
+    first = run_build(spec, store=store, progress=False, settings=Settings.from_env())
     _flip_byte_keep_mtime(model / "model.safetensors")
-    second = run_build(spec, store=store, progress=False)
+    second = run_build(spec, store=store, progress=False, settings=Settings.from_env())
     outcomes = {s.name: s.outcome for s in second.stages}
     assert outcomes["checkpoint"] == "built", outcomes
     assert second.keys["checkpoint"] != first.keys["checkpoint"]
@@ -161,11 +162,11 @@ def test_a_stored_file_edited_in_place_with_its_mtime_restored_is_caught_before_
 ) -> None:
     store = tmp_path / "store"
     spec = _spec(tmp_path, model)
-    first = run_build(spec, store=store, progress=False)
+    first = run_build(spec, store=store, progress=False, settings=Settings.from_env())
     engine = Path(first.stage("engine").path)
     _flip_byte_keep_mtime(engine / "config.json")
     os.chmod(engine / "config.json", 0o444)
-    report = run_build(spec, store=store, force=["publish"], progress=False)
+    report = run_build(spec, store=store, force=["publish"], progress=False, settings=Settings.from_env())
     engine_outcomes = [s.outcome for s in report.stages if s.name == "engine"]
     assert engine_outcomes == ["hit", "built"], report.stages  # reused, caught by its verification, rebuilt
     assert report.stage("publish").outcome == "built"

@@ -16,6 +16,7 @@ from trtpipe.pipeline import run_build
 from trtpipe.results import ResultsLog
 from trtpipe.store.local import Store
 from trtpipe.store.objects import sha256_file
+from trtpipe.settings import Settings
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.timeout(900)
 @pytest.fixture(scope="module")
 def built(tiny_spec: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     home = tmp_path_factory.mktemp("identity-home") / "home"
-    report = run_build(tiny_spec, store=home, progress=False)
+    report = run_build(tiny_spec, store=home, progress=False, settings=Settings.from_env())
     assert report.status == "ok", report
     return home, report.model_dump()
 
@@ -105,7 +106,7 @@ def test_force_engine_twice_keeps_every_digest_and_promote_still_finds_the_resul
     log.record(digest, "smoke", True, {"checks": 6})
     log.record(digest, "parity", True, {"prompts": 3, "mismatches": 0})
     for _ in range(2):
-        report = run_build(tiny_spec, store=home, force=["engine"], progress=False)
+        report = run_build(tiny_spec, store=home, force=["engine"], progress=False, settings=Settings.from_env())
         assert {s.name: s.outcome for s in report.stages}["engine"] == "built"
         assert report.artifacts == built[1]["artifacts"]
     result = _cli(home, "promote", digest, "--to", "prod", "--json")  # tiny_spec's prod gates: smoke + parity
@@ -125,7 +126,7 @@ def test_specs_differing_only_in_name_or_gates_are_different_artifacts(built, ti
     assert regated.read_text() != text
     repos = {}
     for spec in (tiny_spec, renamed, regated):
-        report = run_build(spec, store=home, progress=False)
+        report = run_build(spec, store=home, progress=False, settings=Settings.from_env())
         outcomes = {s.name: s.outcome for s in report.stages}
         assert outcomes["engine"] == "hit"  # one engine ...
         if spec is not tiny_spec:
@@ -156,7 +157,7 @@ def test_a_flipped_object_byte_then_build_force_all_is_caught_and_rebuilt_from_g
     victim = store.objects.path_for(rank0["sha256"])
     assert victim.samefile(checkpoint.path / "rank0.safetensors")  # shared with the engine and the repository
     _flip(victim, offset=victim.stat().st_size // 2)
-    report = run_build(tiny_spec, store=home, force=["all"], progress=False)
+    report = run_build(tiny_spec, store=home, force=["all"], progress=False, settings=Settings.from_env())
     details = " ".join(s.detail or "" for s in report.stages)
     assert f"sha256:{rank0['sha256'][:12]} did not hold its digest's bytes" in details
     # The very same artifacts as the clean build: the conversion rebuilt the good bytes, and every later
@@ -177,7 +178,7 @@ def test_a_stage_never_builds_on_a_stored_input_it_has_not_verified(built, tiny_
     store = Store.open(home)
     engine = store.get("engine", built[1]["keys"]["engine"])
     _flip(engine.path / "config.json", offset=5)
-    report = run_build(tiny_spec, store=home, force=["publish"], progress=False)
+    report = run_build(tiny_spec, store=home, force=["publish"], progress=False, settings=Settings.from_env())
     outcomes = [(s.name, s.outcome) for s in report.stages]
     assert ("engine", "built") in outcomes and ("publish", "built") in outcomes
     assert report.artifacts == built[1]["artifacts"]

@@ -22,6 +22,7 @@ from trtpipe.store import oci
 from trtpipe.store.keys import canonical_json
 from trtpipe.store.local import Store
 from trtpipe.store.manifest import MAX_OTHER_FILE_BYTES, MAX_RANK_FILE_BYTES
+from trtpipe.settings import Settings
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -55,7 +56,7 @@ def downloads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def _push(registry, repository: str, tag: str, files: dict[str, bytes], *, layer_edits=None, listed_edits=None) -> str:
     """Push a real engine artifact of `files`, then re-tag `tag` at a manifest with its layers (and, with
     `listed_edits`, its trtpipe manifest's file items) edited the way an attacker would."""
-    client = oci.OciClient(registry.host)
+    client = oci.OciClient(registry.host, settings=Settings.from_env())
     items = [{"path": rel, "mode": "0644", "size": len(body), "sha256": hashlib.sha256(body).hexdigest()}
              for rel, body in sorted(files.items())]
     for item in items:
@@ -175,7 +176,7 @@ def test_an_absurd_declared_size_is_refused_before_any_download(
     else:  # the same artifact, its manifest edited after the fact and served by a registry that checks nothing
         url = _push(env, "hostile/sizes", "base", FILES)
         ref = oci.parse_oci_ref(url)
-        manifest = json.loads(oci.OciClient(env.host).get_manifest(ref.repository, ref.tag))
+        manifest = json.loads(oci.OciClient(env.host, settings=Settings.from_env()).get_manifest(ref.repository, ref.tag))
         for layer in manifest["layers"]:
             if layer["annotations"][oci.TITLE_ANNOTATION] == rel:
                 layer["size"] = size
@@ -273,7 +274,7 @@ def test_a_download_past_its_declared_size_is_cut_off(tmp_path: Path, monkeypatc
     thread.start()
     try:
         host = f"127.0.0.1:{server.server_address[1]}"
-        client = oci.OciClient(host, timeout=(5.0, 10.0))
+        client = oci.OciClient(host, timeout=(5.0, 10.0), settings=Settings.from_env())
         dest = tmp_path / "blob"
         with pytest.raises(IntegrityError, match="more than 1024 bytes"):
             client.fetch_blob("any/repo", "sha256:" + "0" * 64, 1024, dest)
@@ -308,7 +309,7 @@ def test_push_takes_digests_from_the_manifest_and_the_registry_catches_a_damaged
     assert code == 1 and len(err.strip().splitlines()) == 1, err
     assert "does not hold the bytes of sha256:" in err and "trtpipe cache verify --repair" in err
     assert hashed == []
-    assert oci.OciClient(env.host).get_manifest("hostile/push", "v1") is None
+    assert oci.OciClient(env.host, settings=Settings.from_env()).get_manifest("hostile/push", "v1") is None
 
 
 def test_a_port_that_refuses_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -174,7 +174,7 @@ def test_a_squatted_key_tag_does_not_block_the_genuine_push(registry, tiny_spec:
     """Anyone who can push plants `engine-<key>` first (an unsigned engine of their own), and `checkpoint-<key>`
     naming an entry of another key: the genuine build ignores both (a miss, with a note), pushes its signed entries
     over the key tags, and the next workspace hits them."""
-    from trtpipe.settings import from_env
+    from trtpipe.settings import Settings
     from trtpipe.store.local import Store
     from trtpipe.store.oci import OciRemote, key_tag
 
@@ -186,7 +186,7 @@ def test_a_squatted_key_tag_does_not_block_the_genuine_push(registry, tiny_spec:
     with attacker.building("engine", engine_key) as handle:
         (handle.dir / "rank0.safetensors").write_bytes(b"not the engine" * 1000)
         planted = handle.commit(inputs={"planted": True})
-    squatter = OciRemote(remote, settings=from_env())
+    squatter = OciRemote(remote, settings=Settings.from_env())
     planted_oci = squatter.push(planted).oci_digest  # unsigned: the policy trusts nothing of it
     assert squatter.find("engine", engine_key).artifact_digest == planted.digest
     with attacker.building("checkpoint", "0" * 64) as handle:

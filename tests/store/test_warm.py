@@ -22,6 +22,7 @@ import pytest
 from trtpipe import build_record, hostfacts, warm
 from trtpipe.cli import main
 from trtpipe.pipeline import run_build
+from trtpipe.settings import Settings
 from trtpipe.store.digest_cache import RACY_WINDOW_NS
 from trtpipe.store.local import Store
 
@@ -48,7 +49,7 @@ def built_store(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     folder = tmp_path_factory.mktemp("warm-built")
     spec = folder / "tiny.yaml"
     spec.write_text(SPEC.format(model=tiny_llama_dir))
-    report = run_build(spec, store=folder / "home", progress=False)
+    report = run_build(spec, store=folder / "home", progress=False, settings=Settings.from_env())
     assert report.status == "ok"
     return folder / "home"
 
@@ -355,7 +356,7 @@ def test_inputs_changed_within_the_racy_window_leave_no_memo(tiny_llama_dir: Pat
     spec = tmp_path / "tiny.yaml"
     spec.write_text(SPEC.format(model=model))
     home = _copy_store(built_store, tmp_path / "home")
-    assert run_build(spec, store=home, progress=False).status == "ok"
+    assert run_build(spec, store=home, progress=False, settings=Settings.from_env()).status == "ok"
     assert not warm.memo_path(home, os.path.realpath(spec)).exists()
 
 
@@ -405,6 +406,7 @@ import json, os, sys
 from pathlib import Path
 from trtpipe import warm
 from trtpipe.pipeline import run_build
+from trtpipe.settings import Settings
 from trtpipe.serving import templates
 templates.TEMPLATE_ROOT = Path({str(ws.templates)!r})  # as in this test's process
 warm.RACY_WINDOW_NS = 0
@@ -415,7 +417,7 @@ def hook(event, args):
 remember = warm.remember
 warm.remember = lambda *a, **k: None  # the memo writer's own reads are not the build's
 sys.addaudithook(hook)
-report = run_build({str(ws.spec)!r}, store={str(ws.home)!r}, progress=False)
+report = run_build({str(ws.spec)!r}, store={str(ws.home)!r}, progress=False, settings=Settings.from_env())
 recording[0] = False
 warm.remember = remember
 assert [s.outcome for s in report.stages][2:] == ["hit"] * 3

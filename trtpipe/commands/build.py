@@ -97,9 +97,11 @@ def register(app: typer.Typer) -> None:
 
                 if remote is not None:
                     install_gate(remote, PullGate(trust, store_root=workspace.root, home=workspace.root,
-                                                  note=lambda text: typer.echo(text, err=True)))
+                                                  note=lambda text: typer.echo(text, err=True),
+                                                  settings=workspace.settings))
                 if trust is not None:
-                    pulled_check = pulled_checker(trust, store_root=workspace.root, home=workspace.root)
+                    pulled_check = pulled_checker(trust, store_root=workspace.root, home=workspace.root,
+                                                  settings=workspace.settings)
             sign_push = _push_signer(workspace, remote) if remote is not None and use.pushes else None
             # The warm path reuses a resolution and its entries as they were; a trust policy judges them again.
             if not (dry_run or force or verify) and workspace.remote_url is None and trust is None:
@@ -112,7 +114,8 @@ def register(app: typer.Typer) -> None:
 
                 report = run_build(spec, dry_run=dry_run, force=tuple(force or ()), verify=verify,
                                    store=workspace.store, remote=remote, progress=not json_out,
-                                   pulled_check=pulled_check, remote_use=use, sign_push=sign_push)
+                                   pulled_check=pulled_check, remote_use=use, sign_push=sign_push,
+                                   settings=workspace.settings)
         except KeyboardInterrupt as interrupt:
             # The runner may hand over its report (what it stored or reused so far); else the store's log says
             # which stages this process built.

@@ -104,7 +104,7 @@ def build_command(
     try:
         report = build_matrix(matrix, store=workspace.store, remote=workspace.remote, ray_address=ray,
                               dry_run=dry_run, retries=retries, pending_timeout=pending_timeout,
-                              wait_for_nodes=wait_for_nodes, progress=not json_out)
+                              wait_for_nodes=wait_for_nodes, progress=not json_out, settings=workspace.settings)
     except MatrixInterrupted as interrupt:
         if json_out:
             typer.echo(interrupt.report.model_dump_json(indent=2))

@@ -211,7 +211,7 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
             table.add_row(*(str(cell) for cell in row))
         Console(stderr=err).print(table)
         return
-    from trtpipe.settings import from_env
+    from trtpipe.settings import Settings
 
-    lines = render_table(title, columns, rows, caption=caption, width=table_width(from_env().columns))
+    lines = render_table(title, columns, rows, caption=caption, width=table_width(Settings.from_env().columns))
     typer.echo("\n".join(lines), err=err)

@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
             # A refusal goes the one way every command's does (cli.refuse): with --json its JSON object on
             # stdout, every problem of an outside engine among its verdicts.
             outcome = run_publish(request, store=workspace.store, remote=workspace.remote, progress=not json_out,
-                                  remote_use=use)
+                                  remote_use=use, settings=workspace.settings)
         finally:
             workspace.close()
         if json_out:

@@ -122,7 +122,7 @@ def channels_command(
         from trtpipe.results import current_user
 
         with ChannelStore(home).lock():
-            adopted = adopt(home, release_key(workspace.settings), who=current_user())
+            adopted = adopt(home, release_key(workspace.settings), who=current_user(workspace.settings))
         typer.echo(f"audit trail adopted: its head is signed by the release key (audit #{adopted.seq})" if adopted
                    else "audit trail: its head is already signed by the release key (nothing to adopt)", err=as_json)
     if registry:
@@ -177,7 +177,7 @@ def policy_set_command(
     from trtpipe.results import current_user
 
     workspace = open_workspace(store)
-    done = set_policy(workspace.root, file, who=current_user(), at=now_iso(), key=release_key(workspace.settings))
+    done = set_policy(workspace.root, file, who=current_user(workspace.settings), at=now_iso(), key=release_key(workspace.settings))
     if as_json:
         _print_json({"policy": str(done.path), "digest": done.digest, "source": done.source, "keys": done.keys,
                      "audit_seq": done.audit_seq})
@@ -270,13 +270,15 @@ def results_export_command(
     another workspace to import (a CI job's artifact); signed with the release key when one is set."""
     from trtpipe.release.evidence import ExportRequest, export_results
     from trtpipe.release.trust import KEYLESS
+    from trtpipe.results import current_user
 
     workspace = open_workspace(store)
     key = signing_key_option(sign, workspace.settings)
     if key == KEYLESS:
         raise UsageError("a results bundle is signed with a release key file, not keyless",
                          fix="pass --sign KEY (a PEM EC P-256 private key) or set TRTPIPE_SIGNING_KEY")
-    outcome = export_results(workspace.results, ExportRequest(digests=digests, out=out), key)
+    outcome = export_results(workspace.results, ExportRequest(digests=digests, out=out), key,
+                             who=current_user(workspace.settings))
     if as_json:
         _print_json(outcome.model_dump(mode="json"))
         return
@@ -409,7 +411,7 @@ def cache_pull_command(
     trust = load_policy_option(policy, workspace, no_policy=no_policy, command="cache pull")
     remote = open_remote_for_ref(ref, workspace.settings)
     install_gate(remote, PullGate(trust, store_root=workspace.root, home=workspace.root,
-                                  note=lambda text: typer.echo(text, err=True)))
+                                  note=lambda text: typer.echo(text, err=True), settings=workspace.settings))
     found = remote.resolve(ref)
     with _byte_progress(f"pull {found.kind}/{found.key[:12]}", found.size, quiet=as_json) as advance:
         entry = remote.pull(found, workspace.store, progress=advance)

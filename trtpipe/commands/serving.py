@@ -160,7 +160,8 @@ def serve_command(
 
         # The whole folder: a file or model folder its signed manifest does not list is refused, and the
         # serving directory is filled from this verified list (nothing added after the check is served).
-        verified = require_trusted_folder(request.repo, trust, home=workspace.root, action="serve")
+        verified = require_trusted_folder(request.repo, trust, home=workspace.root, action="serve",
+                                          settings=workspace.settings)
         # The verified signer, never a claimed one.
         typer.echo(f"verified: {request.repo}: {verified.judgement.reason()}", err=True)
     unverified = None
@@ -200,7 +201,7 @@ def serve_command(
         serve_watched(request.repo, on_event=lambda event: _print_serve_event(event, request.repo, as_json, unverified),
                       stop=stop, policy=policy, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
                       start_timeout=start_timeout, launcher=launcher, ready_file=ready_file, server_log=server_log,
-                      verified=verified)
+                      verified=verified, settings=workspace.settings)
 
 
 # Seconds a detached serve may take beyond its --start-timeout: validation, the serving directory, the identity

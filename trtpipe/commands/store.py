@@ -140,7 +140,7 @@ def cache_verify(
                         for w in wanted]
         damaged += [Damaged(kind=p.kind, key=p.key, digest=p.digest, channels=p.channels)
                     for p in result.pinned if p.digest not in {d.digest for d in damaged}]
-        outcomes = run_repair(opened, damaged, remote=workspace.remote)
+        outcomes = run_repair(opened, damaged, remote=workspace.remote, settings=workspace.settings)
         for p in result.pinned:
             p.restored = any(o.restored and o.digest == p.digest for o in outcomes)
     unrepaired = [o for o in outcomes if not o.restored]

@@ -35,6 +35,7 @@ from trtpipe.matrix.report import Attempt, CellResult, MatrixReport
 from trtpipe.matrix.schedule import Scheduler, Task, nodes_summary, placeable
 from trtpipe.matrix.worker import CellJob
 from trtpipe.pipeline import BuildReport, StageReport, run_build
+from trtpipe.settings import Settings
 from trtpipe.store.local import Store
 
 DEFAULT_RETRIES = 2
@@ -83,12 +84,12 @@ def _head_hit(plan: MatrixPlan, item: PlannedCell, store: Store, remote: Any) ->
                       stages=_stages([s.model_dump(mode="json") for s in stages]))
 
 
-def _head_dry_run(item: PlannedCell, store: Store, remote: Any) -> CellResult:
+def _head_dry_run(item: PlannedCell, store: Store, remote: Any, settings: Settings) -> CellResult:
     """A planning-only cell: the runner's dry run on the head (keys where it can, the commands it would run)."""
     with tempfile.TemporaryDirectory(prefix="trtpipe-matrix-") as folder:
         spec_path = Path(folder) / f"{item.cell.name}.yaml"
         spec_path.write_text(yaml.safe_dump(item.cell.data, sort_keys=False), encoding="utf-8")
-        report = run_build(spec_path, dry_run=True, store=store, remote=remote, progress=False)
+        report = run_build(spec_path, dry_run=True, store=store, remote=remote, progress=False, settings=settings)
     return CellResult(cell=item.cell.name, outcome="planned", where="head", detail=item.plan.reason,
                       keys=dict(report.keys), stages=_stages([s.model_dump(mode="json") for s in report.stages]))
 
@@ -182,13 +183,15 @@ def build_matrix(
     wait_for_nodes: bool = False,
     progress: bool = True,
     on_event: Callable[[dict[str, Any]], None] | None = None,
+    settings: Settings,
 ) -> MatrixReport:
     """Build every cell of a matrix file on Ray (see the module doc). Raises MatrixInterrupted on Ctrl-C.
 
     `store`: the head's workspace store (records; the shared store itself when `remote` is None, so a
     cluster without a remote cache must see it at the same path on every node); `remote`: the shared
     remote cache; `ray_address`: an existing cluster (None: an embedded local Ray instance); `on_event`: told
-    each progress event a worker posts ({task, attempt, event: started|stage, node_id, host, stage ...})."""
+    each progress event a worker posts ({task, attempt, event: started|stage, node_id, host, stage ...});
+    `settings`: the head's (`trtpipe.settings.Settings`, for its own dry runs; a worker reads its node's)."""
     started = time.monotonic()
     plan, planned = plan_matrix(matrix_path, store, remote)
     report = MatrixReport(matrix=plan.matrix, file=plan.file, store=plan.store, remote=plan.remote, dry_run=dry_run,
@@ -202,7 +205,7 @@ def build_matrix(
         elif not dry_run and cell.status == "hit":
             results[cell.cell] = _head_hit(plan, item, store, remote)
         elif not dry_run and cell.status == "planned":
-            results[cell.cell] = _head_dry_run(item, store, remote)
+            results[cell.cell] = _head_dry_run(item, store, remote, settings)
     tasks = _tasks(plan, planned, store, remote, dry_run)
     interrupted = False
     if tasks:

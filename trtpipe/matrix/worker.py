@@ -2,7 +2,9 @@
 
 The head sends a `CellJob` (the cell's spec as YAML text, where the shared store is); the worker writes the
 spec into a private temporary folder and runs `trtpipe.pipeline.run_build` on it, exactly as `trtpipe build`
-does. With a remote cache the worker's own workspace is its local store ($TRTPIPE_HOME on that node): a key
+does. A task is a process entry on its node, as the CLI is on the head: `run_cell` reads that node's settings once
+(its own TRTPIPE_HOME and registry credentials, which never travel in a job) and passes them down. With a remote
+cache the worker's own workspace is its local store ($TRTPIPE_HOME on that node): a key
 the remote holds is pulled (verified), a key it lacks is built and pushed, and a push writes every file
 before the manifest and tags it last, so a worker lost mid-push leaves nothing the registry names. Without
 one, the local store the head names is the shared store (a one-machine cluster, or a shared filesystem).
@@ -34,7 +36,7 @@ import trtpipe
 from trtpipe.build_record import records_dir
 from trtpipe.errors import TrtpipeError
 from trtpipe.pipeline import BuildReport, StageReport, run_build
-from trtpipe.settings import from_env, places
+from trtpipe.settings import Settings, places
 from trtpipe.stages import BACKEND_STAGES
 from trtpipe.store.local import Store
 from trtpipe.store.remote import open_remote
@@ -93,11 +95,10 @@ def _node_id() -> str | None:
         return None
 
 
-def _stores(job: CellJob) -> tuple[Store, Any]:
+def _stores(job: CellJob, settings: Settings) -> tuple[Store, Any]:
     if job.remote_url is None:
         assert job.store_dir is not None
         return Store.open(job.store_dir), None
-    settings = from_env()
     root, _ = places(None, settings)
     return Store.open(root), open_remote(job.remote_url, settings)
 
@@ -150,7 +151,10 @@ def _key_mismatch(job: CellJob, keys: dict[str, str], node: str | None) -> str |
 
 
 def run_cell(job: CellJob, board: Any = None) -> dict[str, Any]:
-    """Run one cell's build (or dry run) here; returns a WorkerResult as a dict (what Ray sends back)."""
+    """Run one cell's build (or dry run) here; returns a WorkerResult as a dict (what Ray sends back).
+
+    The Ray task's entry point: like the CLI on the head, it reads this node's settings once."""
+    settings = Settings.from_env()
     started = time.time()
     node = _node_id()
     base = {"task": job.task, "attempt": job.attempt, "node_id": node, "host": socket.gethostname()}
@@ -172,9 +176,9 @@ def run_cell(job: CellJob, board: Any = None) -> dict[str, Any]:
             spec_path.write_text(job.spec_yaml, encoding="utf-8")
             store: Store | None = None
             try:
-                store, remote = _stores(job)
+                store, remote = _stores(job, settings)
                 report = run_build(spec_path, store=store, remote=remote, dry_run=job.dry_run, progress=False,
-                                   on_stage=on_stage)
+                                   on_stage=on_stage, settings=settings)
                 result.report = report.model_dump(mode="json")
                 result.status = "dry-run" if job.dry_run else "ok"
                 mismatch = _key_mismatch(job, dict(report.keys), node)

@@ -98,7 +98,7 @@ class ExportOutcome(_Strict):
     signed_by: str | None  # key id, or None: unsigned (no release key)
 
 
-def export_results(results: ResultsLog, request: ExportRequest, key: PrivateKey | None) -> ExportOutcome:
+def export_results(results: ResultsLog, request: ExportRequest, key: PrivateKey | None, *, who: str) -> ExportOutcome:
     """Write the bundle of every result recorded for `request.digests` (each log verified first; a digest with
     no results is refused: exporting nothing is a wrong digest, not evidence)."""
     from trtpipe.versions import installed_version
@@ -111,7 +111,7 @@ def export_results(results: ResultsLog, request: ExportRequest, key: PrivateKey 
                            fix="record them (smoke, bench with the repository to record for) or name the digest the "
                                "build reported (artifacts.repository)")
         logs.append(BundleLog(artifact_digest=digest, records=records, head=head))
-    document = Bundle(format=BUNDLE_FORMAT, version=BUNDLE_VERSION, exported_at=_now(), exported_by=current_user(),
+    document = Bundle(format=BUNDLE_FORMAT, version=BUNDLE_VERSION, exported_at=_now(), exported_by=who,
                       host=platform.node(), trtpipe=installed_version("trtpipe"), logs=logs).model_dump(mode="json")
     signed_by = None
     if key is not None:
@@ -326,7 +326,7 @@ def import_results(results: ResultsLog, request: ImportRequest, *, settings: Set
     for digest in dict.fromkeys(log.artifact_digest for _, bundle, _ in checked for log in bundle.logs):
         results.settled(digest)  # a damaged log here is refused before anything is appended anywhere
     merged: dict[str, ImportedLog] = {}
-    now, who = _now(), current_user()
+    now, who = _now(), current_user(settings)
     for path, bundle, about in checked:
         for log in bundle.logs:
             written = results.merge(log.artifact_digest, log.records, {

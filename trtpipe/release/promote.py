@@ -142,7 +142,7 @@ def _scope_from(manifest: dict[str, Any], model: str | None, target: str | None,
 
 
 def resolve_artifact(home: Path, ref: str, *, model: str | None = None, target: str | None = None,
-                     settings: Settings | None = None) -> ResolvedArtifact:
+                     settings: Settings) -> ResolvedArtifact:
     """REF: a remote reference (`oci://host/repo:tag|@digest`), a local `kind/key`, key prefix, or artifact digest."""
     if is_remote_url(ref):
         remote = open_remote_for_ref(ref, settings)
@@ -277,7 +277,7 @@ class _ChannelMoved(Exception):
 
 
 def _shared_target(home: Path, art: ResolvedArtifact, scope: ChannelScope, channel: str,
-                   settings: Settings | None) -> tuple[SharedChannel | None, RemoteCache | None]:
+                   settings: Settings) -> tuple[SharedChannel | None, RemoteCache | None]:
     """The channel's shared trail and its registry, when the channel is (or, promoting a registry artifact,
     becomes) shared; (None, None) for a channel of this workspace alone."""
     found = shared_channel(home, scope.model, scope.target, channel)
@@ -381,7 +381,7 @@ def promote(
     model: str | None = None,
     target: str | None = None,
     expect_from: str | None = UNSET,
-    settings: Settings | None = None,
+    settings: Settings,
     policy: TrustPolicy | None = None,
     dry_run: bool = False,
 ) -> PromotionOutcome:
@@ -393,14 +393,14 @@ def promote(
         raise UsageError("a forced promotion needs a reason", fix='say why, e.g. "hotfix for incident 123, smoke run by hand"')
     art = resolve_artifact(home, ref, model=model, target=target, settings=settings)
     if policy is not None:
-        require_trusted_digest(home, art.digest, policy, channel, model=art.model, target=art.target)
+        require_trusted_digest(home, art.digest, policy, channel, model=art.model, target=art.target, settings=settings)
     gates, gates_source = load_gates(spec_path, art.manifest, channel)
     min_runs = settings.min_bench_runs() if settings is not None else DEFAULT_MIN_RUNS
     channels = ChannelStore(home)
     scope = ChannelScope(model=art.model, target=art.target)
     cid = (art.model, art.target, channel)
     key = release_key(settings)
-    who = current_user()
+    who = current_user(settings)
     shared, remote = _shared_target(home, art, scope, channel, settings)
     found: Standing | None = None
     with channels.lock():  # the trail is the truth: catch up, complete an interrupted move, refuse a disagreeing pointer
@@ -563,12 +563,12 @@ def pick_channel(channels: ChannelStore, channel: str, model: str | None, target
     return found[0]
 
 
-def catch_up(home: Path, settings: Settings | None, *, channel: str | None = None) -> list[Standing]:
+def catch_up(home: Path, settings: Settings, *, channel: str | None = None) -> list[Standing]:
     """Adopt the registry's trail of every shared channel (named `channel`, or all) whose copy there is
     consistent with this workspace's, and write their pointers; an inconsistent or unreachable one is left
     as it is (its standing says why). Under the release lock."""
     key = release_key(settings)
-    who = current_user()
+    who = current_user(settings)
     out = []
     with ChannelStore(home).lock():
         for shared in shared_channels(home):
@@ -583,7 +583,7 @@ def catch_up(home: Path, settings: Settings | None, *, channel: str | None = Non
 
 
 def rollback(home: Path, channel: str, *, model: str | None = None, target: str | None = None, reason: str | None = None,
-             settings: Settings | None = None, policy: TrustPolicy | None = None) -> AuditRecord:
+             settings: Settings, policy: TrustPolicy | None = None) -> AuditRecord:
     """Move `channel` back to the digest it held before its latest promotion (recorded). Under a trust policy
     the earlier digest must satisfy the channel's rule as a promotion into it would: a rollback is a move
     into the channel, and the digest it returns to may predate the policy (an unsigned artifact back in prod)."""
@@ -592,7 +592,7 @@ def rollback(home: Path, channel: str, *, model: str | None = None, target: str 
     catch_up(home, settings, channel=channel)
     chosen = pick_channel(channels, channel, model, target)
     key = release_key(settings)
-    who = current_user()
+    who = current_user(settings)
     shared = shared_channel(home, chosen.model, chosen.target, channel)
     with channels.lock():
         if shared is None:
@@ -612,7 +612,7 @@ def rollback(home: Path, channel: str, *, model: str | None = None, target: str 
                            what="earlier digest", ref=channel, fix="promote the wanted artifact instead")
         previous = now.history[-1]
         if policy is not None:
-            require_trusted_digest(home, previous.digest, policy, channel, model=now.model, target=now.target,
+            require_trusted_digest(home, previous.digest, policy, channel, model=now.model, target=now.target, settings=settings,
                                    action="rollback")
         tag = channel_tag(now.model, now.target, channel) if previous.ref and is_remote_url(previous.ref) else None
         fields = dict(at=now_iso(), who=who, action="rollback", channel=channel, model=now.model, target=now.target,

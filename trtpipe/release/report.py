@@ -123,7 +123,7 @@ def _check_out(out: Path) -> None:
 
 
 def write_report(home: Path, out: Path, *, model: str | None = None,
-                 tolerance_pct: float = DEFAULT_TOLERANCE_PCT, settings: Settings | None = None) -> ReportOutcome:
+                 tolerance_pct: float = DEFAULT_TOLERANCE_PCT, settings: Settings) -> ReportOutcome:
     """Write the release page of the workspace at `home` into the folder `out` (replaced whole, atomically)."""
     if tolerance_pct < 0:
         raise UsageError(f"the regression tolerance {tolerance_pct:g}% is negative", fix="give a percentage of 0 or more, e.g. 10")

@@ -325,12 +325,12 @@ def _regressions(audit: list[AuditRecord], index: _StoreIndex, home: Path, cache
 
 
 def gather(home: Path, *, model: str | None = None, tolerance_pct: float = DEFAULT_TOLERANCE_PCT,
-           settings: Settings | None = None) -> ReportData:
+           settings: Settings) -> ReportData:
     """Everything the report shows for the workspace at `home` (one model's, with `model`); `settings` reach
     the signature adapter (`trtpipe.release.report_trust`)."""
     home = Path(home)
     index = _StoreIndex(home)
-    min_runs = settings.min_bench_runs() if settings is not None else DEFAULT_MIN_RUNS
+    min_runs = settings.min_bench_runs()
     # The same judgement `channels --verify` renders (its default key, the registry's copies).
     verdict = trail_verdict(home, release_key(settings), settings, registry=True)
     pointers = _pointers(home, model, verdict)

@@ -91,7 +91,7 @@ def _provenance(home: Path, digest: str, channel: str, policy: Any) -> tuple[Pro
 
 
 def artifact_trust(home: Path, digest: str, entry: Any | None, channel: str,
-                   settings: Settings | None = None) -> ArtifactTrust:
+                   settings: Settings) -> ArtifactTrust:
     """The signature and provenance status of the artifact `digest` in `channel` (`entry`: its store entry,
     None when this workspace's store does not hold it), judged under the workspace's own policy, else the one
     `settings` name."""
@@ -101,7 +101,7 @@ def artifact_trust(home: Path, digest: str, entry: Any | None, channel: str,
     from trtpipe.release.workspace_policy import policy_for
 
     # The workspace's own policy when it has one (what its promotes and serves run under), else TRTPIPE_POLICY.
-    policy = policy_for(Path(home), None, settings.policy if settings is not None else None, no_policy=False,
+    policy = policy_for(Path(home), None, settings.policy, no_policy=False,
                         command="report", settings=settings)
     signature, signer, signature_detail = _signature(Path(home), entry, channel, policy)
     provenance, provenance_detail = _provenance(Path(home), digest, channel, policy)

@@ -200,7 +200,7 @@ def replay_prefixes(records: list[AuditRecord], cid: ChannelId) -> list[ChannelP
 
 
 def reconcile(home: Path, scope: ChannelScope, channel: str, *, who: str, key: ReleaseKey | None = None,
-              settings: Settings | None = None) -> AuditRecord | None:
+              settings: Settings) -> AuditRecord | None:
     """Bring one channel's pointer to the trail's last word if a move was interrupted (recorded as
     `repair`); refuse (recorded as `refused`) if the pointer disagrees otherwise. The caller holds
     the release lock. Returns the repair record, or None when the pointer agrees."""
@@ -260,7 +260,7 @@ def move_channel_tag(remote: RemoteCache, pinned: str, model: str, target: str, 
     return tag
 
 
-def _move_registry_tag(home: Path, pointer: ChannelPointer, settings: Settings | None) -> None:
+def _move_registry_tag(home: Path, pointer: ChannelPointer, settings: Settings) -> None:
     from trtpipe.store.remote import is_remote_url, open_remote_for_ref
 
     if pointer.ref and is_remote_url(pointer.ref):
@@ -270,7 +270,7 @@ def _move_registry_tag(home: Path, pointer: ChannelPointer, settings: Settings |
 # --------------------------------------------------------------------------- shared channels
 
 
-def open_shared_remote(shared: SharedChannel, settings: Settings | None) -> RemoteCache:
+def open_shared_remote(shared: SharedChannel, settings: Settings) -> RemoteCache:
     """The registry a shared channel's trail lives in (its `source.json` names it)."""
     from trtpipe.store.remote import open_remote
 
@@ -281,7 +281,7 @@ def open_shared_remote(shared: SharedChannel, settings: Settings | None) -> Remo
     return open_remote(source.remote, settings)
 
 
-def shared_standing(shared: SharedChannel, settings: Settings | None, key: ReleaseKey | None) -> Standing:
+def shared_standing(shared: SharedChannel, settings: Settings, key: ReleaseKey | None) -> Standing:
     """`standing` against the registry the channel's source names (an unreachable registry is a problem)."""
     try:
         remote = open_shared_remote(shared, settings)
@@ -328,7 +328,7 @@ def project_pointer(home: Path, shared: SharedChannel) -> ChannelPointer | None:
 
 
 def settle_shared(home: Path, shared: SharedChannel, found: Standing, remote: RemoteCache, *, who: str,
-                  key: ReleaseKey | None, settings: Settings | None = None, strict: bool = True) -> ChannelPointer | None:
+                  key: ReleaseKey | None, settings: Settings, strict: bool = True) -> ChannelPointer | None:
     """Catch up with the registry (the caller holds the release lock; `found` is consistent): adopt its copy,
     write the pointer it replays to, and move the channel tag back where the trail says if it is elsewhere
     (recorded `repair` in the workspace trail). A pointer file that no prefix of the adopted trail explains
@@ -388,8 +388,12 @@ def trail_verdict(home: Path, key: ReleaseKey | None = None, settings: Settings 
     """The one judgement `channels --verify` and the release page render: the workspace trail's chain and
     anchored head (signed, with a key), every pointer against its trail's last word, and (`registry`) every
     shared channel's trail against the registry's copy and the channel tag against the trail, and the
-    head-only copies of channels not shared yet (kept by trtpipe before trails were shared)."""
+    head-only copies of channels not shared yet (kept by trtpipe before trails were shared). `settings`: the
+    caller's, which reach the registry (required with `registry`; unused without it)."""
     from trtpipe.release.audit import verify_audit
+
+    if registry and settings is None:
+        raise TypeError("trail_verdict(registry=True) needs the caller's settings (the registry's credentials)")
 
     problems = verify_audit(home, key)
     notes: list[str] = []
@@ -398,7 +402,7 @@ def trail_verdict(home: Path, key: ReleaseKey | None = None, settings: Settings 
         for shared in shared_channels(home):
             if registry:
                 try:
-                    remote: RemoteCache | None = open_shared_remote(shared, settings)
+                    remote: RemoteCache | None = open_shared_remote(shared, settings)  # type: ignore[arg-type]
                     found = standing(shared, remote, key)
                 except TrtpipeError as err:
                     remote, found = None, standing(shared, None, key, fetch_error=err.one_line())
@@ -416,7 +420,7 @@ def trail_verdict(home: Path, key: ReleaseKey | None = None, settings: Settings 
                 notes.append(found.note)
         problems.extend(d.line(home) for d in disagreements(home))
         if registry:
-            problems.extend(_legacy_problems(home, key, settings, {s.shared.cid for s in standings}, notes))
+            problems.extend(_legacy_problems(home, key, settings, {s.shared.cid for s in standings}, notes))  # type: ignore[arg-type]
     except IntegrityError as err:
         problems.append(err.one_line())
     return TrailVerdict(problems, notes, standings)
@@ -428,7 +432,7 @@ def verify_trail(home: Path, key: ReleaseKey | None = None, settings: Settings |
     return trail_verdict(home, key, settings, registry=registry).problems
 
 
-def _legacy_problems(home: Path, key: ReleaseKey | None, settings: Settings | None, shared: set[ChannelId],
+def _legacy_problems(home: Path, key: ReleaseKey | None, settings: Settings, shared: set[ChannelId],
                      notes: list[str]) -> list[str]:
     """Channels promoted through a registry before trails were shared (no adopted trail here): the workspace
     trail against the head-only copy the registry keeps for each. A channel whose tag now holds a shared

@@ -38,6 +38,7 @@ from trtpipe.release.signing import (
     signed_view,
 )
 from trtpipe.store import referrers, signatures
+from trtpipe.settings import Settings
 
 Note = Callable[[str], None]
 KEYLESS = "sigstore"
@@ -75,19 +76,18 @@ def unsigned_files(folder: Path, signed: set[str]) -> list[str]:
 # --------------------------------------------------------------------------- audit
 
 
-def record_refusal(home: Path, *, action: str, subject: str, digest: str | None, reason: str,
+def record_refusal(home: Path, *, settings: Settings, action: str, subject: str, digest: str | None, reason: str,
                    channel: str = "-", model: str = "-", target: str = "-", ref: str | None = None) -> None:
     """Append a refusal to the audit trail (`action`: pull, serve, promote, build). One place, so the
-    trail's writer can change without touching the callers. Signed with the release key when one is set
-    (TRTPIPE_SIGNING_KEY): an unsigned head over a signed trail is tamper to the next keyed append, so a
+    trail's writer can change without touching the callers. Signed with the release key when the caller's
+    `settings` name one (TRTPIPE_SIGNING_KEY), and recorded as their actor: an unsigned head over a signed trail is tamper to the next keyed append, so a
     refusal recorded without the key would stop every later promote of this workspace."""
     from trtpipe.release.audit import append_audit
     from trtpipe.release.channels import now_iso
     from trtpipe.release.trail import release_key
     from trtpipe.results import current_user
-    from trtpipe.settings import from_env
 
-    append_audit(home, key=release_key(from_env()), at=now_iso(), who=current_user(), action="refused",
+    append_audit(home, key=release_key(settings), at=now_iso(), who=current_user(settings), action="refused",
                  channel=channel, model=model, target=target, from_digest=None, to_digest=digest, ref=ref,
                  reason=f"{action} refused: {reason}", detail=f"untrusted artifact {subject}")
 
@@ -336,14 +336,14 @@ def pulled_from(entry: Any, store_root: Path) -> str | None:
 
 
 def require_trusted(entry: Any, policy: TrustPolicy, channel: str | None, *, store_root: Path, home: Path,
-                    action: str, model: str = "-", target: str = "-") -> Judgement:
+                    action: str, model: str = "-", target: str = "-", settings: Settings) -> Judgement:
     """Raise Untrusted (audited) unless `entry` satisfies the policy's rule for `channel`."""
     judgement = judge_entry(entry, policy, channel, store_root)
     if judgement.allowed:
         return judgement
     subject = f"{entry.kind}/{entry.key[:16]} ({entry.digest})"
     reason = judgement.reason()
-    record_refusal(home, action=action, subject=subject, digest=entry.digest, reason=reason,
+    record_refusal(home, settings=settings, action=action, subject=subject, digest=entry.digest, reason=reason,
                    channel=channel or "-", model=model, target=target)
     missing = [f"a signature by {name}" for name in policy.trusted_keys(channel)] or ["a signature by a listed key"]
     raise Untrusted(f"{action} refused: {subject} is {'tampered: ' if judgement.tampered else ''}{reason}",
@@ -466,8 +466,10 @@ class PullGate:
     A pull by a channel tag is judged by that channel's rule; a pull by a version tag under a policy also
     needs the tag to be one the signed provenance names (`tag_problem`)."""
 
-    def __init__(self, policy: TrustPolicy | None, *, store_root: Path, home: Path, note: Note | None = None) -> None:
+    def __init__(self, policy: TrustPolicy | None, *, store_root: Path, home: Path, note: Note | None = None,
+                 settings: Settings) -> None:
         self.policy = policy
+        self.settings = settings  # the caller's: a refusal is signed and attributed as they say
         self.store_root = Path(store_root)
         self.home = Path(home)
         self.note = note
@@ -494,7 +496,7 @@ class PullGate:
             problem = channel_tag_binding_problem(self.registry, self.home, cid, self.policy, remote.artifact_digest)
         if not judgement.allowed or problem is not None:
             reason = problem or judgement.reason()
-            record_refusal(self.home, action="pull", subject=subject, digest=remote.artifact_digest, reason=reason,
+            record_refusal(self.home, settings=self.settings, action="pull", subject=subject, digest=remote.artifact_digest, reason=reason,
                            ref=str(remote.ref), channel=channel or "-",
                            model=str(remote.annotations.get("org.trtpipe.model", "-")),
                            target=str(remote.annotations.get("org.trtpipe.target.gpu", "-")))
@@ -579,7 +581,8 @@ def store_root_of(artifact: FolderArtifact, default: Path) -> Path:
 # --------------------------------------------------------------------------- build
 
 
-def pulled_checker(policy: TrustPolicy, *, store_root: Path, home: Path) -> Callable[[Any], tuple[bool, str]]:
+def pulled_checker(policy: TrustPolicy, *, store_root: Path, home: Path,
+                   settings: Settings) -> Callable[[Any], tuple[bool, str]]:
     """The runner's judge of entries that came from a registry: usable only when their signatures satisfy
     the policy's default rule (a refusal is audited, and the stage is rebuilt)."""
 
@@ -591,7 +594,7 @@ def pulled_checker(policy: TrustPolicy, *, store_root: Path, home: Path) -> Call
         if judgement.allowed:
             return True, f"pulled entry from {origin}: {judgement.reason()}"
         subject = f"{entry.kind}/{entry.key[:16]} ({entry.digest})"
-        record_refusal(home, action="build", subject=subject, digest=entry.digest, reason=judgement.reason(), ref=origin)
+        record_refusal(home, settings=settings, action="build", subject=subject, digest=entry.digest, reason=judgement.reason(), ref=origin)
         return False, f"pulled {entry.kind} {entry.key[:16]} (from {origin}) not used: {judgement.reason()}"
 
     return check
@@ -614,7 +617,7 @@ class VerifiedFolder:
 
 
 def require_trusted_folder(folder: Path, policy: TrustPolicy, *, home: Path, action: str,
-                           channel: str | None = None) -> VerifiedFolder:
+                           channel: str | None = None, settings: Settings) -> VerifiedFolder:
     """`require_trusted` for an artifact given as a folder (serve), over the WHOLE folder: every file in it
     must be one its manifest.json lists (which the signature covers), so a file or model folder added to a
     copy of a signed repository is refused, named. A folder that is no stored artifact carries no signature,
@@ -624,7 +627,7 @@ def require_trusted_folder(folder: Path, policy: TrustPolicy, *, home: Path, act
         if not policy.requires_signature(channel):
             return VerifiedFolder(Judgement(policy.judge([], channel), False, (), None, ()), None, {})
         reason = f"{folder} is not a stored artifact (no manifest.json), so it carries no signature"
-        record_refusal(home, action=action, subject=str(folder), digest=None, reason=reason, channel=channel or "-")
+        record_refusal(home, settings=settings, action=action, subject=str(folder), digest=None, reason=reason, channel=channel or "-")
         raise Untrusted(f"{action} refused: {reason}, and policy {policy.source} requires one", subject=str(folder),
                         missing=[f"a signature by {n}" for n in policy.trusted_keys(channel)],
                         fix="serve a repository from the store that a trusted key signed")
@@ -632,7 +635,7 @@ def require_trusted_folder(folder: Path, policy: TrustPolicy, *, home: Path, act
     target_doc = artifact.inputs.get("target")
     target = str(target_doc.get("gpu")) if isinstance(target_doc, dict) and target_doc.get("gpu") else "-"
     judgement = require_trusted(artifact, policy, channel, store_root=store_root_of(artifact, home), home=home,
-                                action=action, model=model, target=target)
+                                action=action, model=model, target=target, settings=settings)
     listed = {item["path"]: {"sha256": str(item["sha256"]), "mode": str(item.get("mode") or "0644")}
               for item in artifact.files}
     extra = unsigned_files(Path(folder), set(listed) | {"manifest.json"})
@@ -640,7 +643,7 @@ def require_trusted_folder(folder: Path, policy: TrustPolicy, *, home: Path, act
         subject = f"{artifact.kind}/{artifact.key[:16]} ({artifact.digest})"
         named = ", ".join(extra[:4]) + (f" and {len(extra) - 4} more" if len(extra) > 4 else "")
         reason = f"{folder} holds {len(extra)} file(s) its signed manifest does not list: {named} (not signed)"
-        record_refusal(home, action=action, subject=subject, digest=artifact.digest, reason=reason,
+        record_refusal(home, settings=settings, action=action, subject=subject, digest=artifact.digest, reason=reason,
                        channel=channel or "-", model=model, target=target)
         raise Untrusted(f"{action} refused: {reason}", subject=subject, missing=[f"a signature over {extra[0]}"],
                         fix=f"remove {extra[0]}{' and the rest' if len(extra) > 1 else ''} from {folder}, or serve "
@@ -649,7 +652,7 @@ def require_trusted_folder(folder: Path, policy: TrustPolicy, *, home: Path, act
 
 
 def require_trusted_digest(home: Path, digest: str, policy: TrustPolicy, channel: str, *, model: str = "-",
-                           target: str = "-", action: str = "promote") -> Judgement | None:
+                           target: str = "-", action: str = "promote", settings: Settings) -> Judgement | None:
     """A move into `channel` (`action`: promote, rollback): when its rule requires a signature, the artifact
     must be in the local store (a signature is checked over the files) and signed by a key the rule trusts."""
     from trtpipe.errors import NotFound
@@ -665,13 +668,13 @@ def require_trusted_digest(home: Path, digest: str, policy: TrustPolicy, channel
     if entry is None or entry.digest != digest:
         reason = (f"{digest} is not in the local store, so its signature cannot be checked over its files "
                   f"(channel {channel!r} of policy {policy.source} requires one)")
-        record_refusal(home, action=action, subject=digest, digest=digest, reason=reason, channel=channel,
+        record_refusal(home, settings=settings, action=action, subject=digest, digest=digest, reason=reason, channel=channel,
                        model=model, target=target)
         raise Untrusted(f"{action} refused: {reason}", subject=digest,
                         missing=[f"a signature by {n}" for n in policy.trusted_keys(channel)],
                         fix="pull the artifact into the store first (its signature is verified over its files)")
     return require_trusted(entry, policy, channel, store_root=home, home=home, action=action, model=model,
-                           target=target)
+                           target=target, settings=settings)
 
 
 # --------------------------------------------------------------------------- provenance

@@ -26,6 +26,7 @@ from trtpipe.errors import IntegrityError, UsageError
 
 if TYPE_CHECKING:
     from trtpipe.release.policy import TrustPolicy
+    from trtpipe.settings import Settings
 
 # Light at import (no YAML, pydantic or cryptography): every build asks `may_have_policy`, and a warm build
 # without a policy must stay as light as it was; the rest imports what it needs when it runs.
@@ -146,7 +147,7 @@ def workspace_policy(home: Path) -> TrustPolicy | None:
 
 
 def policy_for(home: Path, explicit: Path | None, setting: Path | None, *, no_policy: bool, command: str,
-               settings: Any = None) -> TrustPolicy | None:
+               settings: Settings) -> TrustPolicy | None:
     """The policy `command` runs under: the workspace's when it has one (a --policy or TRTPIPE_POLICY naming
     another policy is refused), else --policy, else TRTPIPE_POLICY, else none; `no_policy`: none, recorded."""
     from trtpipe.release.policy import load_policy, policy_from
@@ -171,7 +172,7 @@ def policy_for(home: Path, explicit: Path | None, setting: Path | None, *, no_po
     return own
 
 
-def _record_no_policy(home: Path, command: str, setting: Path | None, settings: Any) -> None:
+def _record_no_policy(home: Path, command: str, setting: Path | None, settings: Settings) -> None:
     from trtpipe.release.audit import append_audit
     from trtpipe.release.channels import now_iso
     from trtpipe.release.trail import release_key
@@ -180,7 +181,7 @@ def _record_no_policy(home: Path, command: str, setting: Path | None, settings: 
     recorded = _recorded_digest(home)
     bypassed = [f"workspace policy {recorded}" if recorded else None,
                 f"TRTPIPE_POLICY={setting}" if setting is not None else None]
-    append_audit(home, key=release_key(settings) if settings is not None else None, at=now_iso(), who=current_user(),
+    append_audit(home, key=release_key(settings), at=now_iso(), who=current_user(settings),
                  action="policy", channel=UNSCOPED, model=UNSCOPED, target=UNSCOPED, from_digest=recorded,
                  to_digest=None, reason=f"{command} --no-policy",
                  detail=f"{command} ran without a trust policy (--no-policy"

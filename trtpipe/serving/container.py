@@ -25,7 +25,7 @@ from typing import Any
 
 from trtpipe.errors import MissingCapability, TrtpipeError
 from trtpipe.serving.server import TritonServerHandle, container_image, container_name, docker_command
-from trtpipe.settings import Settings, child_environment, from_env
+from trtpipe.settings import Settings, child_environment
 
 DEFAULT_RUNTIME = "docker"
 TAIL_LINES = 3  # of the container's log, in a failure's one line
@@ -34,10 +34,9 @@ NO_DAEMON = "Cannot connect to the Docker daemon"
 NO_GPU_DRIVER = "could not select device driver"
 
 
-def runtime_executable(settings: Settings | None = None) -> str:
+def runtime_executable(settings: Settings) -> str:
     """The container runtime's executable (settings' TRTPIPE_DOCKER, else docker on PATH); MissingCapability when
     there is none."""
-    settings = settings if settings is not None else from_env()
     name = settings.docker or DEFAULT_RUNTIME
     found = shutil.which(name)
     if found is None:
@@ -102,7 +101,7 @@ class ContainerTriton:
     what: str = "the Triton container"
 
     @classmethod
-    def from_settings(cls, manifest: dict[str, Any], settings: Settings | None = None) -> ContainerTriton:
+    def from_settings(cls, manifest: dict[str, Any], settings: Settings) -> ContainerTriton:
         return cls(runtime=runtime_executable(settings), manifest=manifest,
                    what=f"the Triton container {container_image(manifest)}")
 

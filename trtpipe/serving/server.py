@@ -38,7 +38,7 @@ from types import TracebackType
 from typing import Any, Protocol
 
 from trtpipe.errors import CheckFailed, InvalidInput, MissingCapability, TimedOut, TrtpipeError, UsageError
-from trtpipe.settings import child_environment
+from trtpipe.settings import Settings, child_environment
 
 log = logging.getLogger(__name__)
 
@@ -539,14 +539,14 @@ class LocalTriton:
                 None)
 
 
-def launcher_for(manifest: dict[str, Any]) -> Launcher:
+def launcher_for(manifest: dict[str, Any], settings: Settings) -> Launcher:
     """The launcher a repository's manifest asks for: the CPU server for cpu-reference, else its toolchain's
-    Triton container (the runtime executable from trtpipe.settings, TRTPIPE_DOCKER)."""
+    Triton container (the runtime executable from the caller's settings, TRTPIPE_DOCKER)."""
     if manifest.get("reference"):
         return LocalTriton.here()
     from trtpipe.serving.container import ContainerTriton
 
-    return ContainerTriton.from_settings(manifest)
+    return ContainerTriton.from_settings(manifest, settings)
 
 
 def start_server(
@@ -561,9 +561,11 @@ def start_server(
     validate: bool = True,
     launcher: Launcher | None = None,
     verified: Any = None,
+    settings: Settings,
 ) -> TritonServerHandle:
     """Start a server on a serving directory of `repo` and wait until every model is ready and the server reports
-    the repository's digest. `launcher`: how (default: what the repository's manifest asks for, `launcher_for`).
+    the repository's digest. `launcher`: how (default: what the repository's manifest asks for, `launcher_for`,
+    with the caller's `settings`).
     The serving directory is removed when the server stops. `verified`: what a trust policy verified
     (`trtpipe.release.trust.require_trusted_folder`); the serving directory then holds exactly those files."""
     from trtpipe.serving.publish import read_manifest
@@ -582,7 +584,7 @@ def start_server(
     # A port the user gave that the server cannot bind: one line now, before any banner.
     check_ports(host, dict(zip(SERVICES, (grpc_port, http_port, metrics_port))))
     if launcher is None:
-        launcher = launcher_for(manifest)
+        launcher = launcher_for(manifest, settings)
     serving = prepare(repo, verified=verified)
     try:
         return _start(serving, launcher=launcher, host=host, start_timeout=start_timeout,

@@ -61,6 +61,7 @@ from trtpipe.serving.server import (
     start_server,
 )
 from trtpipe.serving.server_log import LogFollower, ServerLog
+from trtpipe.settings import Settings
 
 TICK_S = 0.5
 BACKOFF_MAX_S = 30.0
@@ -399,6 +400,7 @@ def serve_watched(
     ready_file: Path | None = None,
     server_log: ServerLog = ServerLog(),
     verified: Any = None,
+    settings: Settings,
 ) -> None:
     """Serve `repo` until `stop` is set, watching the server (module docstring). Returns when stopped;
     raises CheckFailed when the server cannot serve and the policy allows no (more) restarts. `launcher`: how the
@@ -412,7 +414,8 @@ def serve_watched(
     if server_log.path is not None:
         server_log.path.parent.mkdir(parents=True, exist_ok=True)  # appended to: each server reads its own part
     handle = start_server(repo, host=host, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
-                          start_timeout=start_timeout, launcher=launcher, log_path=server_log.path, verified=verified)
+                          start_timeout=start_timeout, launcher=launcher, log_path=server_log.path, verified=verified,
+                          settings=settings)
     content: Literal["verified", "unverified"] = (
         "verified" if verified is not None and getattr(verified, "signature_verified", False) else "unverified")
     handle.keep_log = handle.keep_log or server_log.keep

@@ -46,7 +46,7 @@ from trtpipe.errors import (
     Untrusted,
     UsageError,
 )
-from trtpipe.settings import Settings, from_env, refuse_credentials
+from trtpipe.settings import Settings, refuse_credentials
 from trtpipe.store import signatures
 from trtpipe.store.manifest import (
     MANIFEST_VERSION,
@@ -174,9 +174,9 @@ class Credentials:
         return f"Credentials(username={self.username!r}, source={self.source!r})"
 
 
-def resolve_credentials(host: str, settings: Settings | None = None) -> Credentials | None:
-    """Credentials for `host`: $TRTPIPE_REGISTRY_USERNAME/PASSWORD, else the Docker config's `auths`."""
-    settings = settings if settings is not None else from_env()
+def resolve_credentials(host: str, settings: Settings) -> Credentials | None:
+    """Credentials for `host`: $TRTPIPE_REGISTRY_USERNAME/PASSWORD, else the Docker config's `auths` (both as
+    the caller's `settings` say: nothing here reads the environment)."""
     user, password = settings.registry_username, settings.registry_password
     if user and password is not None:
         return Credentials(user, password, "TRTPIPE_REGISTRY_USERNAME/TRTPIPE_REGISTRY_PASSWORD")
@@ -263,11 +263,10 @@ class OciClient:
     """A thin, bounded, verifying client for one registry host, over oras-py."""
 
     def __init__(self, host: str, credentials: Credentials | None = None, *, timeout: float | tuple[float, float] = REQUEST_TIMEOUT_S,
-                 settings: Settings | None = None) -> None:
+                 settings: Settings) -> None:
         import oras.provider
         from http.cookiejar import DefaultCookiePolicy
 
-        settings = settings if settings is not None else from_env()
         self.host = host
         self.insecure = _insecure(host, settings)
         self.scheme = "http" if self.insecure else "https"
@@ -1010,7 +1009,7 @@ class OciRemote:
     installed into the local store; a built entry is pushed after the build.
     """
 
-    def __init__(self, url: str, *, credentials: Credentials | None = None, settings: Settings | None = None) -> None:
+    def __init__(self, url: str, *, credentials: Credentials | None = None, settings: Settings) -> None:
         self.base = parse_oci_ref(url)
         if self.base.reference is not None:
             raise UsageError(f"{url} names a tag or digest, not a repository", fix=f"give the repository only, e.g. {self.base.base}")

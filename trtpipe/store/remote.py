@@ -205,14 +205,13 @@ def _kind(url: str) -> RemoteKind:
     return kind
 
 
-def open_remote(url: str, settings: Settings | None = None) -> RemoteCache:
-    """The remote cache `url` names; a one-line UsageError for a scheme trtpipe has no remote for."""
-    from trtpipe.settings import from_env
+def open_remote(url: str, settings: Settings) -> RemoteCache:
+    """The remote cache `url` names, with the caller's settings (credentials, insecure hosts); a one-line
+    UsageError for a scheme trtpipe has no remote for."""
+    return _kind(url).open(url, settings)
 
-    return _kind(url).open(url, settings if settings is not None else from_env())
 
-
-def open_remote_for_ref(ref: str, settings: Settings | None = None) -> RemoteCache:
+def open_remote_for_ref(ref: str, settings: Settings) -> RemoteCache:
     """The remote cache that holds the artifact `ref` names (a full reference, e.g. oci://HOST/REPO:TAG)."""
     kind = _kind(ref)
     return open_remote(kind.base_of(ref), settings)
