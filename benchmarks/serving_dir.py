@@ -52,7 +52,7 @@ def _entry(store, key: str, engine_bytes: int):
 
 
 def _measure(entry, repeats: int) -> dict:
-    from trtpipe.serving.serving_dir import prepare
+    from trtpipe.serving.serving_copy import prepare
 
     started = time.perf_counter()
     first = prepare(entry.path)

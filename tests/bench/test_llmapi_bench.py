@@ -19,14 +19,14 @@ from trtpipe.cli import main
 from trtpipe.errors import UsageError
 from trtpipe.serving.client import TritonLLMClient
 from trtpipe.serving.layouts import LAYOUTS, LLMAPI
-from trtpipe.serving.llmapi import served_tokenizer as llmapi_repository_tokenizer
+from trtpipe.serving.llmapi_repository import served_tokenizer as llmapi_repository_tokenizer
 from trtpipe.settings import Settings
 
 
 @pytest.fixture(scope="module")
 def llmapi_repo(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path, llmapi_artifact) -> Path:
     from trtpipe.resolve import resolve
-    from trtpipe.serving.llmapi import publish_llmapi_repository
+    from trtpipe.serving.llmapi_repository import publish_llmapi_repository
     from trtpipe.spec_loader import load_spec
 
     tmp = tmp_path_factory.mktemp("llmapi-bench")

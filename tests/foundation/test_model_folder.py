@@ -194,7 +194,7 @@ def test_validate_refuses_a_repository_whose_tokenizer_links_out_or_does_not_loa
 
 def test_publish_copies_only_files_that_still_resolve_inside(model: Path, tmp_path: Path) -> None:
     """A link swapped in after resolve checked the folder is caught where the repository copies it."""
-    from trtpipe.serving.publish import copy_tokenizer
+    from trtpipe.serving.inflight_repository import copy_tokenizer
 
     (model / "special_tokens_map.json").unlink()
     os.symlink("/etc/passwd", model / "special_tokens_map.json")

@@ -108,7 +108,7 @@ toolchain: {toolchain}
 @pytest.mark.parametrize("streaming", ["true", "false"])
 def test_gpu_repositories_are_supersets(tmp_path: Path, tiny_llama_dir: Path, toolchain: str, streaming: str) -> None:
     from trtpipe.resolve import resolve
-    from trtpipe.serving.publish import publish_repository
+    from trtpipe.serving.inflight_repository import publish_repository
     from trtpipe.spec_loader import load_spec
 
     import dataclasses

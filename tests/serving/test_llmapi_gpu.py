@@ -79,7 +79,7 @@ def _catalog_gpu() -> str:
 def test_llm_api_matches_the_reference(tmp_path: Path, tiny_llama_dir: Path, llmapi_artifact, export_llmapi) -> None:
     from tensorrt_llm import LLM, SamplingParams
 
-    from trtpipe.serving.llmapi import publish_llmapi_repository
+    from trtpipe.serving.llmapi_repository import publish_llmapi_repository
     from trtpipe.reference.parity import ParityReference
     from trtpipe.serving.smoke import reference_llmapi_greedy
 
@@ -105,7 +105,7 @@ def test_llm_api_matches_the_reference(tmp_path: Path, tiny_llama_dir: Path, llm
 @pytest.mark.skipif(bool(CONTAINER_MISSING), reason=CONTAINER_MISSING or "ready")
 def test_llmapi_repository_in_the_pinned_container(tmp_path: Path, tiny_llama_dir: Path, llmapi_artifact,
                                                    export_llmapi) -> None:
-    from trtpipe.serving.llmapi import publish_llmapi_repository
+    from trtpipe.serving.llmapi_repository import publish_llmapi_repository
     from trtpipe.serving.server import start_server
     from trtpipe.serving.smoke import run_smoke
 

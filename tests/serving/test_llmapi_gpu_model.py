@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from trtpipe.serving.llmapi import publish_llmapi_repository
+from trtpipe.serving.llmapi_repository import publish_llmapi_repository
 from trtpipe.settings import Settings
 
 DIGEST = "sha256:" + "2" * 64

@@ -1,4 +1,4 @@
-"""The llmapi repository (trtpipe.serving.llmapi): what publish writes, and what validation refuses.
+"""The llmapi repository (trtpipe.serving.llmapi_repository): what publish writes, and what validation refuses.
 
 Artifacts are real ModelOpt exports of the tiny Llama (the `llmapi_artifact` fixture); the specs are resolved
 for real (cpu-reference, and an H100 target for the GPU layout, which plans offline)."""
@@ -16,7 +16,7 @@ import yaml
 from trtpipe.errors import IntegrityError, InvalidInput, UsageError
 from trtpipe.serving.contract import contract_for
 from trtpipe.serving.layouts import LLMAPI
-from trtpipe.serving.llmapi import ARTIFACT_DIR, publish_llmapi_repository
+from trtpipe.serving.llmapi_repository import ARTIFACT_DIR, publish_llmapi_repository
 from trtpipe.serving.templates import templates_digest
 from trtpipe.serving.validate import errors_only, validate_repository
 

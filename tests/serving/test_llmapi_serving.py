@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 
 from trtpipe.errors import UsageError
 from trtpipe.serving.client import LLMAPI, REQUEST_CONTRACTS, TritonLLMClient, TritonRequestError, resolve_model
-from trtpipe.serving.llmapi import ARTIFACT_DIR, publish_llmapi_repository
+from trtpipe.serving.llmapi_repository import ARTIFACT_DIR, publish_llmapi_repository
 from trtpipe.serving.smoke import run_smoke
 from trtpipe.settings import Settings
 

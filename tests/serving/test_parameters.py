@@ -18,7 +18,7 @@ import yaml
 from trtpipe.engine.plan import make_build_plan
 from trtpipe.errors import IntegrityError, InvalidInput
 from trtpipe.serving.parameters import PARAMETER_FILE, RULE_IDS, load_parameter_table, parameter_path
-from trtpipe.serving.publish import publish_repository
+from trtpipe.serving.inflight_repository import publish_repository
 from trtpipe.serving.templates import TEMPLATE_ROOT
 from trtpipe.serving.validate import ValidationIssue, errors_only, validate_repository
 from trtpipe.settings import Settings

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trtpipe.errors import TrtpipeError
-from trtpipe.serving.publish import publish_repository
+from trtpipe.serving.inflight_repository import publish_repository
 from trtpipe.serving.validate import errors_only, validate_repository
 
 

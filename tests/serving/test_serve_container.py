@@ -115,7 +115,7 @@ def _port_free(port: int) -> bool:
 def test_the_container_path_waits_checks_identity_and_restarts_a_killed_stub(cpu_home: tuple[Path, Path],
                                                                             standin: Standin) -> None:
     from trtpipe.serving.container import ContainerTriton
-    from trtpipe.serving.publish import read_manifest
+    from trtpipe.serving.repository_files import read_manifest
     from trtpipe.serving.server import container_image, container_name, docker_command
     from trtpipe.serving.watch import serve_watched
 
@@ -178,7 +178,7 @@ def test_a_server_reporting_another_digest_is_refused_naming_both(gpu_repo: tupl
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """The stand-in serves another repository than the one mounted (say, an old container still holding the
     port): ready, but it reports the other digest; serve stops it and exits 1, naming both."""
-    from trtpipe.serving.serving_dir import prepare
+    from trtpipe.serving.serving_copy import prepare
 
     repo, digest = gpu_repo
     _home, cpu_repo = cpu_home
@@ -261,7 +261,7 @@ def test_the_container_path_writes_the_ready_file_streams_its_log_and_says_where
     import io
 
     from trtpipe.serving.container import ContainerTriton
-    from trtpipe.serving.publish import read_manifest
+    from trtpipe.serving.repository_files import read_manifest
     from trtpipe.serving.server import container_image
     from trtpipe.serving.server_log import ServerLog
     from trtpipe.serving.watch import serve_watched

@@ -56,7 +56,7 @@ def test_serve_print_of_a_stored_gpu_repository_mounts_a_kept_serving_dir(tmp_pa
     """A GPU host's container reads a serving directory (one per digest, kept), never the store entry;
     its configs carry the repository digest the server will report."""
     from trtpipe.resolve import resolve
-    from trtpipe.serving.publish import publish_repository
+    from trtpipe.serving.inflight_repository import publish_repository
     from trtpipe.spec_loader import load_spec
     from trtpipe.store.local import Store
 

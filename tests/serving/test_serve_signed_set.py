@@ -103,7 +103,7 @@ def test_the_serving_directory_holds_only_the_verified_bytes(signed, tmp_path: P
     from trtpipe.errors import IntegrityError
     from trtpipe.release.policy import load_policy
     from trtpipe.release.trust import require_trusted_folder
-    from trtpipe.serving.serving_dir import prepare
+    from trtpipe.serving.serving_copy import prepare
 
     copy = _copy(signed.repo, tmp_path / "copy")
     verified = require_trusted_folder(copy, load_policy(signed.policy), home=signed.home, action="serve", settings=Settings.from_env())

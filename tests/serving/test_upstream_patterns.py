@@ -46,7 +46,7 @@ def unary_ifb(unary_repo: Path) -> Iterator:
 
 def _llmapi_repo(tmp: Path, model_dir: Path, artifact: Path, streaming: bool | None) -> Path:
     from trtpipe.resolve import resolve
-    from trtpipe.serving.llmapi import publish_llmapi_repository
+    from trtpipe.serving.llmapi_repository import publish_llmapi_repository
     from trtpipe.spec_loader import load_spec
 
     triton = "" if streaming is None else f"triton: {{streaming: {'true' if streaming else 'false'}}}\n"

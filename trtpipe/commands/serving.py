@@ -146,10 +146,10 @@ def serve_command(
     if detach:
         _serve_detached(request, as_json, print_only)
         return
-    from trtpipe.serving.publish import read_manifest
+    from trtpipe.serving.repository_files import read_manifest
     from trtpipe.serving.server import container_name, docker_command
     from trtpipe.serving.server_log import ServerLog
-    from trtpipe.serving.serving_dir import prepare
+    from trtpipe.serving.serving_copy import prepare
     from trtpipe.serving.watch import WatchPolicy, serve_watched
 
     workspace = open_workspace(store)

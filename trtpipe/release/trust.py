@@ -604,7 +604,7 @@ def pulled_checker(policy: TrustPolicy, *, store_root: Path, home: Path,
 class VerifiedFolder:
     """A folder judged whole under a policy: its signature (if the rule asks for one) verified over exactly
     these files, and nothing else in the folder. Serve hands the server these files and no others
-    (`trtpipe.serving.serving_dir.prepare(verified=...)` copies them by this list, checking each sha256)."""
+    (`trtpipe.serving.serving_copy.prepare(verified=...)` copies them by this list, checking each sha256)."""
 
     judgement: Judgement
     digest: str | None                  # the artifact digest (sha256 of the manifest.json judged); None: no manifest

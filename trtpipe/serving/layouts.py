@@ -11,9 +11,9 @@ compare names. (Still naming layouts' files: the store's rule of which repositor
 trtpipe.store.manifest, one layer below this registry.)
 
 - inflight_batcher_llm: upstream's ensemble, preprocessing, tensorrt_llm, postprocessing and tensorrt_llm_bls
-  (trtpipe.serving.publish); on a GPU one tritonserver per rank under mpirun, rank 0 serving the models the
+  (trtpipe.serving.inflight_repository); on a GPU one tritonserver per rank under mpirun, rank 0 serving the models the
   manifest names and the others only the engine.
-- llmapi: TensorRT-LLM's llmapi `tensorrt_llm` model (trtpipe.serving.llmapi); one tritonserver under
+- llmapi: TensorRT-LLM's llmapi `tensorrt_llm` model (trtpipe.serving.llmapi_repository); one tritonserver under
   `mpirun -n 1` whatever the world size: the LLM starts its own workers (trtpipe.serving.server docker_command).
 """
 
@@ -94,7 +94,7 @@ def _validate_llmapi(checker: Any) -> None:
 
 def _publish_inflight(resolved: Any, engine_dir: Path, engine_digest: str, engine_key: str | None, out_dir: Path,
                       repository_key: str | None) -> Path:
-    from trtpipe.serving.publish import publish_repository
+    from trtpipe.serving.inflight_repository import publish_repository
 
     assert engine_key is not None, "an engine repository names its engine's key"
     return publish_repository(resolved, engine_dir, engine_digest, engine_key, out_dir, repository_key=repository_key)
@@ -102,19 +102,19 @@ def _publish_inflight(resolved: Any, engine_dir: Path, engine_digest: str, engin
 
 def _publish_llmapi(resolved: Any, artifact_dir: Path, artifact_digest: str, artifact_key: str | None, out_dir: Path,
                     repository_key: str | None) -> Path:
-    from trtpipe.serving.llmapi import publish_llmapi_repository
+    from trtpipe.serving.llmapi_repository import publish_llmapi_repository
 
     return publish_llmapi_repository(resolved, artifact_dir, artifact_digest, out_dir, repository_key=repository_key)
 
 
 def _inflight_tokenizer(repo: Path, option: str) -> tuple[Path, bool | None]:
-    from trtpipe.serving.publish import served_tokenizer
+    from trtpipe.serving.inflight_repository import served_tokenizer
 
     return served_tokenizer(repo, option)
 
 
 def _llmapi_tokenizer(repo: Path, option: str) -> tuple[Path, bool | None]:
-    from trtpipe.serving.llmapi import served_tokenizer
+    from trtpipe.serving.llmapi_repository import served_tokenizer
 
     return served_tokenizer(repo, option)
 

@@ -1,4 +1,4 @@
-"""Validate an llmapi repository (trtpipe.serving.llmapi) before any server sees it.
+"""Validate an llmapi repository (trtpipe.serving.llmapi_repository) before any server sees it.
 
 config.pbtxt is parsed with Triton's own schema (tritonclient's model_config_pb2); model.yaml with YAML; both
 are held to the facts of build_configs/triton_contracts/llmapi.yaml (`layout`: max_batch_size 0, the

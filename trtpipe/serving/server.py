@@ -8,7 +8,7 @@ shows) run in the foreground as a child process (trtpipe.serving.container), so 
 stopped and restarted as the CPU server is. Which one a repository gets is its manifest's target (`launcher_for`);
 how it starts is a `Launcher`, and everything after that is shared: the readiness wait, the identity check,
 the watchdog (trtpipe.serving.watch), the restart on the same ports.
-Either way the server reads a serving directory (`trtpipe.serving.serving_dir`), never the stored
+Either way the server reads a serving directory (`trtpipe.serving.serving_copy`), never the stored
 entry: nothing a server or backend writes can change an artifact, and the serving copy's configs
 carry the repository digest the server then reports (`trtpipe.serving.identity`), which is checked over
 gRPC before the server is called ready: a server that answers with another digest (another server on the
@@ -294,7 +294,7 @@ class TritonServerHandle:
         models: list[str],
         serving: Any = None,
     ) -> None:
-        self.serving = serving  # trtpipe.serving.serving_dir.ServingDir: removed when the server is gone
+        self.serving = serving  # trtpipe.serving.serving_copy.ServingDir: removed when the server is gone
         self.process = process
         self.host = host
         self.grpc_port, self.http_port, self.metrics_port = ports
@@ -568,8 +568,8 @@ def start_server(
     with the caller's `settings`).
     The serving directory is removed when the server stops. `verified`: what a trust policy verified
     (`trtpipe.release.trust.require_trusted_folder`); the serving directory then holds exactly those files."""
-    from trtpipe.serving.publish import read_manifest
-    from trtpipe.serving.serving_dir import prepare
+    from trtpipe.serving.repository_files import read_manifest
+    from trtpipe.serving.serving_copy import prepare
     from trtpipe.serving.validate import errors_only, validate_repository
 
     repo = Path(repo).resolve()

@@ -67,7 +67,7 @@ def render(text: str, values: dict[str, str], *, source: str) -> str:
     if missing:
         raise InternalError(
             f"{source}: template variables without a value: {', '.join(missing)}",
-            fix="give publish a value for each (trtpipe.serving.publish.template_values)",
+            fix="give publish a value for each (trtpipe.serving.inflight_repository.template_values)",
         )
     rendered = PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
     left = placeholders(rendered)

@@ -12,7 +12,7 @@ else the user cache dir):
                                   (gc deletes them, except an entry a channel pins and nothing replaced)
     trash/                        entries being deleted (renamed here first, so removal is atomic)
     records/                      build records (trtpipe.build_record): when, where, how long, logs
-    serving/                      serving directories `trtpipe serve` gives Triton (trtpipe.serving.serving_dir)
+    serving/                      serving directories `trtpipe serve` gives Triton (trtpipe.serving.serving_copy)
     builds.log                    one JSON line per stage actually built (audit and tests)
     digests.sqlite                the digest cache
     channels/, results/, audit/   the release area's (`trtpipe.release`): the store takes the digests

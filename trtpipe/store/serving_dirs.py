@@ -10,7 +10,7 @@ A directory whose lock nobody holds belonged to a server that is gone (killed, c
 `serve` and `cache gc` remove it. The kernel drops a flock when the last process holding it dies, so
 no pid files; the server process inherits the lock (`lock_fd`), so a server that outlives the
 `trtpipe serve` that started it still keeps its directory.
-This module knows only the layout and the locks; `trtpipe.serving.serving_dir` fills the directories.
+This module knows only the layout and the locks; `trtpipe.serving.serving_copy` fills the directories.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Serving directories: Triton gets a copy of a repository's layout, never the store entry itself.
+"""Serving copies: Triton gets a verified copy of a repository, never the store entry itself.
 
 A Python backend writes `__pycache__` next to each model.py, a user edits a config.pbtxt, a server
 running as root can write anything: none of it may touch a stored artifact. `prepare(repo)` makes a

@@ -27,7 +27,7 @@ import yaml
 from trtpipe.errors import IntegrityError, InvalidInput, UsageError
 from trtpipe.model_folder import SERVING_TOKENIZER_FILE, TOKENIZER_FILES
 from trtpipe.serving import identity, templates
-from trtpipe.serving.publish import (
+from trtpipe.serving.repository_files import (
     CONTAINER_REPO_MOUNT,
     MANIFEST_FORMAT,
     STORE_MANIFEST,
