@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel
 
-from trtpipe.bench.workload import ServerCountCheck, Workload
+from trtpipe.bench.workload import ServerCountCheck, TokenCounter, Workload
 from trtpipe.errors import UsageError
 from trtpipe.model_folder import SERVING_TOKENIZER_FILE as TOKENIZER_FILE
 from trtpipe.serving.layouts import DEFAULT_LAYOUT, LAYOUTS, RepositoryLayout, recognised_layout
@@ -105,6 +105,30 @@ def ask_server(url: str, layout: RepositoryLayout | None) -> tuple[ServedPreproc
     if layout.counting_model is None:
         return None, layout.uncounted
     return served_preprocessing(url, layout.counting_model)
+
+
+def token_counter(counting: str, source: Path | None, option: str, url: str
+                  ) -> tuple[TokenCounter, ServedPreprocessing | None, str | None]:
+    """The prompt-token counter for `counting` ("words", or "tokenizer": the served tokenizer found from `source`,
+    which `option` named), the served counting model's parameters, and why the server cannot check the counts
+    (None when it can). Nothing is asked of the server unless the tokenizer is found."""
+    from trtpipe.bench.workload import HfTokenizerCounter, WordCounter
+
+    if counting == "words":
+        return WordCounter(), None, None
+    assert counting == "tokenizer" and source is not None, "the caller checks the counting and names the source"
+    tokenizer_json, add_special, layout = served_tokenizer(source, option)
+    served, reason = ask_server(url, layout)
+    if add_special is None:  # a bare tokenizer: add special tokens as the server does (model.py's default: true)
+        add_special = served.add_special_tokens if served is not None else True
+    try:
+        counter = HfTokenizerCounter(tokenizer_json, add_special_tokens=add_special)
+    except Exception as err:  # noqa: BLE001 - the tokenizers library raises plain Exceptions for a bad file
+        raise UsageError(
+            f"{option}: cannot load {tokenizer_json}: {' '.join(str(err).split())[:160]}",
+            fix="pass the model repository the server serves (its tokenizer.json is what the server loads)",
+        ) from None
+    return counter, served, reason
 
 
 def text_token_counter(tokenizer_json: Path) -> Callable[[str], int]:

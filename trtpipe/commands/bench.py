@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from trtpipe.commands.output import JsonOption, StoreOption, open_workspace, print_json, print_table
-from trtpipe.errors import TrtpipeError, UsageError
+from trtpipe.errors import UsageError
 
 if TYPE_CHECKING:
     from trtpipe.bench.counting import ServedPreprocessing
+    from trtpipe.bench.session import BenchRequest
     from trtpipe.bench.workload import TokenCounter
 
 
@@ -37,35 +38,62 @@ def _parse_rates(rate: Optional[float], rates: Optional[str]) -> list[float] | N
 def token_counter(
     counting: str, tokenizer: Path | None, record: Path | None, url: str
 ) -> tuple[TokenCounter, ServedPreprocessing | None, str | None]:
-    """The counter `--token-counting` asks for, and the served preprocessing parameters (or why there
-    are none). The tokenizer comes from --tokenizer, else --record; nothing is asked of the server
-    before the options are known to be usable."""
-    from trtpipe.bench.counting import ask_server, served_tokenizer
-    from trtpipe.bench.workload import HfTokenizerCounter, WordCounter
+    """The counter `--token-counting` asks for, and the served counting model's parameters (or why there are
+    none). The tokenizer comes from --tokenizer, else --record; nothing is asked of the server before the
+    options are known to be usable."""
+    from trtpipe.bench import counting as counting_module
 
-    if counting == "words":
-        return WordCounter(), None, None
-    if counting != "tokenizer":
+    if counting not in ("tokenizer", "words"):
         raise UsageError(f"--token-counting must be tokenizer or words, got {counting!r}", fix="pass --token-counting tokenizer")
     source, option = (tokenizer, "--tokenizer") if tokenizer is not None else (record, "--record")
-    if source is None:
+    if counting == "tokenizer" and source is None:
         raise UsageError(
             "bench counts prompt lengths in tokens of the served model's tokenizer, and none was given",
             fix="pass --tokenizer REPO (the model repository the server serves, or its tokenizer directory) "
             "or --record REPO; or --token-counting words to count words instead of tokens",
         )
-    tokenizer_json, add_special, layout = served_tokenizer(source, option)
-    served, reason = ask_server(url, layout)
-    if add_special is None:  # a bare tokenizer: add special tokens as the server does (model.py's default: true)
-        add_special = served.add_special_tokens if served is not None else True
-    try:
-        counter = HfTokenizerCounter(tokenizer_json, add_special_tokens=add_special)
-    except Exception as err:  # noqa: BLE001 - the tokenizers library raises plain Exceptions for a bad file
-        raise UsageError(
-            f"{option}: cannot load {tokenizer_json}: {' '.join(str(err).split())[:160]}",
-            fix="pass the model repository the server serves (its tokenizer.json is what the server loads)",
-        ) from None
-    return counter, served, reason
+    return counting_module.token_counter(counting, source, option, url)
+
+
+def bench_request(
+    url: str, model: str, mode: str, rate: float | None, rates: str | None, concurrency: int | None, requests: int,
+    duration: str, timeout: str, input_len: str, output_len: str, dataset: Path | None, ignore_eos: bool, seed: int,
+    warmup: int, slo: str | None, metrics_url: str | None, output: Path | None, plot: Path | None,
+    record: Path | None, gpu_class: str | None,
+) -> BenchRequest:
+    """The options, checked and parsed into the library's request; each refusal names its option."""
+    from trtpipe.bench.metrics import Slo
+    from trtpipe.bench.session import BenchRequest
+    from trtpipe.bench.workload import LengthDist, parse_duration_s
+    from trtpipe.serving.address import check_grpc_address
+
+    if mode not in ("open", "closed"):
+        raise UsageError(f"--mode must be open or closed, got {mode!r}")
+    sweep = _parse_rates(rate, rates)
+    if mode == "open" and not sweep:
+        raise UsageError("--mode open needs --rate or --rates", fix="pass --rate 4, or --mode closed --concurrency 4")
+    if mode == "closed" and sweep:
+        raise UsageError("--rate/--rates apply to --mode open", fix="use --concurrency with --mode closed")
+    if mode == "closed" and not concurrency:
+        raise UsageError("--mode closed needs --concurrency", fix="pass --concurrency 4")
+    if requests < 1:
+        raise UsageError(f"--requests must be at least 1, got {requests}")
+    if warmup < 0:
+        raise UsageError(f"--warmup must be 0 or more, got {warmup}", fix="pass --warmup 0 to send none")
+    duration_s = parse_duration_s(duration, option="--duration")
+    drain_s = parse_duration_s(timeout, option="--timeout")
+    slo_limits = Slo.parse(slo, option="--slo")
+    if dataset is not None and not dataset.is_file():
+        raise UsageError(f"--dataset: {dataset} does not exist", fix="pass a JSONL file with one {\"prompt\": ...} per line")
+    out_len = LengthDist.parse(output_len, option="--output-len")
+    in_len = LengthDist.parse(input_len, option="--input-len") if dataset is None else None  # a dataset's own
+    return BenchRequest(
+        url=check_grpc_address(url),  # an http:// URL or Triton's HTTP port: one line naming the gRPC port
+        model=model, mode=mode, rates=sweep, concurrency=concurrency, requests=requests, duration_s=duration_s,
+        drain_s=drain_s, input_len=in_len, output_len=out_len, dataset=dataset, ignore_eos=ignore_eos, seed=seed,
+        warmup=warmup, slo=slo_limits, metrics_url=metrics_url, output=output, plot=plot, record=record,
+        gpu_class=gpu_class,
+    )
 
 
 def bench(
@@ -122,163 +150,39 @@ def bench(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from trtpipe.bench import default_metrics_url, run_bench
-    from trtpipe.bench.counting import TokenizerMismatch, check_with_server
-    from trtpipe.bench.metrics import Slo
-    from trtpipe.bench.report import result_table, write_json
-    from trtpipe.bench.workload import (
-        LengthDist,
-        dataset_workload,
-        parse_duration_s,
-        split_warmup,
-        synthetic_workload,
-    )
+    from trtpipe.bench.counting import TokenizerMismatch
+    from trtpipe.bench.report import result_table
+    from trtpipe.bench.session import NoEndIdInput, failure_notes, lag_notes, run_session
 
-    if mode not in ("open", "closed"):
-        raise UsageError(f"--mode must be open or closed, got {mode!r}")
-    sweep = _parse_rates(rate, rates)
-    if mode == "open" and not sweep:
-        raise UsageError("--mode open needs --rate or --rates", fix="pass --rate 4, or --mode closed --concurrency 4")
-    if mode == "closed" and sweep:
-        raise UsageError("--rate/--rates apply to --mode open", fix="use --concurrency with --mode closed")
-    if mode == "closed" and not concurrency:
-        raise UsageError("--mode closed needs --concurrency", fix="pass --concurrency 4")
-    if requests < 1:
-        raise UsageError(f"--requests must be at least 1, got {requests}")
-    if warmup < 0:
-        raise UsageError(f"--warmup must be 0 or more, got {warmup}", fix="pass --warmup 0 to send none")
-    duration_s = parse_duration_s(duration, option="--duration")
-    drain_s = parse_duration_s(timeout, option="--timeout")
-    slo_limits = Slo.parse(slo, option="--slo")
-    if dataset is not None and not dataset.is_file():
-        raise UsageError(f"--dataset: {dataset} does not exist", fix="pass a JSONL file with one {\"prompt\": ...} per line")
-    from trtpipe.serving.address import check_grpc_address
-
-    url = check_grpc_address(url)  # an http:// URL or Triton's HTTP port: one line naming the gRPC port
+    request = bench_request(url, model, mode, rate, rates, concurrency, requests, duration, timeout, input_len,
+                            output_len, dataset, ignore_eos, seed, warmup, slo, metrics_url, output, plot, record,
+                            gpu_class)
     workspace = open_workspace(store)
-    recording = None
-    if record is not None:
-        # Before any load is sent: what the server serves must be exactly what --record names.
-        from trtpipe.serving.identity import check_recording, read_served_identity, record_target
-
-        recording = record_target(record, workspace.store)
-        served_identity = read_served_identity(url, timeout=drain_s or 30)
-        check_recording(served_identity, recording, url, record)
-    counter, served, not_asked = token_counter(token_counting, tokenizer, record, url)
-    out_len = LengthDist.parse(output_len, option="--output-len")
-    # One workload of warm-ups + requests, split: each warm-up has its own prompt, drawn the same way.
-    if dataset is not None:
-        workload = dataset_workload(dataset, warmup + requests, out_len, seed=seed, counter=counter)
-    else:
-        workload = synthetic_workload(
-            warmup + requests, LengthDist.parse(input_len, option="--input-len"), out_len, seed=seed, counter=counter
-        )
-    warmup_requests, workload = split_warmup(workload, warmup)
-    try:
-        workload = check_with_server(url, workload, served, not_asked)
-    except TokenizerMismatch as err:
-        raise UsageError(err.message, fix="pass --tokenizer with the model repository the server serves "
-                                          "(or --token-counting words)") from None
-
+    recorded_in = (workspace.store, workspace.results) if record is not None else (None, None)  # creates nothing else
+    labels = request.level_labels()
     # With --json, stdout carries only JSON: the table, notes and progress go to stderr.
-    console = Console(stderr=True)
-    check = workload.server_check
-    notes: list[str] = []
-    if check is not None and check.prompts_over_max_input_len:
-        notes.append(
-            f"note: {check.prompts_over_max_input_len} of {len(workload.requests)} prompts are longer than "
-            f"the served max_input_len {check.max_input_len}; the server will refuse them"
-        )
-    for note in notes:
-        typer.echo(note, err=json_out)
-    count_tokens = None
-    from trtpipe.serving.client import resolve_model
-
-    try:
-        model, contract = resolve_model(url, model, timeout=drain_s or 30)
-    except TrtpipeError:
-        contract = None  # unreachable: every request fails and is reported
-    if contract is not None and ignore_eos and not contract.takes_end_id:
-        raise UsageError(f"--ignore-eos: {model} at {url} speaks the {contract.name} contract, which has no end_id input",
-                         fix="drop --ignore-eos for an llm-api deployment (requests then stop at the end token)")
-    if contract is not None and not contract.returns_token_ids:
-        # Text only (the llmapi model): its output is counted in served tokens.
-        from trtpipe.bench.counting import text_token_counter
-
-        count_tokens = text_token_counter(Path(workload.tokenizer)) if workload.tokenizer else counter.count
-    levels = len(sweep) if sweep else 1
     with Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
+        TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), console=Console(stderr=True), transient=True,
     ) as progress:
-        tasks = [
-            progress.add_task(f"{'rate ' + format(r, 'g') + '/s' if r else 'c=' + str(concurrency)}", total=requests)
-            for r in (sweep or [None])
-        ]
-        result = run_bench(
-            url,
-            workload,
-            mode,  # type: ignore[arg-type]
-            model=model,
-            rates=sweep,
-            concurrency=concurrency,
-            duration_s=duration_s,
-            drain_s=drain_s,
-            slo=slo_limits,
-            metrics_url=metrics_url or default_metrics_url(url),
-            seed=seed,
-            sampling={"end_id": -1} if ignore_eos else None,
-            on_progress=lambda level, _record: progress.advance(tasks[min(level, levels - 1)]),
-            count_tokens=count_tokens,
-            warmup=warmup_requests,
-        )
-
+        tasks = [progress.add_task(label, total=requests) for label in labels]
+        try:
+            outcome = run_session(
+                request, *recorded_in, lambda served_url: token_counter(token_counting, tokenizer, record, served_url),
+                on_note=lambda note: typer.echo(note, err=json_out),
+                on_progress=lambda level, _record: progress.advance(tasks[min(level, len(tasks) - 1)]),
+            )
+        except TokenizerMismatch as err:
+            raise UsageError(err.message, fix="pass --tokenizer with the model repository the server serves "
+                                              "(or --token-counting words)") from None
+        except NoEndIdInput as err:
+            raise UsageError(f"--ignore-eos: {err.message}",
+                             fix="drop --ignore-eos for an llm-api deployment (requests then stop at the end token)") from None
+    result = outcome.result
     table = result_table(result)
     print_table(table.title, table.columns, table.rows, caption=table.caption, err=json_out)
-    lines: list[str] = []
-    for run in result.runs:
-        lag = run.aggregates.schedule_lag_s
-        # Latencies are measured from the actual send, so lateness does not inflate them, but the
-        # offered load was lower than asked: say so when it is more than a rounding error.
-        if run.mode == "open" and lag.p99 is not None and run.rate and lag.p99 > max(0.05, 0.5 / run.rate):
-            lines.append(
-                f"note: at {run.label} the generator sent requests up to {lag.p99 * 1e3:.0f} ms late "
-                "(P99); the host is short of CPU, so the offered load was below the asked rate"
-            )
-    if output is not None:
-        write_json(result, output)
-        lines.append(f"result written to {output}")
-    if plot is not None:
-        from trtpipe.bench.plot import plot_result
-
-        plot_result(result, plot)
-        lines.append(f"plot written to {plot}")
-    if recording is not None:
-        # Promotion gates compare bench results of one GPU class: default to the repository's target.
-        filed_under = gpu_class or recording.target
-        from trtpipe.results import run_evidence
-
-        workspace.results.record(recording.digest, "bench", result.passed, result.summary(), filed_under,
-                                 evidence=run_evidence("trtpipe bench", url, served_identity.model_dump(mode="json")))
-        lines.append(
-            f"bench result recorded for {recording.digest} on {filed_under or 'no GPU class'} "
-            f"({'passed' if result.passed else 'failed'})"
-        )
-    if result.warmup is not None and result.warmup.aggregates.requests_failed:
-        first = next(r for r in result.warmup.records if not r.ok)
-        lines.append(f"{result.warmup.aggregates.requests_failed} of {len(result.warmup.records)} warm-up requests "
-                     f"failed; first: {first.error_kind}: {first.error_message}")
     failed = [r for run in result.runs for r in run.records if not r.ok]
-    if failed:
-        sent = sum(run.aggregates.requests_sent for run in result.runs)
-        first = failed[0]
-        lines.append(f"{len(failed)} of {sent} requests failed; first: {first.error_kind}: {first.error_message}")
-        lines += _dead_models(failed)
-    for line in lines:
+    for line in [*lag_notes(result), *outcome.written, *failure_notes(result), *_dead_models(failed)]:
         typer.echo(line, err=json_out)
     if json_out:
         print_json(result.summary())
