@@ -174,3 +174,40 @@ def test_the_layout_neutral_modules_name_no_layout(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text('from trtpipe.serving.client import LLMAPI\nif contract == "llmapi" or contract == LLMAPI:\n    pass\n')
     assert layout_mentions(probe) == ["probe.py: imports LLMAPI", "probe.py:2: 'llmapi'", "probe.py:2: LLMAPI"]
+
+
+# --------------------------------------------------------------------------- backends are looked up, not named
+# Issue 24: a backend is a type (trtpipe.toolchain: its class and its BackendFacts; trtpipe.stages.BACKEND_STAGES:
+# its plan and stages). The spec, resolve, the runner, the memo, parity, serving, bench, the store, release and the
+# matrix ask those registries; none names a backend. Its own files (toolchain, stages, trtllm_build/, engine/,
+# llm_api/, migrate, model_semantics' per-backend table, the llmapi layout's writer) and the CLI may.
+BACKEND_NAMES = {"trtllm-build", "llm-api", "reference"}
+BACKEND_NEUTRAL = ("spec.py", "resolve.py", "pipeline.py", "warm.py", "checkpoint/afresh.py", "bench", "store",
+                   "release", "matrix")
+
+
+def backend_mentions(path: Path) -> list[str]:
+    """Where a module's code compares a value with a backend's name (`x == "llm-api"`, `x != "reference"`,
+    `x in ("trtllm-build", ...)`) or returns one: the ways code branches on which backend it holds."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        values: list[ast.expr] = []
+        if isinstance(node, ast.Compare):
+            values = [node.left, *node.comparators]
+        elif isinstance(node, ast.Return) and node.value is not None:
+            values = [node.value]
+        elif isinstance(node, ast.IfExp):
+            values = [node.body, node.orelse]
+        for value in values:
+            for leaf in ast.walk(value):
+                if isinstance(leaf, ast.Constant) and leaf.value in BACKEND_NAMES:
+                    found.append(f"{path.name}:{leaf.lineno}: {leaf.value!r}")
+    return sorted(set(found))
+
+
+def test_the_backend_neutral_modules_name_no_backend(tmp_path: Path) -> None:
+    assert [m for rel in BACKEND_NEUTRAL for path in _modules(rel) for m in backend_mentions(path)] == []
+    probe = tmp_path / "probe.py"
+    probe.write_text('def f(kind):\n    if kind == "llm-api":\n        return None\n'
+                     '    return "reference" if kind else "trtllm-build"\n')
+    assert backend_mentions(probe) == ["probe.py:2: 'llm-api'", "probe.py:4: 'reference'", "probe.py:4: 'trtllm-build'"]

@@ -681,17 +681,19 @@ class PublishOutcome(BaseModel):
 
 
 def _publish_chooser(request: PublishRequest, stage_box: list[Any], tokenizer_box: list[Path]) -> Chooser:
-    from trtpipe.stages import imported_engine_stages
+    from trtpipe.stages import BACKEND_STAGES
 
     def choose(resolved: ResolvedSpec) -> tuple[ResolvedSpec, BackendStages]:
-        if resolved.backend_kind != "trtllm-build":
+        imported = BACKEND_STAGES[resolved.backend_kind].imported
+        if imported is None:
+            takers = [kind for kind, stages in BACKEND_STAGES.items() if stages.imported is not None]
             where = ("target", "gpu") if resolved.is_cpu_reference else ("backend",)
-            raise resolved.error(where, f"an engine built outside trtpipe is published for a trtllm-build spec, and "
-                                 f"this spec's backend is {resolved.backend_kind}",
-                                 "target a GPU with backend trtllm-build (the default for a GPU target)")
+            raise resolved.error(where, f"an engine built outside trtpipe is published for a {' or '.join(takers)} "
+                                 f"spec, and this spec's backend is {resolved.backend_kind}",
+                                 f"target a GPU with backend {' or '.join(takers)}")
         tokenizer = _publish_tokenizer(request, resolved)
         tokenizer_box.append(tokenizer)
-        backend = imported_engine_stages(request.engine)
+        backend = imported(request.engine)
         stage_box.append(backend.stages[0])
         # The tokenizer enters the repository's key and files as the spec's own would (trtpipe.stages.publish).
         return dataclasses.replace(resolved, tokenizer_dir=tokenizer), backend

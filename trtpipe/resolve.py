@@ -34,9 +34,11 @@ from trtpipe.names import name_fix, name_problem
 from trtpipe.spec import BuildSpec, Executor
 from trtpipe.spec_loader import LoadedSpec
 from trtpipe.toolchain import (
+    BACKEND_KINDS,
     Backend,
     Toolchain,
     UnknownToolchain,
+    backend_facts,
     get_toolchain,
     load_toolchains,
     newest_toolchain,
@@ -329,6 +331,11 @@ def _check_model_files(loaded: LoadedSpec, model_dir: Path, tokenizer_dir: Path 
 # ---------------------------------------------------------------------------------------------- rules
 
 
+def _backends_for(target: str) -> str:
+    """The backends that build for a `target` ("gpu" or "cpu"), as a spec would name them."""
+    return " or ".join(kind for kind in BACKEND_KINDS if backend_facts(kind).runs_on in (target, "any"))
+
+
 def _check_toolchain(loaded: LoadedSpec) -> tuple[Toolchain, Backend]:
     """The pinned toolchain, the backend of it that builds the spec, and a converter written for its pins."""
     spec = loaded.spec
@@ -356,13 +363,14 @@ def _check_toolchain(loaded: LoadedSpec) -> tuple[Toolchain, Backend]:
             f"toolchain {toolchain.name} offers no {kind} backend (it offers: {offered})",
             "pick a backend it offers, or a toolchain that offers this one (build_configs/toolchains.yaml)",
         )
-    if kind == "reference" and not spec.target.is_cpu_reference:
-        raise loaded.error(("backend",), f"the reference backend runs on the CPU, but the target is {spec.target.gpu}",
-                           "set target.gpu: cpu-reference, or backend: trtllm-build")
-    if kind == "trtllm-build" and spec.target.is_cpu_reference:
+    runs_on = backend.facts.runs_on
+    if runs_on == "cpu" and not spec.target.is_cpu_reference:
+        raise loaded.error(("backend",), f"the {kind} backend runs on the CPU, but the target is {spec.target.gpu}",
+                           f"set target.gpu: cpu-reference, or backend: {_backends_for('gpu')}")
+    if runs_on == "gpu" and spec.target.is_cpu_reference:
         raise loaded.error(("backend",), f"the {kind} backend builds for a GPU, but the target is cpu-reference",
-                           "target a GPU, or use backend: reference (or llm-api)")
-    if kind == "llm-api" and toolchain.preview is not None and not spec.target.is_cpu_reference:
+                           f"target a GPU, or use backend: {_backends_for('cpu')}")
+    if toolchain.preview is not None and not spec.target.is_cpu_reference:
         raise loaded.error(
             ("target", "gpu"), f"the preview line {toolchain.name} builds for target cpu-reference only: no Triton "
             "container carries it and its pins are unknown, so a GPU host could neither convert with known versions "
@@ -456,8 +464,8 @@ def _check_quantization(loaded: LoadedSpec, gpu: GpuInfo | None) -> None:
                 f"on {gpu.name} use quantization.algo {', '.join(runnable)}, or target a GPU with "
                 f"{fmt.precision} tensor cores",
             )
-        # llm-api: the PyTorch backend's own hardware matrix decides the KV cache (trtpipe.llm_api.derive)
-        if not gpu.has_precision(kv.precision) and spec.backend_kind != "llm-api":
+        # Some backends' own hardware rules decide the KV cache (llm-api: trtpipe.llm_api.derive).
+        if not gpu.has_precision(kv.precision) and backend_facts(spec.backend_kind).kv_cache_needs_catalog_precision:
             raise loaded.error(
                 ("quantization", "kv_cache"),
                 f"a {q.kv_cache} KV cache needs {kv.precision} tensor cores ({_gpus_with(str(kv.precision))}), but "
@@ -563,7 +571,7 @@ def _check_engine(loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | Non
             f"{engine.max_seq_len} exceeds the model's max_position_embeddings {max_positions}",
             f"lower max_seq_len to at most {max_positions}",
         )
-    if spec.backend_kind == "llm-api":
+    if backend_facts(spec.backend_kind).derives != "engine-config":
         return None  # the LLM() arguments and their rules: _check_llm_api
     # The complete trtllm-build configuration, with the pinned trtllm-build's own rules, the in-flight
     # batching requirements, engine.plugins against the flag table and max_num_tokens: derived here once,
@@ -614,7 +622,7 @@ def resolve(loaded: LoadedSpec, *, need_weights: bool = True) -> ResolvedSpec:
     _check_shape(loaded, config_field, config)
     _check_semantics(loaded, config_field, config, backend.kind, on_cpu=gpu is None)
     engine_config = _check_engine(loaded, config, gpu, toolchain)
-    llm_api = _check_llm_api(loaded, config, gpu, toolchain) if backend.kind == "llm-api" else None
+    llm_api = _check_llm_api(loaded, config, gpu, toolchain) if backend.facts.derives == "llm-args" else None
     resolved = ResolvedSpec(
         spec=spec,
         spec_path=loaded.path,

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from trtpipe import quant
 from trtpipe.names import name_fix, name_problem
-from trtpipe.toolchain import BACKEND_KINDS
+from trtpipe.toolchain import BACKEND_KINDS, backend_facts, default_backend
 
 CPU_REFERENCE = "cpu-reference"
 # The most GPUs one spec may target (target.gpu_count, and so tp * pp).
@@ -289,11 +289,9 @@ class BuildSpec(StrictModel):
 
     @model_validator(mode="after")
     def _streaming_default(self) -> BuildSpec:
-        # The default follows the serving layout's upstream default: the inflight_batcher_llm deployments trtpipe
-        # publishes stream; TensorRT-LLM's llmapi model.yaml ships decoupled: False (tensorrtllm_backend c2e65b88
-        # all_models/llmapi/tensorrt_llm/1/model.yaml), and its llmapi_client.py calls it unary.
+        # The default follows the backend's upstream layout (trtpipe.toolchain.BackendFacts.streams_by_default).
         if self.triton.streaming is None:
-            self.triton.streaming = self.backend_kind != "llm-api"
+            self.triton.streaming = backend_facts(self.backend_kind).streams_by_default
         return self
 
     @property
@@ -312,4 +310,4 @@ class BuildSpec(StrictModel):
         """The backend that builds this spec: `backend`, else the target's default."""
         if self.backend is not None:
             return self.backend
-        return "reference" if self.target.is_cpu_reference else "trtllm-build"
+        return default_backend("cpu" if self.target.is_cpu_reference else "gpu")

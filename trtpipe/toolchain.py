@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -29,11 +29,35 @@ REMOVAL_REASON = (
 )
 
 
+class BackendFacts(BaseModel):
+    """What the rest of trtpipe asks of a backend, declared once on its class (`facts`) instead of compared by
+    name: resolve, the spec's defaults and parity read these. (Its stages are trtpipe.stages.BACKEND_STAGES, its
+    repository layout trtpipe.serving.layouts; the same kind keys both.)"""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Where it builds for: a GPU target, cpu-reference, or either (on cpu-reference the reference runtime runs it).
+    runs_on: Literal["gpu", "cpu", "any"]
+    # What resolve derives for it (and the plan step shows): the trtllm-build configuration, or the LLM() arguments.
+    derives: Literal["engine-config", "llm-args"]
+    # What it converts the model into: a TensorRT-LLM checkpoint, or a Hugging Face export (parity converts the same).
+    artifact: Literal["trtllm-checkpoint", "hf-export"]
+    # Whether its deployments stream by default (its upstream layout's default decoupled setting).
+    streams_by_default: bool
+    # Whether the GPU catalog's precisions decide a quantized KV cache (False: the backend's own hardware rules do).
+    kv_cache_needs_catalog_precision: bool
+    # The target it is the default backend for when a spec names none ("gpu", "cpu"), if any.
+    default_on: Literal["gpu", "cpu"] | None = None
+
+
 class TrtllmBuildBackend(BaseModel):
     """The engine path: TRT-LLM checkpoint -> `trtllm-build` engine -> Triton `inflight_batcher_llm` repository
     (the C++ tensorrtllm backend). TensorRT-LLM 1.2.x and older only."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    facts: ClassVar[BackendFacts] = BackendFacts(
+        runs_on="gpu", derives="engine-config", artifact="trtllm-checkpoint", streams_by_default=True,
+        kv_cache_needs_catalog_precision=True, default_on="gpu")
 
     kind: Literal["trtllm-build"] = "trtllm-build"
     flags: str = Field(description="The trtllm-build flag table: build_configs/trtllm_build_flags/<flags>.yaml.")
@@ -44,6 +68,9 @@ class ReferenceBackend(BaseModel):
     runtime behind the same Triton contract (for validation anywhere; never fast, never TensorRT)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    facts: ClassVar[BackendFacts] = BackendFacts(
+        runs_on="cpu", derives="engine-config", artifact="trtllm-checkpoint", streams_by_default=True,
+        kv_cache_needs_catalog_precision=True, default_on="cpu")
 
     kind: Literal["reference"] = "reference"
 
@@ -55,6 +82,12 @@ class LlmApiBackend(BaseModel):
     behind the same Triton contract."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    # Upstream's llmapi model.yaml ships decoupled: False (tensorrtllm_backend c2e65b88
+    # all_models/llmapi/tensorrt_llm/1/model.yaml), and its llmapi_client.py calls it unary; the PyTorch backend's
+    # own hardware matrix decides the KV cache (trtpipe.llm_api.derive).
+    facts: ClassVar[BackendFacts] = BackendFacts(
+        runs_on="any", derives="llm-args", artifact="hf-export", streams_by_default=False,
+        kv_cache_needs_catalog_precision=False)
 
     kind: Literal["llm-api"] = "llm-api"
     args: str = Field(description="The release's TorchLlmArgs table: build_configs/llm_api_args/<args>.yaml.")
@@ -73,7 +106,19 @@ class TritonContainer(BaseModel):
 # One toolchain line offers one or more backends; `kind` tells them apart (a tagged union). A new
 # backend is one more class here, its stages and its repository writer.
 Backend = Annotated[TrtllmBuildBackend | ReferenceBackend | LlmApiBackend, Field(discriminator="kind")]
-BACKEND_KINDS = ("trtllm-build", "reference", "llm-api")
+BACKEND_CLASSES: dict[str, type[TrtllmBuildBackend | ReferenceBackend | LlmApiBackend]] = {
+    cls.model_fields["kind"].default: cls for cls in (TrtllmBuildBackend, ReferenceBackend, LlmApiBackend)}
+BACKEND_KINDS = tuple(BACKEND_CLASSES)
+
+
+def backend_facts(kind: str) -> BackendFacts:
+    """The facts of the backend `kind` (one of BACKEND_KINDS)."""
+    return BACKEND_CLASSES[kind].facts
+
+
+def default_backend(target: Literal["gpu", "cpu"]) -> str:
+    """The backend a spec that names none builds with on a `target` of that kind."""
+    return next(kind for kind in BACKEND_KINDS if backend_facts(kind).default_on == target)
 
 
 class Toolchain(BaseModel):

@@ -24,6 +24,7 @@ from trtpipe.errors import InvalidInput
 from trtpipe.reference.parity import ParityReference
 from trtpipe.resolve import resolve
 from trtpipe.spec_loader import load_spec
+from trtpipe.toolchain import backend_facts
 
 
 # The original model is run by transformers on this host's CPU in float32 for `smoke --parity`: bounded, so a 70B
@@ -77,7 +78,7 @@ def converted_afresh(spec_path: Path) -> Iterator[ParityReference]:
     with tempfile.TemporaryDirectory(prefix="trtpipe-parity-") as tmp:
         out = Path(tmp) / "checkpoint"
         out.mkdir()
-        if resolved.backend_kind == "llm-api":
+        if backend_facts(resolved.backend_kind).artifact == "hf-export":
             export_hf_artifact(resolved, out, show_progress=False)
         else:
             convert_checkpoint(resolved, out, show_progress=False)

@@ -33,6 +33,8 @@ class BackendStages:
 
     plan: Callable[[ResolvedSpec], Any]
     stages: tuple[StoredStage, ...]
+    # Its stages for an engine built outside trtpipe (`publish SPEC --engine DIR`), when it serves engines.
+    imported: Callable[[Path], BackendStages] | None = None
 
 
 def _llm_api_plan(resolved: ResolvedSpec) -> Any:
@@ -51,6 +53,7 @@ BACKEND_STAGES: dict[str, BackendStages] = {
     "trtllm-build": BackendStages(
         plan=make_build_plan,
         stages=(CheckpointStage(in_executor=True), EngineStage(renders_command=True), _publish_engine()),
+        imported=lambda engine_dir: imported_engine_stages(engine_dir),
     ),
     # The CPU reference: convert here, wrap the checkpoint as the runtime's engine, same repository contract.
     "reference": BackendStages(
