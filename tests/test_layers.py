@@ -9,11 +9,12 @@ or package (trtpipe/serving/). Layers, low -> high; a unit may import its own la
                                                                 the shipped data is)
     1  toolchain, gpu, quant, spec, spec_loader, trtllm_build,  the tables and the spec (trtllm_build: the
        config_json, model_folder, llm_api, installation,        trtllm-build backend's flag and rule tables;
-       model_semantics                                          config_json: a model config's bounds;
+       model_semantics, spec_schema                             config_json: a model config's bounds;
                                                                 model_folder: confinement, tokenizer check;
                                                                 llm_api: the LLM-API backend's TorchLlmArgs;
                                                                 installation: what --version reports;
-                                                                model_semantics: what a config's fields compute)
+                                                                model_semantics: what a config's fields compute;
+                                                                spec_schema: the spec's JSON Schema)
     2  resolve, plan, hostcheck, migrate                        every rule, the memory plan, the host check, the
                                                                 trtllm-build -> llm-api migration report
     3  store, results, build_record, build_report               where artifacts, results, records and build
@@ -42,7 +43,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "trtpipe"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "settings", "atomic", "versions", "names", "datafiles", "hostfacts", "disk", "chained", "shipped"),
     ("toolchain", "gpu", "quant", "spec", "spec_loader", "trtllm_build", "config_json", "model_folder", "llm_api",
-     "installation", "model_semantics"),
+     "installation", "model_semantics", "spec_schema"),
     ("resolve", "plan", "hostcheck", "migrate"),
     ("store", "results", "build_record", "build_report"),
     ("checkpoint", "engine", "reference", "serving"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -153,8 +154,27 @@ def spec_check_command(
             print(f"note: {note}")
 
 
+def spec_schema_command(
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the schema to FILE (default: stdout)."),
+) -> None:
+    """Print the build spec's JSON Schema, for editors: point yaml-language-server at it
+    (`# yaml-language-server: $schema=FILE` on a spec's first line) to complete and check specs as they are typed."""
+    from trtpipe.gpu import load_catalog
+    from trtpipe.spec_schema import spec_schema
+    from trtpipe.toolchain import load_toolchains
+
+    schema = spec_schema(gpus=list(load_catalog()), toolchains=list(load_toolchains(include_preview=True)))
+    text = json.dumps(schema, indent=2, sort_keys=True) + "\n"
+    if output is None:
+        typer.echo(text, nl=False)
+    else:
+        write_text_atomically(output, text, mode=0o644)
+        typer.echo(f"spec schema written to {output}", err=True)
+
+
 def register(app: typer.Typer) -> None:
     """Add this area's commands to the trtpipe app."""
     app.command("check", help=CHECK_HELP, rich_help_panel="Plan")(check_command)
     app.command("spec-check", rich_help_panel="Plan")(spec_check_command)
+    app.command("spec-schema", rich_help_panel="Plan")(spec_schema_command)
     app.command("plan", help=PLAN_HELP, rich_help_panel="Plan")(plan_command)
