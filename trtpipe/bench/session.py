@@ -88,10 +88,13 @@ def run_session(
     on_note: Callable[[str], None] | None = None,
     on_progress: Callable[[int, RequestRecord], None] | None = None,
 ) -> BenchOutcome:
-    """Run one bench session (see the module doc): `store` holds the repository `request.record` names and `results`
-    is where its result is recorded (the workspace's; both needed only when `request.record` is set). `counter_for(url)` gives the prompt-token counter, the served
-    counting model's parameters and why the server cannot check the counts (trtpipe.bench.counting.token_counter
-    with the caller's choice of tokenizer); `on_note` hears each note as it is found, before the load runs. Raises TokenizerMismatch when the server counts a prompt differently,
+    """Run one bench session (see the module doc).
+
+    `store` holds the repository `request.record` names and `results` is where its result is recorded (the
+    workspace's; both needed only when `request.record` is set). `counter_for(url)` gives the prompt-token counter,
+    the served counting model's parameters and why the server cannot check the counts
+    (trtpipe.bench.counting.token_counter with the caller's choice of tokenizer). `on_note` hears each note as it
+    is found, before the load runs. Raises TokenizerMismatch when the server counts a prompt differently,
     NoEndIdInput when end tokens are to be ignored on a contract without end_id, UsageError when the server does
     not serve what `request.record` names."""
     from trtpipe.bench import default_metrics_url, run_bench

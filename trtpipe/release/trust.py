@@ -37,8 +37,8 @@ from trtpipe.release.signing import (
     sign_keyless,
     signed_view,
 )
-from trtpipe.store import referrers, signatures
 from trtpipe.settings import Settings
+from trtpipe.store import referrers, signatures
 
 Note = Callable[[str], None]
 KEYLESS = "sigstore"
@@ -80,8 +80,9 @@ def record_refusal(home: Path, *, settings: Settings, action: str, subject: str,
                    channel: str = "-", model: str = "-", target: str = "-", ref: str | None = None) -> None:
     """Append a refusal to the audit trail (`action`: pull, serve, promote, build). One place, so the
     trail's writer can change without touching the callers. Signed with the release key when the caller's
-    `settings` name one (TRTPIPE_SIGNING_KEY), and recorded as their actor: an unsigned head over a signed trail is tamper to the next keyed append, so a
-    refusal recorded without the key would stop every later promote of this workspace."""
+    `settings` name one (TRTPIPE_SIGNING_KEY), and recorded as their actor: an unsigned head over a signed trail
+    is tamper to the next keyed append, so a refusal recorded without the key would stop every later promote of
+    this workspace."""
     from trtpipe.release.audit import append_audit
     from trtpipe.release.channels import now_iso
     from trtpipe.release.trail import release_key
@@ -496,8 +497,8 @@ class PullGate:
             problem = channel_tag_binding_problem(self.registry, self.home, cid, self.policy, remote.artifact_digest)
         if not judgement.allowed or problem is not None:
             reason = problem or judgement.reason()
-            record_refusal(self.home, settings=self.settings, action="pull", subject=subject, digest=remote.artifact_digest, reason=reason,
-                           ref=str(remote.ref), channel=channel or "-",
+            record_refusal(self.home, settings=self.settings, action="pull", subject=subject,
+                           digest=remote.artifact_digest, reason=reason, ref=str(remote.ref), channel=channel or "-",
                            model=str(remote.annotations.get("org.trtpipe.model", "-")),
                            target=str(remote.annotations.get("org.trtpipe.target.gpu", "-")))
             if problem is not None:
@@ -594,7 +595,8 @@ def pulled_checker(policy: TrustPolicy, *, store_root: Path, home: Path,
         if judgement.allowed:
             return True, f"pulled entry from {origin}: {judgement.reason()}"
         subject = f"{entry.kind}/{entry.key[:16]} ({entry.digest})"
-        record_refusal(home, settings=settings, action="build", subject=subject, digest=entry.digest, reason=judgement.reason(), ref=origin)
+        record_refusal(home, settings=settings, action="build", subject=subject, digest=entry.digest,
+                       reason=judgement.reason(), ref=origin)
         return False, f"pulled {entry.kind} {entry.key[:16]} (from {origin}) not used: {judgement.reason()}"
 
     return check
@@ -627,7 +629,8 @@ def require_trusted_folder(folder: Path, policy: TrustPolicy, *, home: Path, act
         if not policy.requires_signature(channel):
             return VerifiedFolder(Judgement(policy.judge([], channel), False, (), None, ()), None, {})
         reason = f"{folder} is not a stored artifact (no manifest.json), so it carries no signature"
-        record_refusal(home, settings=settings, action=action, subject=str(folder), digest=None, reason=reason, channel=channel or "-")
+        record_refusal(home, settings=settings, action=action, subject=str(folder), digest=None, reason=reason,
+                       channel=channel or "-")
         raise Untrusted(f"{action} refused: {reason}, and policy {policy.source} requires one", subject=str(folder),
                         missing=[f"a signature by {n}" for n in policy.trusted_keys(channel)],
                         fix="serve a repository from the store that a trusted key signed")
