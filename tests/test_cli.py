@@ -249,32 +249,53 @@ def test_tables_keep_whole_keys_and_names_in_a_pipe_at_80_columns(tmp_path: Path
         assert max(len(line) for line in done.stdout.splitlines()) > 80  # wider than the terminal said: not cut
 
 
-def test_ctrl_c_in_build_says_what_was_stored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
-    import trtpipe.pipeline
-
-    def interrupted_build(spec, *, store, **_kwargs):
-        with store.building("checkpoint", "c" * 16) as b:
-            (b.dir / "rank0.safetensors").write_bytes(b"weights")
-            entry = b.commit(inputs={})
-        store.log_built("checkpoint", entry.key, entry.digest, 0.1)
-        with store.building("engine", "e" * 16) as b:
-            (b.dir / "rank0.engine").write_bytes(b"half")
-            raise KeyboardInterrupt  # Ctrl-C while the engine is half written
-
-    monkeypatch.setattr(trtpipe.pipeline, "run_build", interrupted_build)
-    spec = tmp_path / "spec.yaml"
-    spec.write_text("name: x\n")
-    code = main(["build", str(spec), "--store", str(tmp_path / "store")])
-    err = capsys.readouterr().err.strip()
-    assert code == 130 and len(err.splitlines()) == 1 and err.startswith("interrupted: nothing half-written")
+def _interrupted_build(tmp_path: Path, tiny_llama_dir: Path, capsys: pytest.CaptureFixture[str]) -> tuple[str, object]:
+    """Build the tiny model (cpu-reference) through the CLI, in this process, until a patch raises Ctrl-C."""
     from trtpipe.store.local import Store
 
-    store = Store.open(tmp_path / "store")
-    checkpoint = store.peek("checkpoint", "c" * 16)
-    assert checkpoint is not None and f"checkpoint {checkpoint.digest}" in err and "the next build reuses" in err
-    assert "engine" not in err.split("stages stored:")[1]
-    assert store.peek("engine", "e" * 16) is None and list((tmp_path / "store" / "tmp").iterdir()) == []
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"model:\n  path: {tiny_llama_dir}\ntarget:\n  gpu: cpu-reference\n"
+                    "engine:\n  max_batch_size: 4\n  max_input_len: 64\n  max_seq_len: 128\n")
+    code = main(["build", str(spec), "--store", str(tmp_path / "store")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 130 and err.startswith("interrupted: nothing half-written"), err
+    return err, Store.open(tmp_path / "store")
+
+
+def test_ctrl_c_in_build_says_what_was_stored(tmp_path: Path, tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C while the engine is half written: the checkpoint stored before it is named, the engine is not, and
+    nothing of the engine is left behind."""
+    from trtpipe.stages.engine import EngineStage
+
+    def half_written(self, ctx, out_dir, inputs, key):  # noqa: ANN001, ANN202
+        (out_dir / "rank0.engine").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(EngineStage, "build", half_written)
+    err, store = _interrupted_build(tmp_path, tiny_llama_dir, capsys)
+    [checkpoint] = list(store.entries("checkpoint"))
+    assert f"checkpoint {checkpoint.digest}" in err and "the next build reuses" in err
+    assert "engine" not in err.split("stages stored:")[1] and list(store.entries("engine")) == []
+    assert list((tmp_path / "store" / "tmp").iterdir()) == []
+
+
+def test_ctrl_c_the_instant_a_stage_is_stored_still_names_it(tmp_path: Path, tiny_llama_dir: Path,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C after the engine's rename and before the runner noted it: the store says it is there, so it is
+    named (the runner asks the store about the stage it was storing)."""
+    from trtpipe.store.local import Store
+
+    def interrupted_after_commit(self, kind, key, digest, seconds):  # noqa: ANN001, ANN202
+        if kind == "engine":
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Store, "log_built", interrupted_after_commit)
+    err, store = _interrupted_build(tmp_path, tiny_llama_dir, capsys)
+    [engine] = list(store.entries("engine"))
+    [checkpoint] = list(store.entries("checkpoint"))
+    assert f"engine {engine.digest}" in err and f"checkpoint {checkpoint.digest}" in err
 
 
 def test_ctrl_c_elsewhere_is_one_line_130(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:

@@ -152,6 +152,7 @@ class _Runner:
         self.entries: dict[str, Entry] = {}  # stage name -> its entry in this run
         self.refs: dict[str, InputRef] = {}  # stage name -> what the stages after it see of it
         self.verified: set[tuple[str, str]] = set()  # (kind, key) whose bytes this run hashed or checked
+        self.storing: tuple[str, str] | None = None  # (kind, key) of the stage being stored now
         self._seen_corrupt = 0
         self._seen_quarantined = 0
         self.started_at = _now_iso()
@@ -324,6 +325,7 @@ class _Runner:
         assert self.ctx is not None
         kind, forced = stage.kind, stage.name in self.force
         started = time.monotonic()
+        self.storing = (kind, key.key)  # what an interrupt asks the store about (`_kept_on_interrupt`)
         # A lease first: from here on gc cannot remove the entry we are about to use.
         leases.enter_context(self.store.locks.lease(kind, key.key))
         entry = None if forced else self.store.get(kind, key.key, verify=self.verify)
@@ -375,6 +377,8 @@ class _Runner:
                         # A stage may say what running it is called (the imported engine: "imported").
                         outcome = getattr(stage, "built_outcome", "built")
                     self.verified.add((kind, key.key))  # its bytes were hashed (or verified on pull) just now
+            # Stored from here on: an interrupted push (or anything after) still reports it as kept.
+            self.report.artifacts[kind] = entry.digest
             if outcome in ("built", "imported") and self.remote is not None:
                 push_note = self._push(entry)
         elif self.verify:
@@ -532,6 +536,7 @@ class _Runner:
             self._failed(current, err, started)
             raise err from None
         except KeyboardInterrupt:
+            self._kept_on_interrupt()
             self.report.status = "interrupted"
             self.report.message = "interrupted: nothing half-written" + (
                 f"; stored: {', '.join(self.report.kept())}" if self.report.artifacts else "; nothing was stored")
@@ -542,6 +547,15 @@ class _Runner:
             self.printer.note(f"repository: {self.report.repository_path}")
         self._write_record()
         return self.report
+
+    def _kept_on_interrupt(self) -> None:
+        """The stage being stored when Ctrl-C came may have been committed an instant before it: the store says."""
+        if self.storing is None or self.dry_run or self.storing[0] in self.report.artifacts:
+            return
+        kind, key = self.storing
+        entry = self.store.peek(kind, key)
+        if entry is not None and entry.current:
+            self.report.artifacts[kind] = entry.digest
 
     def _failed(self, current: str, err: TrtpipeError, started: float) -> None:
         self.report.status = "failed"

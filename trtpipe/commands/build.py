@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import time
-from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -14,30 +10,6 @@ import typer
 from trtpipe.commands.output import JsonOption, StoreOption, open_workspace
 from trtpipe.commands.trust_options import NoPolicyOption, PolicyOption, load_policy_option
 from trtpipe.errors import Interrupted
-
-
-def _stored_by_this_run(root: Path, since: float) -> list[str]:
-    """`kind digest` of every stage this process built and stored since `since` (the store's builds.log)."""
-    stored: list[str] = []
-    try:
-        lines = (root / "builds.log").read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return stored
-    for line in lines:
-        try:
-            item = json.loads(line)
-        except ValueError:
-            continue
-        if item.get("pid") != os.getpid():
-            continue
-        at = item.get("at")
-        try:
-            when = datetime.fromisoformat(at).timestamp() if isinstance(at, str) else 0.0
-        except ValueError:
-            continue
-        if when >= since:
-            stored.append(f"{item.get('kind')} {item.get('digest')}")
-    return stored
 
 
 def _push_signer(workspace: Any, remote: Any) -> Any:
@@ -87,7 +59,6 @@ def register(app: typer.Typer) -> None:
         workspace = open_workspace(store)
         use = remote_use(workspace.settings, mode=remote_mode, required=require_remote)
         trust = load_policy_option(policy, workspace, no_policy=no_policy, command="build")
-        started = time.time()
         try:
             report = None
             pulled_check = None
@@ -117,13 +88,11 @@ def register(app: typer.Typer) -> None:
                                    pulled_check=pulled_check, remote_use=use, sign_push=sign_push,
                                    settings=workspace.settings)
         except KeyboardInterrupt as interrupt:
-            # The runner may hand over its report (what it stored or reused so far); else the store's log says
-            # which stages this process built.
+            # The runner hands over its report (what it stored or reused so far, the store asked about the stage
+            # it was storing); an interrupt before the runner started stored nothing.
             report = getattr(interrupt, "report", None)
             artifacts = getattr(report, "artifacts", None) or {}
             kept = [f"{kind} {digest}" for kind, digest in artifacts.items()]
-            if not kept and not dry_run:
-                kept = _stored_by_this_run(workspace.root, started)
             raise Interrupted(
                 "interrupted: nothing half-written (a stage is published by one rename or not at all); "
                 + (f"stages stored: {', '.join(kept)}; the next build reuses them" if kept
