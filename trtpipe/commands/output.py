@@ -93,7 +93,9 @@ def print_refusal(err: TrtpipeError, line: str, hint: str | None, output: Comman
     """A refusal: its line on stderr; with --json also `refusal_json` on stdout, one line."""
     if output is not None and output.json:
         print(json.dumps(refusal_json(err, line, hint), sort_keys=True, default=str), file=sys.stdout, flush=True)
-    print(line, file=sys.stderr)
+    # One write, newline included (print() writes the two apart): nothing another writer says lands inside it.
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 # --------------------------------------------------------------------------- tables

@@ -80,7 +80,10 @@ class LiveTable:
                     parts.append(row.stage)
                 if row.started is not None:
                     parts.append(row.elapsed(now))
-                print("  ".join(parts), file=sys.stderr, flush=True)
+                # One write per line, newline included: print() writes the text and its end apart, and a fresh-clone
+                # run saw a row's text land before the closing summary line with its newline after it.
+                sys.stderr.write("  ".join(parts) + "\n")
+                sys.stderr.flush()
 
     def _table(self) -> Any:
         from rich.table import Table
