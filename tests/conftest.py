@@ -25,6 +25,20 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# How the suite splits over pytest-xdist workers (`-n 2 --dist loadgroup`, as scripts/test.sh runs it): each test
+# file on one worker, so its module fixtures are built once; and every test that starts a local Ray cluster on the
+# same worker, one cluster at a time (tests/matrix). Without xdist the marks do nothing.
+TESTS = Path(__file__).resolve().parent
+RAY_TESTS = ("matrix",)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        rel = Path(item.path).resolve().relative_to(TESTS)
+        group = "ray" if rel.parts[0] in RAY_TESTS else rel.as_posix()
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 # Links this environment's site-packages into a fresh venv's, one symlink per entry, leaving out trtpipe's own
 # entries (the package, its dist-info, the editable install's .pth and finder): the venv then has every dependency
 # (pip and setuptools included) "already installed" without a second multi-GB install or a download, and trtpipe
