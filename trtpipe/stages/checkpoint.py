@@ -169,14 +169,20 @@ class CheckpointStage:
     def preview(self, ctx: StageContext, key: str | None, inputs: dict[str, InputRef]) -> Preview | None:
         if not self.in_executor:
             return None
-        from trtpipe.engine.conversion import preview_conversion
+        return conversion_preview(ctx, ctx.temp_dir("checkpoint", key), verb="converts")
 
-        conversion = preview_conversion(ctx.resolved, ctx.temp_dir("checkpoint", key))
-        notes = [f"converts in the {conversion.where}"]
-        docker_run = (conversion.container or {}).get("docker_run")
-        if docker_run:
-            notes.append("container: " + " ".join(str(a) for a in docker_run))
-        elif conversion.command:
-            notes.append("command: " + " ".join(conversion.command))
-        return Preview(executor=conversion.executor, command=conversion.command, container=conversion.container,
-                       notes=notes)
+
+def conversion_preview(ctx: StageContext, out_dir: Path, *, verb: str, artifact: str = "trtllm") -> Preview:
+    """What a dry run shows of a conversion in the engine's executor: where it runs, and its container or command
+    (`artifact`: the TRT-LLM checkpoint, or "hf" for the LLM-API export)."""
+    from trtpipe.engine.conversion import preview_conversion
+
+    conversion = preview_conversion(ctx.resolved, out_dir, artifact=artifact)
+    notes = [f"{verb} in the {conversion.where}"]
+    docker_run = (conversion.container or {}).get("docker_run")
+    if docker_run:
+        notes.append("container: " + " ".join(str(a) for a in docker_run))
+    elif conversion.command:
+        notes.append("command: " + " ".join(conversion.command))
+    return Preview(executor=conversion.executor, command=conversion.command, container=conversion.container,
+                   notes=notes)

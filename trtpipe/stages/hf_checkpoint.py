@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from trtpipe.stages.base import InputRef, NoKey, Preview, StageContext
-from trtpipe.stages.checkpoint import CheckpointStage
+from trtpipe.stages.checkpoint import CheckpointStage, conversion_preview
 from trtpipe.store.keys import StageKey, make_key
 
 KIND = "hf-checkpoint"
@@ -75,14 +75,4 @@ class HfCheckpointStage:
     def preview(self, ctx: StageContext, key: str | None, inputs: dict[str, InputRef]) -> Preview | None:
         if ctx.resolved.is_cpu_reference:
             return None
-        from trtpipe.engine.conversion import preview_conversion
-
-        conversion = preview_conversion(ctx.resolved, ctx.temp_dir(self.kind, key), artifact="hf")
-        notes = [f"exports in the {conversion.where}"]
-        docker_run = (conversion.container or {}).get("docker_run")
-        if docker_run:
-            notes.append("container: " + " ".join(str(a) for a in docker_run))
-        elif conversion.command:
-            notes.append("command: " + " ".join(conversion.command))
-        return Preview(executor=conversion.executor, command=conversion.command, container=conversion.container,
-                       notes=notes)
+        return conversion_preview(ctx, ctx.temp_dir(self.kind, key), verb="exports", artifact="hf")
