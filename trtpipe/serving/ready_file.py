@@ -23,10 +23,11 @@ from trtpipe.atomic import write_text_atomically
 from trtpipe.errors import InvalidInput
 
 
-class ReadyFile(BaseModel):
-    """The content of a ready file."""
+class ServedServer(BaseModel):
+    """A ready server, as serve announces it (trtpipe.serving.watch `ServerReady`, `ServerRestarted`) and as the
+    ready file keeps it."""
 
-    event: Literal["ready", "restarted"]
+    event: str
     grpc_url: str
     http_url: str
     metrics_url: str
@@ -37,9 +38,16 @@ class ReadyFile(BaseModel):
     serving_dir: str
     restarts: int
     watch: dict[str, object]
-    container: str | None = None
-    # Whether serve verified the repository's bytes against a trust policy before starting the server.
+    container: str | None = None  # the Triton container's image (GPU targets); None: tritonserver on this host
+    # "verified": a trust policy verified a signature over exactly the files served; "unverified": no policy, or
+    # one that let it through unsigned (serve says so once, on stderr).
     content: Literal["verified", "unverified"] = "unverified"
+
+
+class ReadyFile(ServedServer):
+    """The content of a ready file: the last ready or restarted event, and serve's own process."""
+
+    event: Literal["ready", "restarted"]
     serve_pid: int
     serve_started: float
 

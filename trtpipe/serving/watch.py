@@ -50,7 +50,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from trtpipe.errors import CheckFailed, TrtpipeError, UsageError
-from trtpipe.serving.ready_file import remove_ready_file, write_ready_file
+from trtpipe.serving.ready_file import ServedServer, remove_ready_file, write_ready_file
 from trtpipe.serving.server import (
     UNHEALTHY_STOP_S,
     Launcher,
@@ -109,22 +109,10 @@ class WatchPolicy:
 
 
 # --- events (what the caller prints; `serve --json` prints each as one JSON line) --------------------
-class ServerReady(BaseModel):
+class ServerReady(ServedServer):
+    """Every model is ready and the server reports the repository's digest."""
+
     event: Literal["ready"] = "ready"
-    grpc_url: str
-    http_url: str
-    metrics_url: str
-    pid: int
-    log: str
-    models: list[str]
-    repository_digest: str | None
-    serving_dir: str
-    restarts: int
-    watch: dict[str, Any]
-    container: str | None = None  # the Triton container's image (GPU targets); None: tritonserver on this host
-    # "verified": a trust policy verified a signature over exactly the files served; "unverified": no policy, or
-    # one that let it through unsigned (serve says so once, on stderr).
-    content: Literal["verified", "unverified"] = "unverified"
 
     @classmethod
     def of(cls, handle: TritonServerHandle, policy: WatchPolicy, restarts: int, *,
