@@ -84,3 +84,11 @@ def test_the_schema_can_be_written_to_a_file(tmp_path: Path, schema: dict) -> No
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(out.read_text()) == schema and out.stat().st_mode & 0o777 == 0o644
+
+
+def test_a_directory_as_the_output_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "trtpipe.cli", "spec-schema", "--output", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and f"--output {tmp_path} is a directory" in lines[0]
+    assert list(tmp_path.iterdir()) == []

@@ -22,6 +22,7 @@ from trtpipe.bench.workload import ServerCountCheck, TokenCounter, Workload
 from trtpipe.errors import UsageError
 from trtpipe.model_folder import SERVING_TOKENIZER_FILE as TOKENIZER_FILE
 from trtpipe.serving.layouts import DEFAULT_LAYOUT, LAYOUTS, RepositoryLayout, recognised_layout
+from trtpipe.serving.repository_files import bool_parameter
 
 CHECKED_PROMPTS = 32  # a foreign tokenizer miscounts nearly every prompt; 32 prompts are a few ms of server time
 SERVER_TIMEOUT_S = 10.0
@@ -39,12 +40,6 @@ class ServedPreprocessing(BaseModel):
 
 def _parameters(config: dict) -> dict[str, str]:
     return {key: value.get("string_value", "") for key, value in (config.get("parameters") or {}).items()}
-
-
-def _bool_parameter(value: str | None) -> bool | None:
-    if value is None or value == "":
-        return None
-    return value.strip().lower() == "true"
 
 
 def served_preprocessing(url: str, model: str) -> tuple[ServedPreprocessing | None, str | None]:
@@ -66,7 +61,7 @@ def served_preprocessing(url: str, model: str) -> tuple[ServedPreprocessing | No
         client.close()
     params = _parameters(config)
     max_input_len = int(params.get("max_input_len") or 0) or None
-    add_special = _bool_parameter(params.get("add_special_tokens"))
+    add_special = bool_parameter(params.get("add_special_tokens"))
     return ServedPreprocessing(
         model=model,
         add_special_tokens=True if add_special is None else add_special,  # model.py's default

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from trtpipe.bench.metrics import RequestRecord, Slo
 from trtpipe.bench.report import BenchResult
@@ -35,8 +35,6 @@ class NoEndIdInput(UsageError):
 
 class BenchRequest(BaseModel):
     """What to measure and how, every value already checked (the CLI's options, parsed)."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
 
     url: str = Field(description="The Triton gRPC address, checked (trtpipe.serving.address).")
     model: str = "ensemble"
@@ -68,8 +66,6 @@ class BenchRequest(BaseModel):
 
 class BenchOutcome(BaseModel):
     """What a session did: the result, the notes said before the load ran, and what was written or recorded."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
 
     result: BenchResult
     notes: list[str] = Field(default_factory=list)

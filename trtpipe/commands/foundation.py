@@ -163,6 +163,9 @@ def spec_schema_command(
     from trtpipe.spec_schema import spec_schema
     from trtpipe.toolchain import load_toolchains
 
+    if output is not None and output.is_dir():
+        raise UsageError(f"--output {output} is a directory", fix="give the schema file's path, e.g. "
+                         f"{output / 'trtpipe-spec.schema.json'}")
     schema = spec_schema(gpus=list(load_catalog()), toolchains=list(load_toolchains(include_preview=True)))
     text = json.dumps(schema, indent=2, sort_keys=True) + "\n"
     if output is None:

@@ -36,6 +36,7 @@ from trtpipe.serving.repository_files import (
     MANIFEST_FORMAT,
     STORE_MANIFEST,
     Placement,
+    bool_parameter,
     manifest_header,
     place_file,
     write_repository_atomically,
@@ -387,5 +388,4 @@ def served_tokenizer(repo: Path, option: str) -> tuple[Path, bool | None]:
             f"{option}: {tokenizer_json} does not exist (the preprocessing model's tokenizer)",
             fix="publish the repository again",
         )
-    add_special = params.get("add_special_tokens")
-    return tokenizer_json, None if not add_special else add_special.strip().lower() == "true"
+    return tokenizer_json, bool_parameter(params.get("add_special_tokens"))

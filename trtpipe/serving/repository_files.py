@@ -119,3 +119,11 @@ def read_manifest(repo: Path) -> dict[str, Any]:
                        fix="give the repository path a build printed (repository_path in its JSON report)") from None
     except json.JSONDecodeError as err:
         raise IntegrityError(f"{path}: not valid JSON ({err})", path=str(path), fix="publish the repository again") from None
+
+
+def bool_parameter(value: str | None) -> bool | None:
+    """A config.pbtxt string parameter read as a boolean, as upstream's model.py files read theirs ("true", in any
+    case, is true); None when it is absent or empty (the model's default applies)."""
+    if value is None or value == "":
+        return None
+    return value.strip().lower() == "true"
