@@ -17,11 +17,12 @@ or package (trtpipe/serving/). Layers, low -> high; a unit may import its own la
                                                                 spec_schema: the spec's JSON Schema)
     2  resolve, plan, hostcheck, migrate                        every rule, the memory plan, the host check, the
                                                                 trtllm-build -> llm-api migration report
-    3  store, results, build_record, build_report               where artifacts, results, records and build
-                                                                reports live
+    3  store, results, build_record, build_report, stage_plan   where artifacts, results, records and build
+                                                                reports live; the stage plan every build walks
     4  checkpoint, engine, reference, serving                   what the stages call, and serving their output
-    5  stages, pipeline, warm                                   the declared stages, the runner, and the warm
-                                                                path that reuses a build's resolution
+    5  stages, pipeline, runner, warm                           the declared stages, the build (resolve ->
+                                                                plan), the runner that executes a plan, and the
+                                                                warm path that reuses a build's resolution
     6  bench, release, repair, matrix                           what works on built and served artifacts, and
                                                                 the matrix, which runs the runner on Ray workers
     7  workspace, commands, cli                                 the shell
@@ -45,9 +46,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("toolchain", "gpu", "quant", "spec", "spec_loader", "trtllm_build", "config_json", "model_folder", "llm_api",
      "installation", "model_semantics", "spec_schema"),
     ("resolve", "plan", "hostcheck", "migrate"),
-    ("store", "results", "build_record", "build_report"),
+    ("store", "results", "build_record", "build_report", "stage_plan"),
     ("checkpoint", "engine", "reference", "serving"),
-    ("stages", "pipeline", "warm"),
+    ("stages", "pipeline", "runner", "warm"),
     ("bench", "release", "repair", "matrix"),
     ("workspace", "commands", "cli"),
 )
@@ -183,7 +184,7 @@ def test_the_layout_neutral_modules_name_no_layout(tmp_path: Path) -> None:
 # matrix ask those registries; none names a backend. Its own files (toolchain, stages, trtllm_build/, engine/,
 # llm_api/, migrate, model_semantics' per-backend table, the llmapi layout's writer) and the CLI may.
 BACKEND_NAMES = {"trtllm-build", "llm-api", "reference"}
-BACKEND_NEUTRAL = ("spec.py", "resolve.py", "pipeline.py", "warm.py", "checkpoint/afresh.py", "bench", "store",
+BACKEND_NEUTRAL = ("spec.py", "resolve.py", "pipeline.py", "runner.py", "stage_plan.py", "warm.py", "checkpoint/afresh.py", "bench", "store",
                    "release", "matrix")
 
 

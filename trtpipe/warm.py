@@ -6,10 +6,11 @@ resolves (YAML, the tables, every rule, the stages) costs more than the rest of 
 successful build (`trtpipe.pipeline.run_build`) leaves a memo of its resolution in the store: what it
 read, fingerprinted, and what it concluded. The next `trtpipe build` of the same spec file checks the
 memo with stat calls (and one read of the small spec file), imports none of resolve, plan or the stages,
-and when nothing changed and every stored entry passes the check a hit gets (`Store.get`: present, of
-the memo's digest, sizes right) it takes the same leases, writes the same build record and prints the
-same report as a resolving warm build, with resolve and plan shown as hits. Anything else, or any
-doubt, takes the normal path, which writes a new memo.
+and when nothing changed it hands the memo's stage plan (trtpipe.stage_plan: each stage's key and the
+digest it must find) to the runner (trtpipe.runner), which runs it as it runs a resolving build's plan:
+the same leases, hit checks (`Store.get`: present, sizes right), build record and report, with resolve
+and plan shown as hits. The memo is a second resolver, not a second runner. A stage whose entry is not
+the memo's (`PlanStale`), or any doubt, takes the normal path, which writes a new memo.
 
 What a memo fingerprints (a file or folder by (type, size, mtime_ns, ctime_ns, inode): the digest
 cache's rule, with ctime because nobody can set it back; a folder also by each entry's fingerprint and
@@ -38,21 +39,20 @@ memo or the previous one; two builds writing at once each write a whole, valid m
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import stat
 import sys
 import time
-from collections.abc import Iterator, Mapping
-from datetime import datetime, timezone
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtpipe import build_record, hostfacts
 from trtpipe.atomic import write_text_atomically
 from trtpipe.build_report import BuildReport, StagePrinter, StageReport
+from trtpipe.stage_plan import PlannedStage, StagePlan
 from trtpipe.shipped import build_configs_dir, package_dir
 from trtpipe.store.digest_cache import RACY_WINDOW_NS
 
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from trtpipe.resolve import ResolvedSpec
     from trtpipe.store.local import Store
 
-MEMO_VERSION = 1
+MEMO_VERSION = 2  # 2: each stage says whether it serves (the runner reports its path)
 MEMO_FOLDER = "memos"
 
 Fingerprint = list[int]
@@ -217,15 +217,14 @@ def _check(memo: dict[str, Any], real: str) -> None:
 # ----------------------------------------------------------------------------------------------- the warm build
 
 
-def _now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
-
-
 def warm_build(spec_path: Path | str, store: Store, *, progress: bool) -> BuildReport | None:
-    """Build `spec_path` from its memo when nothing it fingerprinted changed and every stored stage is a
-    hit: the report a resolving warm build gives (resolve and plan shown as hits), with its record
-    written. None otherwise (having said why when there was a memo): the caller runs the normal build."""
-    started, started_at = time.monotonic(), _now_iso()
+    """Build `spec_path` from its memo when nothing it fingerprinted changed: the memo's stage plan, run by the
+    runner as a resolving build's plan is, each stage a hit of the entry the memo names (resolve and plan
+    shown as hits), with its record written. None otherwise (having said why when there was a memo): the
+    caller runs the normal build."""
+    from trtpipe.runner import PlanStale, Runner
+
+    started = time.monotonic()
     printer = StagePrinter(progress)
     try:
         memo = check_memo(spec_path, store.root)
@@ -233,40 +232,30 @@ def warm_build(spec_path: Path | str, store: Store, *, progress: bool) -> BuildR
         if not isinstance(why, NoMemo):
             printer.note(f"  resolving again: {why}", style="dim")
         return None
-    result = memo["result"]
+    result, kept = memo["result"], memo["result"]["record"]
     report = BuildReport(spec_path=str(spec_path), name=result["name"], target=result["target"],
                          toolchain=result["toolchain"], backend=result["backend"], store=str(store.root))
+
+    def record(report: BuildReport, started_at: str) -> build_record.BuildRecord:
+        return build_record.record_of(report=report, toolchain=kept["toolchain"], spec=kept["spec"],
+                                      memory_plan=kept["memory_plan"], versions=kept["versions"], started_at=started_at)
+
+    plan = StagePlan(stages=tuple(
+        PlannedStage(name=stage["name"], kind=stage["kind"], reads=(), key=stage["key"], digest=stage["digest"],
+                     serves=stage["serves"])
+        for stage in result["stages"]))
+    runner = Runner(store, report, record=record, progress=progress)
     checked = time.monotonic()
-    stages = [
-        StageReport(name="resolve", outcome="hit", seconds=checked - started,
-                    detail=f"{result['details']['resolve']}; inputs unchanged, last resolution reused"),
-        StageReport(name="plan", outcome="hit", seconds=0.0,
-                    detail=f"{result['details']['plan']}; inputs unchanged, last plan reused"),
-    ]
-    with contextlib.ExitStack() as leases:
-        for stage in result["stages"]:
-            kind, key, begun = stage["kind"], stage["key"], time.monotonic()
-            leases.enter_context(store.locks.lease(kind, key))  # gc cannot remove what we report
-            entry = store.get(kind, key)
-            if entry is None or entry.digest != stage["digest"]:
-                printer.note(f"  resolving again: the stored {kind} {key[:16]} is not the one last built", style="dim")
-                return None
-            stages.append(StageReport(name=stage["name"], outcome="hit", key=key, digest=entry.digest,
-                                      path=str(entry.path), seconds=time.monotonic() - begun))
-            report.keys[stage["name"]] = key
-            report.artifacts[kind] = entry.digest
-            if kind == "repository":
-                report.repository_path = str(entry.path)
-    report.stages = stages
-    for line in stages:
-        printer.stage(line)
-    report.seconds = time.monotonic() - started
-    if report.repository_path:
-        printer.note(f"repository: {report.repository_path}")
-    kept = result["record"]
-    record = build_record.record_of(report=report, toolchain=kept["toolchain"], spec=kept["spec"],
-                                    memory_plan=kept["memory_plan"], versions=kept["versions"], started_at=started_at)
-    report.record_path = str(build_record.write_record(store.root, record))
+    try:
+        with runner.running(), runner.holding_lines():
+            runner.add(StageReport(name="resolve", outcome="hit", seconds=checked - started,
+                                   detail=f"{result['details']['resolve']}; inputs unchanged, last resolution reused"))
+            runner.add(StageReport(name="plan", outcome="hit", seconds=0.0,
+                                   detail=f"{result['details']['plan']}; inputs unchanged, last plan reused"))
+            runner.run_plan(plan)
+    except PlanStale as why:
+        printer.note(f"  resolving again: {why}", style="dim")
+        return None
     return report
 
 
@@ -322,7 +311,7 @@ def _all_fingerprints(memo: dict[str, Any]) -> Iterator[Fingerprint | None]:
         yield fingerprint
 
 
-def memo_of(spec_path: Path | str, *, resolved: ResolvedSpec, report: BuildReport, stage_kinds: Mapping[str, str],
+def memo_of(spec_path: Path | str, *, resolved: ResolvedSpec, report: BuildReport, stages: Sequence[Any],
             started_ns: int) -> dict[str, Any]:
     """The memo of a successful build of `spec_path` (Stale: why this build cannot leave one)."""
     import yaml
@@ -332,12 +321,13 @@ def memo_of(spec_path: Path | str, *, resolved: ResolvedSpec, report: BuildRepor
     spec = resolved.spec
     if spec.model.repo_id is not None:
         raise Stale("a Hub model (model.repo_id) resolves through the Hugging Face cache")
-    stages = []
-    for name, kind in stage_kinds.items():
-        key, digest = report.keys.get(name), report.artifacts.get(kind)
+    planned = []
+    for stage in stages:
+        key, digest = report.keys.get(stage.name), report.artifacts.get(stage.kind)
         if key is None or digest is None:
-            raise Stale(f"the build did not store its {name} stage")
-        stages.append({"name": name, "kind": kind, "key": key, "digest": digest})
+            raise Stale(f"the build did not store its {stage.name} stage")
+        planned.append({"name": stage.name, "kind": stage.kind, "key": key, "digest": digest,
+                        "serves": bool(getattr(stage, "serves", False))})
     details = {name: (report.stage(name) or StageReport(name=name, outcome="ran")).detail or "" for name in ("resolve", "plan")}
     if report.record_path is None:
         raise Stale("the build wrote no record")
@@ -377,7 +367,7 @@ def memo_of(spec_path: Path | str, *, resolved: ResolvedSpec, report: BuildRepor
         "result": {
             "name": report.name, "target": report.target, "toolchain": report.toolchain, "backend": report.backend,
             "details": details,
-            "stages": stages,
+            "stages": planned,
             "record": record,
         },
     }
@@ -387,11 +377,11 @@ def memo_of(spec_path: Path | str, *, resolved: ResolvedSpec, report: BuildRepor
 
 
 def remember(store_root: Path, spec_path: Path | str, *, resolved: ResolvedSpec, report: BuildReport,
-             stage_kinds: Mapping[str, str], started_ns: int) -> Path | None:
+             stages: Sequence[Any], started_ns: int) -> Path | None:
     """Leave the memo of a successful build in the store (the path), or nothing (None) when the build cannot
     vouch for one. A memo is a shortcut, never a result: failing to write one never fails the build."""
     try:
-        memo = memo_of(spec_path, resolved=resolved, report=report, stage_kinds=stage_kinds, started_ns=started_ns)
+        memo = memo_of(spec_path, resolved=resolved, report=report, stages=stages, started_ns=started_ns)
         path = memo_path(store_root, memo["spec"]["path"])
         write_text_atomically(path, json.dumps(memo, separators=(",", ":")), mode=0o644)
     except Exception:  # noqa: BLE001 - a memo is only ever a shortcut: the build it would describe stands

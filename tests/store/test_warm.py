@@ -463,7 +463,7 @@ def test_what_the_memo_cannot_follow_leaves_no_memo() -> None:
     report = BuildReport(spec_path="spec.yaml", status="ok", record_path="records/x.json")
     hub = SimpleNamespace(spec=SimpleNamespace(model=SimpleNamespace(repo_id="org/model")))
     with pytest.raises(warm.Stale, match="Hugging Face cache"):
-        warm.memo_of("spec.yaml", resolved=hub, report=report, stage_kinds={}, started_ns=0)  # type: ignore[arg-type]
+        warm.memo_of("spec.yaml", resolved=hub, report=report, stages=(), started_ns=0)  # type: ignore[arg-type]
 
     class Inner(BaseModel):
         files: list[Path] = [Path("a.txt")]

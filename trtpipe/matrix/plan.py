@@ -17,7 +17,6 @@ cell that needs it, and the others wait for that cell and reuse it: each key is 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,8 @@ from trtpipe.matrix.expand import Cell, expand, in_cell, load_cell
 from trtpipe.matrix.loader import MatrixFile, load_matrix
 from trtpipe.plan import memory_plan
 from trtpipe.resolve import ResolvedSpec, resolve
-from trtpipe.stages import BACKEND_STAGES, InputRef, NoKey, StageContext
+from trtpipe.stage_plan import entry_dirs, plan_stages
+from trtpipe.stages import BACKEND_STAGES, StageContext
 from trtpipe.store.local import Store
 
 CellStatus = Literal["build", "hit", "planned", "refused"]
@@ -140,35 +140,18 @@ def shared_lookup(store: Store, remote: Any) -> Lookup:
     return lookup
 
 
-def _stand_in(kind: str, key: str, variant: str) -> str:
-    return "sha256:" + hashlib.sha256(f"trtpipe-matrix-stand-in:{variant}:{kind}:{key}".encode()).hexdigest()
-
-
 def key_stages(resolved: ResolvedSpec, store: Store, lookup: Lookup) -> list[StageState] | None:
-    """The cell's stored stages keyed as the runner keys them; None for a planning-only spec (no weights).
-
-    Each stage is keyed twice, its missing inputs standing in with two different digests: a stage whose key
-    changes follows a digest not known yet, and is provisional."""
+    """The cell's stage plan (trtpipe.stage_plan), keyed as the runner keys it, a stage that waits on an input's
+    digest keyed provisionally; None for a planning-only spec (no weights)."""
     backend = BACKEND_STAGES[resolved.backend_kind]
     ctx = StageContext(resolved=resolved, build_plan=backend.plan(resolved), digests=store.digests,
                        store_root=store.root, progress=False, dry_run=True)
-    refs: dict[str, dict[str, InputRef]] = {"a": {}, "b": {}}
-    states: list[StageState] = []
-    for stage in backend.stages:
-        try:
-            key = stage.key(ctx, {name: refs["a"][name] for name in stage.inputs})
-            other = stage.key(ctx, {name: refs["b"][name] for name in stage.inputs})
-        except NoKey:
-            return None
-        provisional = key.key != other.key
-        digest = None if provisional else lookup(stage.kind, key.key)
-        states.append(StageState(name=stage.name, kind=stage.kind, key=key.key, provisional=provisional,
-                                 present=digest is not None, digest=digest))
-        path = store.entry_dir(stage.kind, key.key)
-        for variant in refs:
-            refs[variant][stage.name] = InputRef(key=key.key, digest=digest or _stand_in(stage.kind, key.key, variant),
-                                                 path=path)
-    return states
+    plan = plan_stages(backend.stages, ctx, entry_dir=entry_dirs(store), provisional=True,
+                       lookup=lambda name, kind, key: lookup(kind, key))
+    if any(stage.key is None for stage in plan.stages):
+        return None
+    return [StageState(name=s.name, kind=s.kind, key=s.key, provisional=s.provisional, present=s.digest is not None,
+                       digest=s.digest) for s in plan.stages if s.key is not None]
 
 
 def _planning_only(cell: Cell) -> bool:

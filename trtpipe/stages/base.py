@@ -17,25 +17,7 @@ from typing import Any, Protocol
 from trtpipe.resolve import ResolvedSpec
 from trtpipe.store.digest_cache import DigestCache
 from trtpipe.store.keys import StageKey
-
-
-class NoKey(Exception):
-    """A dry run cannot key this stage yet (planning-only spec, input not built): why, and the outcome to show."""
-
-    def __init__(self, reason: str, *, outcome: str = "would-build") -> None:
-        self.reason = reason
-        self.outcome = outcome
-        super().__init__(reason)
-
-
-@dataclass(frozen=True)
-class InputRef:
-    """A stored stage's result as the stages after it see it: its key, its artifact digest and its entry
-    folder (None where a dry run does not know them yet)."""
-
-    key: str | None
-    digest: str | None
-    path: Path
+from trtpipe.stage_plan import InputRef, NoKey  # noqa: F401 - the stages' protocol names them
 
 
 @dataclass

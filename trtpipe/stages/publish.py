@@ -71,6 +71,7 @@ class PublishStage:
 
     name = "publish"
     kind = "repository"
+    serves = True  # its entry is the repository a server serves (the build reports its path)
 
     def __init__(self, layout: RepositoryLayout, *, reads: str) -> None:
         self.layout = layout

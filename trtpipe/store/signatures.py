@@ -20,8 +20,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
-
 from trtpipe.atomic import write_text_atomically
 
 MAX_BUNDLES = 16
@@ -53,6 +51,8 @@ def update_record(root: Path, digest: str, *, kind: str, key: str, pulled_from: 
     """Merge what is new into the record of `digest` (bundles deduplicated; the first pull source kept)."""
     path = _path(root, digest)
     path.parent.mkdir(parents=True, exist_ok=True)
+    from filelock import FileLock  # loaded by writers only: a warm build reads records
+
     with FileLock(str(path) + ".lock", timeout=60):
         record = read_record(root, digest) or {"digest": digest, "kind": kind, "key": key, "pulled_from": None,
                                                "bundles": [], "provenance": None}
