@@ -21,7 +21,7 @@ from trtpipe.store.local import Store
 
 if TYPE_CHECKING:
     from trtpipe.settings import Settings
-    from trtpipe.store.remote import RemoteCache
+    from trtpipe.store.remote import ArtifactRemote
 
 
 class Damaged(BaseModel):
@@ -41,14 +41,14 @@ class RepairOutcome(BaseModel):
     detail: str = ""
 
 
-def repair(store: Store, damaged: list[Damaged], *, remote: RemoteCache | None = None,
+def repair(store: Store, damaged: list[Damaged], *, remote: ArtifactRemote | None = None,
            settings: Settings) -> list[RepairOutcome]:
     """Restore each damaged artifact from `remote` (when given and it holds that digest), else by rebuilding
     (with the caller's `settings`)."""
     return [_repair_one(store, item, remote, settings) for item in damaged]
 
 
-def _repair_one(store: Store, item: Damaged, remote: RemoteCache | None, settings: Settings) -> RepairOutcome:
+def _repair_one(store: Store, item: Damaged, remote: ArtifactRemote | None, settings: Settings) -> RepairOutcome:
     def outcome(restored: bool, how: str | None, detail: str = "") -> RepairOutcome:
         return RepairOutcome(kind=item.kind, key=item.key, digest=item.digest, channels=item.channels,
                              restored=restored, how=how, detail=detail)
@@ -85,7 +85,7 @@ def _repair_one(store: Store, item: Damaged, remote: RemoteCache | None, setting
     return outcome(False, None, "; ".join(reasons))
 
 
-def _pull(store: Store, item: Damaged, remote: RemoteCache) -> bool:
+def _pull(store: Store, item: Damaged, remote: ArtifactRemote) -> bool:
     found = remote.find(item.kind, item.key)
     if found is None or found.artifact_digest != item.digest:
         return False

@@ -156,24 +156,29 @@ def test_policy_errors_name_file_and_field(tmp_path, body, field):
     assert "\n" not in text and str(path) in text and field in text
 
 
-def test_a_remote_without_the_pull_hook_is_refused_only_under_a_policy(tmp_path):
+def test_a_remote_without_the_pull_hook_is_refused_only_under_a_policy(tmp_path, monkeypatch):
+    """A remote's pulls go through the gate it is opened with (nothing sets one on it afterwards); a kind of
+    remote whose pulls cannot be judged is refused under a policy, and opened without one."""
     from trtpipe.errors import Untrusted
-    from trtpipe.release.trust import PullGate, install_gate
+    from trtpipe.release.trust import PullGate, open_gated
+    from trtpipe.store import remote as remotes
 
-    class Plain:  # a remote cache of the protocol that offers no pull hook
-        def __str__(self) -> str:
-            return "folder:///x"
+    class Plain:  # a remote cache of the protocol whose pulls call no gate (it keeps no signatures)
+        def __init__(self, url, _settings, gate) -> None:
+            self.url, self.gate = url, gate
 
-    class Hooked:
-        gate = None
-
+    monkeypatch.setitem(remotes.SCHEMES, "folder", remotes.RemoteKind(open=Plain, base_of=lambda ref: ref,
+                                                                      judges_pulls=False))
     _pair(tmp_path, "release")
     policy = load_policy(_policy(tmp_path, "keys: {release: release.pub}\n"))
-    install_gate(Plain(), PullGate(None, store_root=tmp_path, home=tmp_path, settings=Settings.from_env()))  # no policy: nothing to enforce
+    settings = Settings.from_env()
+    unjudged = PullGate(None, store_root=tmp_path, home=tmp_path, settings=settings)
+    assert isinstance(open_gated("folder:///x", unjudged, settings=settings), Plain)  # no policy: nothing to enforce
     with pytest.raises(Untrusted) as info:
-        install_gate(Plain(), PullGate(policy, store_root=tmp_path, home=tmp_path, settings=Settings.from_env()))
+        open_gated("folder:///x", PullGate(policy, store_root=tmp_path, home=tmp_path, settings=settings),
+                   settings=settings)
     assert "folder:///x cannot verify signatures" in str(info.value)
-    hooked = Hooked()
-    gate = PullGate(policy, store_root=tmp_path, home=tmp_path, settings=Settings.from_env())
-    install_gate(hooked, gate)
-    assert hooked.gate is gate
+    gate = PullGate(policy, store_root=tmp_path, home=tmp_path, settings=settings)
+    assert open_gated("oci://127.0.0.1:1/cache", gate, settings=settings).gate is gate
+    assert open_gated("oci://127.0.0.1:1/cache:tag", gate, settings=settings).gate is gate
+    assert remotes.open_remote("oci://127.0.0.1:1/cache", settings).gate is None

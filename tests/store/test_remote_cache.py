@@ -46,7 +46,8 @@ class FolderRemote:
     What an S3 or GCS remote would be: find / pull_into / push against its own storage, registered by
     URL scheme in trtpipe.store.remote.SCHEMES. Nothing in the build knows it is not OCI."""
 
-    def __init__(self, url: str, _settings: object) -> None:
+    def __init__(self, url: str, _settings: object, _gate: object) -> None:
+        # It keeps no signatures: its pulls call no gate (its kind says so, and a trust policy refuses it).
         from trtpipe.store.local import Store
 
         self.url = url
@@ -104,7 +105,8 @@ def test_any_remote_of_the_protocol_serves_as_the_shared_cache(tiny_spec: Path, 
     from trtpipe.cli import main
     from trtpipe.store import remote as remotes
 
-    monkeypatch.setitem(remotes.SCHEMES, "folder", remotes.RemoteKind(open=FolderRemote, base_of=lambda ref: ref))
+    monkeypatch.setitem(remotes.SCHEMES, "folder", remotes.RemoteKind(open=FolderRemote, base_of=lambda ref: ref,
+                                                                           judges_pulls=False))
     url = f"folder://{tmp_path / 'shared'}"
 
     monkeypatch.setenv("TRTPIPE_HOME", str(tmp_path / "machine-a"))

@@ -62,14 +62,15 @@ def register(app: typer.Typer) -> None:
         try:
             report = None
             pulled_check = None
-            remote = workspace.remote
-            if trust is not None or remote is not None:
-                from trtpipe.release.trust import PullGate, install_gate, pulled_checker
+            remote = None
+            if trust is not None or workspace.remote_url is not None:
+                from trtpipe.release.trust import PullGate, open_gated, pulled_checker
 
-                if remote is not None:
-                    install_gate(remote, PullGate(trust, store_root=workspace.root, home=workspace.root,
-                                                  note=lambda text: typer.echo(text, err=True),
-                                                  settings=workspace.settings))
+                if workspace.remote_url is not None:  # every pull from it judged by the trust gate it is opened with
+                    remote = open_gated(workspace.remote_url, PullGate(
+                        trust, store_root=workspace.root, home=workspace.root,
+                        note=lambda text: typer.echo(text, err=True), settings=workspace.settings),
+                        settings=workspace.settings)
                 if trust is not None:
                     pulled_check = pulled_checker(trust, store_root=workspace.root, home=workspace.root,
                                                   settings=workspace.settings)

@@ -404,14 +404,13 @@ def cache_pull_command(
 ) -> None:
     """Pull an artifact into the store; every blob and the manifest are verified before use, and its
     signatures against the trust policy (when one is set) before it enters the store."""
-    from trtpipe.release.trust import PullGate, install_gate
-    from trtpipe.store.remote import open_remote_for_ref
+    from trtpipe.release.trust import PullGate, open_gated
 
     workspace = open_workspace(store)
     trust = load_policy_option(policy, workspace, no_policy=no_policy, command="cache pull")
-    remote = open_remote_for_ref(ref, workspace.settings)
-    install_gate(remote, PullGate(trust, store_root=workspace.root, home=workspace.root,
-                                  note=lambda text: typer.echo(text, err=True), settings=workspace.settings))
+    remote = open_gated(ref, PullGate(trust, store_root=workspace.root, home=workspace.root,
+                                      note=lambda text: typer.echo(text, err=True), settings=workspace.settings),
+                        settings=workspace.settings)
     found = remote.resolve(ref)
     with _byte_progress(f"pull {found.kind}/{found.key[:12]}", found.size, quiet=as_json) as advance:
         entry = remote.pull(found, workspace.store, progress=advance)

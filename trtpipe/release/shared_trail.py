@@ -50,7 +50,7 @@ from trtpipe.atomic import write_text_atomically
 from trtpipe.chained import ChainedLog, HeadKey, chained_line, head_bytes_of, head_document, scan_bytes, signature_verifies
 from trtpipe.errors import Conflict, IntegrityError, TagMoved, TrtpipeError
 from trtpipe.release.audit import AuditRecord, marks_dir
-from trtpipe.store.remote import RemoteCache
+from trtpipe.store.remote import ChannelMirror
 
 MAX_ATTEMPTS = 6
 WRITTEN_KEPT = 64  # how many of its own record hashes a workspace remembers per channel
@@ -171,7 +171,7 @@ class RegistryCopy:
     legacy: bool = False  # a head-only copy of one workspace's trail (before trails were shared)
 
 
-def read_registry(remote: RemoteCache, shared: SharedChannel, key: HeadKey | None) -> RegistryCopy | None:
+def read_registry(remote: ChannelMirror, shared: SharedChannel, key: HeadKey | None) -> RegistryCopy | None:
     """The registry's copy of the channel's trail and every problem with it alone, or None when there is none."""
     copy = remote.get_channel_trail(shared.tag)
     if copy is None:
@@ -240,7 +240,7 @@ def _local(shared: SharedChannel, key: HeadKey | None) -> tuple[list[dict[str, A
     return log.scan().records, problems
 
 
-def standing(shared: SharedChannel, remote: RemoteCache | None, key: HeadKey | None, *,
+def standing(shared: SharedChannel, remote: ChannelMirror | None, key: HeadKey | None, *,
              fetch_error: str | None = None) -> Standing:
     """Compare this workspace's copy with the registry's (None: not reachable, `fetch_error` says why)."""
     local, local_problems = _local(shared, key)
@@ -356,7 +356,7 @@ def require_signer(copy: RegistryCopy | None, key: HeadKey | None) -> None:
 FieldsFor = Callable[[list[AuditRecord]], list[dict[str, Any]]]
 
 
-def append(shared: SharedChannel, remote: RemoteCache, key: HeadKey | None, fields_for: FieldsFor, *,
+def append(shared: SharedChannel, remote: ChannelMirror, key: HeadKey | None, fields_for: FieldsFor, *,
            pause: Callable[[float], None] = time.sleep) -> tuple[list[AuditRecord], Standing]:
     """Append the records `fields_for(current records)` gives to the registry's copy of the channel's trail by
     compare-and-swap, retried on a lost race; adopt the result. `fields_for` sees the channel as the registry

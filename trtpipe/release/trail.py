@@ -30,7 +30,7 @@ from trtpipe.release.channels import ChannelPointer, ChannelScope, ChannelStore,
 from trtpipe.release.keys import PrivateKey, PublicKey, load_public_key, load_signing_key, sign_bytes, verify_bytes
 from trtpipe.release.shared_trail import SharedChannel, Standing, channel_tag, shared_channels, standing, trail_tag
 from trtpipe.settings import Settings
-from trtpipe.store.remote import RemoteCache
+from trtpipe.store.remote import ChannelMirror, RemoteCache
 
 ChannelId = tuple[str, str, str]  # model, target, channel
 MOVES = ("promote", "force-promote", "rollback")
@@ -253,7 +253,7 @@ def trail_head_tag(model: str, target: str, channel: str) -> str:
     return trail_tag(model, target, channel)
 
 
-def move_channel_tag(remote: RemoteCache, pinned: str, model: str, target: str, channel: str) -> str:
+def move_channel_tag(remote: ChannelMirror, pinned: str, model: str, target: str, channel: str) -> str:
     """Point the registry's channel tag `<model>.<target>.<channel>` at `pinned` (what deploy hosts pull)."""
     tag = channel_tag(model, target, channel)
     remote.point_tag(pinned, tag)

@@ -4,8 +4,8 @@
   its provenance (in-toto statement, SLSA provenance v1, `trtpipe.release.provenance`) as a DSSE
   envelope, attach both to the pushed manifest as OCI referrers (`trtpipe.store.referrers`: referrers API,
   else the tag schema), and keep them beside the local entry (`trtpipe.store.signatures`).
-- `PullGate`: called by the registry pull between download and install (the staged files, not yet in the
-  store): fetches the artifact's signatures, verifies them against the policy's keys over the staged
+- `PullGate`: the gate a remote is opened with (`trtpipe.store.remote.open_remote(..., gate=)`), called by
+  its pulls between download and install (the staged files, not yet in the store): fetches the artifact's signatures, verifies them against the policy's keys over the staged
   bytes, and refuses (audited) what the policy does not accept. With no policy it lets the pull through
   and says whether the artifact was signed at all.
 - `judge_entry`: a stored artifact against a policy rule (serve, promote into a channel, a build's pulled
@@ -474,10 +474,11 @@ class PullGate:
         self.store_root = Path(store_root)
         self.home = Path(home)
         self.note = note
-        self.registry: Any = None  # the remote pulled from (`install_gate`): where a channel's trail is read
 
-    def __call__(self, client: Any, remote: Any, staged: Path, raw: bytes) -> None:
-        found = fetch_signatures(client, remote.ref.repository, remote.oci_digest)
+    def __call__(self, registry: Any, remote: Any, staged: Path, raw: bytes) -> None:
+        """Judge `remote` (an artifact of `registry`, the remote pulling it, which also keeps its channels'
+        trails) from its files staged in `staged` and its manifest.json bytes `raw`."""
+        found = fetch_signatures(registry.client, remote.ref.repository, remote.oci_digest)
         tag = getattr(remote, "tag", None)
         shown = f"{remote.ref.base}:{tag}" if tag else str(remote.ref)
         if self.note is not None:
@@ -494,7 +495,7 @@ class PullGate:
             problem = tag_problem(tag, cid, found.provenance, self.policy, remote.artifact_digest)
         if judgement.allowed and self.policy is not None and cid is not None \
                 and self.policy.requires_signature(channel):
-            problem = channel_tag_binding_problem(self.registry, self.home, cid, self.policy, remote.artifact_digest)
+            problem = channel_tag_binding_problem(registry, self.home, cid, self.policy, remote.artifact_digest)
         if not judgement.allowed or problem is not None:
             reason = problem or judgement.reason()
             record_refusal(self.home, settings=self.settings, action="pull", subject=subject,
@@ -524,16 +525,17 @@ class PullGate:
                                  provenance=found.provenance[0].decode("utf-8", "replace") if found.provenance else None)
 
 
-def install_gate(remote: Any, gate: PullGate) -> None:
-    """Make `remote`'s pulls go through `gate`. A remote without the hook (`gate`, as the OCI remote has) cannot
-    have its pulls verified: refused when a policy is set, else its pulls are simply not recorded as checked."""
-    if hasattr(remote, "gate"):
-        remote.gate = gate
-        gate.registry = remote
-    elif gate.policy is not None:
-        raise Untrusted(f"{remote} cannot verify signatures on pull, and trust policy {gate.policy.source} is set",
-                        subject=str(remote), missing=["signature verification on pull"],
+def open_gated(url: str, gate: PullGate, *, settings: Settings) -> Any:
+    """The remote `url` names (a cache or a full reference in one), every pull judged by `gate`. A kind of remote
+    whose pulls cannot be judged (it keeps no signatures) is refused when a policy is set: its pulls would pass
+    unverified; without a policy there is nothing to enforce."""
+    from trtpipe.store.remote import judges_pulls, open_remote_for_ref
+
+    if gate.policy is not None and not judges_pulls(url):
+        raise Untrusted(f"{url} cannot verify signatures on pull, and trust policy {gate.policy.source} is set",
+                        subject=url, missing=["signature verification on pull"],
                         fix="use an oci:// remote, or run without a trust policy")
+    return open_remote_for_ref(url, settings, gate=gate)
 
 
 # --------------------------------------------------------------------------- a folder as an artifact

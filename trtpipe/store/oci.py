@@ -29,7 +29,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import requests
 
@@ -55,6 +55,9 @@ from trtpipe.store.manifest import (
     parse_manifest,
     size_cap,
 )
+
+if TYPE_CHECKING:
+    from trtpipe.store.remote import PullGate
 
 OCI_MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
 FILE_MEDIA_TYPE = "application/vnd.trtpipe.file.v1"
@@ -927,12 +930,12 @@ def artifact_from_entry(entry: Any) -> LocalArtifact:
 
 
 # A pull's last check before the store: (client, remote, staged files folder, manifest.json bytes) -> None or
-# raise. The release area's trust gate (signatures against the policy) is one; the store knows none.
-PullGate = Callable[[OciClient, RemoteArtifact, Path, bytes], None]
+# raise (trtpipe.store.remote.PullGate, with the remote pulling as its first argument). The release area's trust
+# gate (signatures against the policy) is one; the store knows none.
 
 
-def install_pulled(client: OciClient, remote: RemoteArtifact, store: Any, *, progress: Callable[[str, int], None] | None = None,
-                   gate: PullGate | None = None) -> Any:
+def install_pulled(registry: OciRemote, remote: RemoteArtifact, store: Any, *,
+                   progress: Callable[[str, int], None] | None = None) -> Any:
     """Download `remote` into the local store as `<kind>/<key>`, verified, published by one rename.
 
     The entry keeps its original manifest.json bytes, so its digest (the artifact digest that
@@ -944,20 +947,17 @@ def install_pulled(client: OciClient, remote: RemoteArtifact, store: Any, *, pro
         raise IntegrityError(f"{remote.ref}: unknown artifact kind {kind!r}; refused", path=str(remote.ref))
     with store.building(kind, key) as handle:
         if handle.existing is not None:
-            if gate is not None and handle.existing.digest == remote.artifact_digest:
-                _gate_existing(client, remote, handle.existing, gate)
+            if registry.gate is not None and handle.existing.digest == remote.artifact_digest:
+                # Already stored under its key: the gate still sees it (its signatures are recorded, or the pull is
+                # refused) over the stored files.
+                existing = Path(handle.existing.path)
+                registry.gate(registry, remote, existing, (existing / "manifest.json").read_bytes())
             return handle.existing
-        return install_into(client, remote, store, handle, progress=progress, gate=gate)
+        return install_into(registry, remote, store, handle, progress=progress)
 
 
-def _gate_existing(client: OciClient, remote: RemoteArtifact, entry: Any, gate: PullGate) -> None:
-    """An artifact already stored under its key: the gate still sees it (its signatures are recorded, or the
-    pull is refused) over the stored files."""
-    gate(client, remote, Path(entry.path), (Path(entry.path) / "manifest.json").read_bytes())
-
-
-def install_into(client: OciClient, remote: RemoteArtifact, store: Any, handle: Any, *,
-                 progress: Callable[[str, int], None] | None = None, gate: PullGate | None = None) -> Any:
+def install_into(registry: OciRemote, remote: RemoteArtifact, store: Any, handle: Any, *,
+                 progress: Callable[[str, int], None] | None = None) -> Any:
     """Like `install_pulled`, into a `store.building(kind, key)` handle the caller already holds
     (its key's build lock; `handle.dir` empty). Publishes by one rename and sets `handle.entry`.
 
@@ -967,14 +967,14 @@ def install_into(client: OciClient, remote: RemoteArtifact, store: Any, handle: 
     kind, key = remote.kind, remote.key
     if (handle.kind, handle.key) != (kind, key):
         raise IntegrityError(f"{remote.ref} holds {kind}/{key}, not {handle.kind}/{handle.key}; refused", path=str(remote.ref))
-    raw, verified = download_verified(client, remote, Path(handle.dir), progress=progress, write_manifest=False)
+    raw, verified = download_verified(registry.client, remote, Path(handle.dir), progress=progress, write_manifest=False)
     if sha256_bytes(raw) != remote.artifact_digest:
         raise IntegrityError(
             f"{remote.ref}: its trtpipe manifest hashes to {sha256_bytes(raw)}, not the annotated artifact digest {remote.artifact_digest}; refused",
             path=str(remote.ref), fix="push the artifact again from a good copy",
         )
-    if gate is not None:
-        gate(client, remote, Path(handle.dir), raw)  # before the store: a refused artifact is never installed
+    if registry.gate is not None:
+        registry.gate(registry, remote, Path(handle.dir), raw)  # before the store: a refused artifact is never installed
     try:
         entry = store.install_verified(handle, raw, verified)
     except IntegrityError as err:
@@ -1009,13 +1009,14 @@ class OciRemote:
     installed into the local store; a built entry is pushed after the build.
     """
 
-    def __init__(self, url: str, *, credentials: Credentials | None = None, settings: Settings) -> None:
+    def __init__(self, url: str, *, credentials: Credentials | None = None, settings: Settings,
+                 gate: PullGate | None = None) -> None:
         self.base = parse_oci_ref(url)
         if self.base.reference is not None:
             raise UsageError(f"{url} names a tag or digest, not a repository", fix=f"give the repository only, e.g. {self.base.base}")
         self.url = self.base.base
         self.client = OciClient(self.base.host, credentials, settings=settings)
-        self.gate: PullGate | None = None  # every pull's last check before the store (signatures: trtpipe.release.trust)
+        self.gate = gate  # every pull's last check before the store (signatures: trtpipe.release.trust), or None
         # Manifest digests the gate refused under a key tag in this process: the key tags a push may replace.
         self.refused: set[str] = set()
 
@@ -1055,7 +1056,7 @@ class OciRemote:
         if remote is None:
             return None
         try:
-            return install_into(self.client, remote, handle.store, handle, progress=progress, gate=self.gate)
+            return install_into(self, remote, handle.store, handle, progress=progress)
         except (Untrusted, IntegrityError):
             self.refused.add(remote.oci_digest)  # the key tag is squatted: the genuine push may replace it
             raise
@@ -1070,7 +1071,7 @@ class OciRemote:
 
     def pull(self, ref: str | RemoteArtifact, store: Any, *, progress: Callable[[str, int], None] | None = None) -> Any:
         remote = self.resolve(ref) if isinstance(ref, str) else ref
-        return install_pulled(self.client, remote, store, progress=progress, gate=self.gate)
+        return install_pulled(self, remote, store, progress=progress)
 
     def describe(self, ref: str) -> Described:
         remote = self.resolve(ref)

@@ -1,6 +1,11 @@
 """Remote build caches: the interface the pipeline, `cache push|pull`, repair and promote use, and the
 registry that picks an implementation by URL scheme.
 
+Two roles, two protocols: an `ArtifactRemote` keeps artifacts by kind/key (the build's remote cache, `cache
+push|pull`, repair), a `ChannelMirror` keeps channel tags and their trails (promote, `channels --verify`).
+A remote of a scheme (`RemoteCache`) is both. Its pulls go through the gate it is opened with (`PullGate`:
+the release area's trust gate, or none), never one set on it later.
+
 Today one scheme exists, `oci://HOST/REPOSITORY` (`trtpipe.store.oci`: any OCI registry). An S3 or
 GCS cache is one new module implementing `RemoteCache` plus one line in `SCHEMES`. Nothing else
 looks at a URL's scheme: callers ask `is_remote_url` and `open_remote`.
@@ -16,6 +21,8 @@ from trtpipe.errors import AccessDenied, InvalidInput, RemoteError, TimedOut, Tr
 from trtpipe.settings import refuse_credentials, url_scheme
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from trtpipe.settings import Settings
     from trtpipe.store.local import Building, Entry, Store
 
@@ -74,8 +81,9 @@ class Described(Protocol):
     def pinned(self) -> str: ...  # a reference that names exactly this artifact forever
 
 
-class RemoteCache(Protocol):
-    """A shared store of artifacts, keyed like the local store (kind/key), verified on every pull."""
+class ArtifactRemote(Protocol):
+    """A shared store of artifacts, keyed like the local store (kind/key), verified on every pull (and judged by
+    the gate it was opened with)."""
 
     url: str  # the cache itself (no tag or digest), for messages and reports
 
@@ -101,6 +109,12 @@ class RemoteCache(Protocol):
     def describe(self, ref: str) -> Described:
         """What `ref` names, verified against its artifact digest (for promote)."""
 
+
+class ChannelMirror(Protocol):
+    """Where a workspace's channels are shared: each channel's movable tag and the trail kept beside it."""
+
+    url: str  # the mirror itself, for messages and reports
+
     def point_tag(self, pinned: str, tag: str) -> None:
         """Point a movable tag (a channel) at the artifact `pinned` names."""
 
@@ -114,6 +128,16 @@ class RemoteCache(Protocol):
 
     def get_trail_head(self, tag: str) -> bytes | None:
         """The head kept under `tag` (a head-only copy from before trails were shared, or a trail's), or None."""
+
+
+class RemoteCache(ArtifactRemote, ChannelMirror, Protocol):
+    """What a scheme opens: an OCI repository keeps artifacts and channels side by side."""
+
+
+# A pull's last check, between download and install: (the remote pulling, the artifact, the folder of its
+# staged files, its manifest.json bytes) -> None, or raise to refuse it (nothing is installed). The release
+# area's trust gate is one (trtpipe.release.trust.PullGate); the store knows none.
+PullGate = Callable[[Any, RemoteArtifact, "Path", bytes], None]
 
 
 RemoteMode = Literal["read-write", "read-only"]
@@ -165,16 +189,18 @@ def is_unavailable(err: TrtpipeError) -> bool:
 
 @dataclass(frozen=True)
 class RemoteKind:
-    """One URL scheme: how to open a cache, and which cache a full artifact reference lives in."""
+    """One URL scheme: how to open a cache, which cache a full artifact reference lives in, and whether its
+    pulls call the gate it is opened with (a kind that keeps no signatures has nothing for a gate to judge)."""
 
-    open: Callable[[str, "Settings"], RemoteCache]
+    open: Callable[[str, "Settings", "PullGate | None"], RemoteCache]
     base_of: Callable[[str], str]
+    judges_pulls: bool = True
 
 
-def _open_oci(url: str, settings: Settings) -> RemoteCache:
+def _open_oci(url: str, settings: Settings, gate: PullGate | None) -> RemoteCache:
     from trtpipe.store.oci import OciRemote
 
-    return OciRemote(url, settings=settings)
+    return OciRemote(url, settings=settings, gate=gate)
 
 
 def _oci_base(ref: str) -> str:
@@ -205,13 +231,19 @@ def _kind(url: str) -> RemoteKind:
     return kind
 
 
-def open_remote(url: str, settings: Settings) -> RemoteCache:
-    """The remote cache `url` names, with the caller's settings (credentials, insecure hosts); a one-line
-    UsageError for a scheme trtpipe has no remote for."""
-    return _kind(url).open(url, settings)
+def open_remote(url: str, settings: Settings, *, gate: PullGate | None = None) -> RemoteCache:
+    """The remote cache `url` names, with the caller's settings (credentials, insecure hosts), every pull judged
+    by `gate` (None: only verified against its digests); a one-line UsageError for a scheme trtpipe has no
+    remote for."""
+    return _kind(url).open(url, settings, gate)
 
 
-def open_remote_for_ref(ref: str, settings: Settings) -> RemoteCache:
+def judges_pulls(url: str) -> bool:
+    """Whether the remote `url` names (a cache or a full reference) calls its gate on every pull."""
+    return _kind(url).judges_pulls
+
+
+def open_remote_for_ref(ref: str, settings: Settings, *, gate: PullGate | None = None) -> RemoteCache:
     """The remote cache that holds the artifact `ref` names (a full reference, e.g. oci://HOST/REPO:TAG)."""
     kind = _kind(ref)
-    return open_remote(kind.base_of(ref), settings)
+    return open_remote(kind.base_of(ref), settings, gate=gate)
