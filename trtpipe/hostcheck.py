@@ -8,6 +8,7 @@ target, as OK / WARN / FAIL rows each carrying its fix. Exit codes (see EXIT_COD
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -112,52 +113,52 @@ def _driver_at_least(found: str, minimum: str) -> bool:
     return version_tuple(found) >= version_tuple(minimum)
 
 
-def run_checks(
-    host: HostInfo,
-    packages: dict[str, str | None],
-    docker: DockerStatus,
-    resolved: ResolvedSpec | None = None,
-    toolchain: Toolchain | None = None,
-) -> CheckReport:
-    """Compare this host with the spec (or, without a spec, with the newest toolchain)."""
-    rows: list[CheckRow] = []
-    toolchain = resolved.toolchain if resolved is not None else (toolchain or get_toolchain(None))
-    gpu_target = resolved is not None and resolved.gpu is not None
-    executor = resolved.spec.target.executor if resolved is not None else Executor.auto
-    catalog = load_catalog()
+@dataclass(frozen=True)
+class _Checked:
+    """What the rows compare: this host's facts and what the spec (or the newest toolchain) asks for."""
 
-    # --- GPUs and driver
-    if host.has_gpu:
-        names = ", ".join(f"{g.index}: {g.name} (SM{g.sm}, {g.memory_gib:g} GiB)" for g in host.gpus)
-        rows.append(CheckRow(status="OK", item="gpu", found=f"{len(host.gpus)} GPU(s): {names}"))
+    host: HostInfo
+    packages: dict[str, str | None]
+    docker: DockerStatus
+    resolved: ResolvedSpec | None
+    toolchain: Toolchain
+    gpu_target: bool  # the spec targets a GPU (not cpu-reference)
+    executor: Executor
+
+
+def _gpu_rows(rows: list[CheckRow], c: _Checked) -> None:
+    """The GPUs NVML sees, and the driver against the toolchain's minimum."""
+    if c.host.has_gpu:
+        names = ", ".join(f"{g.index}: {g.name} (SM{g.sm}, {g.memory_gib:g} GiB)" for g in c.host.gpus)
+        rows.append(CheckRow(status="OK", item="gpu", found=f"{len(c.host.gpus)} GPU(s): {names}"))
     else:
         rows.append(
             CheckRow(
                 status="WARN",
                 item="gpu",
-                found=f"no NVIDIA GPU: {host.error or 'NVML reports none'}",
+                found=f"no NVIDIA GPU: {c.host.error or 'NVML reports none'}",
                 fix="GPU targets can be checked and planned here but not built; cpu-reference builds work here",
             )
         )
-    if host.has_gpu:
-        if toolchain.min_driver is None:
+    if c.host.has_gpu:
+        if c.toolchain.min_driver is None:
             rows.append(
                 CheckRow(
                     status="WARN",
                     item="driver",
-                    found=host.driver_version or "unknown",
-                    expected=f"{toolchain.name}: minimum driver unknown",
+                    found=c.host.driver_version or "unknown",
+                    expected=f"{c.toolchain.name}: minimum driver unknown",
                     fix="compare with the container's release notes before building",
                 )
             )
-        elif host.driver_version and not _driver_at_least(host.driver_version, toolchain.min_driver):
+        elif c.host.driver_version and not _driver_at_least(c.host.driver_version, c.toolchain.min_driver):
             rows.append(
                 CheckRow(
                     status="FAIL",
                     item="driver",
-                    found=host.driver_version,
-                    expected=f">= {toolchain.min_driver} ({toolchain.name}, CUDA {toolchain.cuda_version})",
-                    fix=f"upgrade the NVIDIA driver to {toolchain.min_driver} or newer, or pick an older toolchain",
+                    found=c.host.driver_version,
+                    expected=f">= {c.toolchain.min_driver} ({c.toolchain.name}, CUDA {c.toolchain.cuda_version})",
+                    fix=f"upgrade the NVIDIA driver to {c.toolchain.min_driver} or newer, or pick an older toolchain",
                 )
             )
         else:
@@ -165,18 +166,21 @@ def run_checks(
                 CheckRow(
                     status="OK",
                     item="driver",
-                    found=host.driver_version or "unknown",
-                    expected=f">= {toolchain.min_driver}",
+                    found=c.host.driver_version or "unknown",
+                    expected=f">= {c.toolchain.min_driver}",
                 )
             )
 
-    # --- target GPU vs this host
-    if gpu_target and host.has_gpu:
-        assert resolved is not None and resolved.gpu is not None
-        target = resolved.gpu
-        want = resolved.spec.target.world_size
-        exact = [g for g in host.gpus if (entry := catalog_entry_for(g, catalog)) and entry.name == target.name]
-        same_sm = [g for g in host.gpus if g.sm == target.sm]
+
+def _target_row(rows: list[CheckRow], c: _Checked) -> None:
+    """The spec's target GPU (tp*pp of them) against this host's GPUs."""
+    if c.gpu_target and c.host.has_gpu:
+        assert c.resolved is not None and c.resolved.gpu is not None
+        target = c.resolved.gpu
+        want = c.resolved.spec.target.world_size
+        catalog = load_catalog()
+        exact = [g for g in c.host.gpus if (entry := catalog_entry_for(g, catalog)) and entry.name == target.name]
+        same_sm = [g for g in c.host.gpus if g.sm == target.sm]
         if len(exact) >= want:
             rows.append(
                 CheckRow(status="OK", item="target", found=f"{len(exact)} x {target.product}", expected=f"{want} x {target.name}")
@@ -203,23 +207,25 @@ def run_checks(
                 )
             )
         else:
-            host_sms = sorted({f"SM{g.sm}" for g in host.gpus})
+            host_sms = sorted({f"SM{g.sm}" for g in c.host.gpus})
             rows.append(
                 CheckRow(
                     status="FAIL",
                     item="target",
-                    found=f"this host has {', '.join(host_sms)} ({host.gpus[0].name})",
+                    found=f"this host has {', '.join(host_sms)} ({c.host.gpus[0].name})",
                     expected=f"{target.name} ({target.sm_label})",
                     fix=f"an engine is bound to the SM it was built on: build on a {target.sm_label} host, "
                     f"or set target.gpu to this host's GPU",
                 )
             )
 
-    # --- packages
-    for package, version in packages.items():
+
+def _package_rows(rows: list[CheckRow], c: _Checked) -> None:
+    """Each package's installed version against the toolchain's pin, by what this host needs it for."""
+    for package, version in c.packages.items():
         pinned_field = TOOLCHAIN_FIELD.get(package)
-        pinned = getattr(toolchain, pinned_field) if pinned_field else None
-        expected = f"{pinned} ({toolchain.name})" if pinned else None
+        pinned = getattr(c.toolchain, pinned_field) if pinned_field else None
+        expected = f"{pinned} ({c.toolchain.name})" if pinned else None
         if package in EVERYWHERE:
             if version is None:
                 rows.append(
@@ -246,15 +252,15 @@ def run_checks(
                 rows.append(CheckRow(status="OK", item=package, found=version, expected=expected))
             continue
         # tensorrt_llm / tensorrt: only GPU builds with the local executor need them here.
-        needed_locally = gpu_target and host.has_gpu and executor in (Executor.local, Executor.auto)
+        needed_locally = c.gpu_target and c.host.has_gpu and c.executor in (Executor.local, Executor.auto)
         if version is None:
-            if needed_locally and executor == Executor.local:
+            if needed_locally and c.executor == Executor.local:
                 status: Status = "FAIL"
                 fix = f"pip install {_dist(package)}=={pinned} from https://pypi.nvidia.com, or use executor: docker"
-            elif needed_locally and not docker.available:
+            elif needed_locally and not c.docker.available:
                 status = "FAIL"
                 fix = "install it (pip, NVIDIA index) or start a Docker daemon for the pinned container"
-            elif resolved is not None and not gpu_target:
+            elif c.resolved is not None and not c.gpu_target:
                 rows.append(
                     CheckRow(status="OK", item=package, found="not installed (not needed for cpu-reference)")
                 )
@@ -268,7 +274,7 @@ def run_checks(
                 )
             rows.append(CheckRow(status=status, item=package, found="not installed", expected=expected, fix=fix))
         elif pinned and not same_release(version, pinned):
-            status = "FAIL" if needed_locally and executor == Executor.local else "WARN"
+            status = "FAIL" if needed_locally and c.executor == Executor.local else "WARN"
             rows.append(
                 CheckRow(
                     status=status,
@@ -282,76 +288,103 @@ def run_checks(
         else:
             rows.append(CheckRow(status="OK", item=package, found=version, expected=expected))
 
-    # --- docker
-    if docker.available:
-        rows.append(CheckRow(status="OK", item="docker", found=docker.detail, expected=toolchain.triton_container))
-    elif resolved is not None and not gpu_target:
-        rows.append(CheckRow(status="OK", item="docker", found=f"{docker.detail}; not needed for cpu-reference"))
+
+def _docker_row(rows: list[CheckRow], c: _Checked) -> None:
+    """Whether a Docker daemon answers, by whether the spec's executor needs one."""
+    if c.docker.available:
+        rows.append(CheckRow(status="OK", item="docker", found=c.docker.detail, expected=c.toolchain.triton_container))
+    elif c.resolved is not None and not c.gpu_target:
+        rows.append(CheckRow(status="OK", item="docker", found=f"{c.docker.detail}; not needed for cpu-reference"))
     else:
-        needs = gpu_target and host.has_gpu and executor == Executor.docker
+        needs = c.gpu_target and c.host.has_gpu and c.executor == Executor.docker
         rows.append(
             CheckRow(
                 status="FAIL" if needs else "WARN",
                 item="docker",
-                found=docker.detail,
-                expected=toolchain.triton_container,
+                found=c.docker.detail,
+                expected=c.toolchain.triton_container,
                 fix="start a Docker daemon (with the NVIDIA container toolkit) for the docker executor; "
                 "cpu-reference and the local executor do not need it",
             )
         )
 
-    # --- toolchain facts
+
+def _toolchain_rows(rows: list[CheckRow], c: _Checked) -> None:
+    """The toolchain's own facts (unconfirmed ones said), and which pinned Triton containers serve the backend."""
     unknown = [
         name
         for name in ("tensorrt_version", "cuda_version", "torch_version", "triton_container", "min_driver")
-        if getattr(toolchain, name) is None
+        if getattr(c.toolchain, name) is None
     ]
     rows.append(
         CheckRow(
             status="WARN" if unknown else "OK",
             item="toolchain",
-            found=f"{toolchain.name}: TensorRT {toolchain.tensorrt_version}, CUDA {toolchain.cuda_version}, "
-            f"SM{toolchain.sm_min}-SM{toolchain.sm_max}",
-            expected=toolchain.triton_container,
+            found=f"{c.toolchain.name}: TensorRT {c.toolchain.tensorrt_version}, CUDA {c.toolchain.cuda_version}, "
+            f"SM{c.toolchain.sm_min}-SM{c.toolchain.sm_max}",
+            expected=c.toolchain.triton_container,
             fix=f"unconfirmed facts: {', '.join(unknown)} (build_configs/toolchains.yaml)" if unknown else None,
         )
     )
-
-    # --- which Triton containers carry the toolchain, and which backends each serves (where the table lists them)
-    if toolchain.triton_containers:
-        wanted = resolved.backend_kind if resolved is not None else None
-        serving = [c for c in toolchain.triton_containers if wanted is None or wanted in c.backends]
-        listed = "; ".join(f"{c.image}: {', '.join(c.backends)}" for c in toolchain.triton_containers)
-        missing = wanted is not None and wanted != "reference" and gpu_target and not serving
+    if c.toolchain.triton_containers:
+        wanted = c.resolved.backend_kind if c.resolved is not None else None
+        serving = [box for box in c.toolchain.triton_containers if wanted is None or wanted in box.backends]
+        listed = "; ".join(f"{box.image}: {', '.join(box.backends)}" for box in c.toolchain.triton_containers)
+        missing = wanted is not None and wanted != "reference" and c.gpu_target and not serving
         rows.append(
             CheckRow(
                 status="FAIL" if missing else "OK",
                 item="containers",
                 found=listed,
                 expected=f"a container serving {wanted}" if wanted else None,
-                fix=(f"no Triton container pinned for {toolchain.name} serves {wanted}: pick a toolchain whose "
+                fix=(f"no Triton container pinned for {c.toolchain.name} serves {wanted}: pick a toolchain whose "
                      "containers do (build_configs/toolchains.yaml triton_containers)") if missing else None,
             )
         )
 
+
+def _what_is_possible(c: _Checked) -> tuple[list[str], list[str]]:
+    """What this host can and cannot do, in words."""
     possible = ["check and plan any spec (GPU targets included)"]
     impossible: list[str] = []
-    if all(packages.get(p) for p in EVERYWHERE):
+    if all(c.packages.get(p) for p in EVERYWHERE):
         possible.append("build, serve and test the cpu-reference target")
-    if host.has_gpu:
-        if packages.get("tensorrt_llm") or docker.available:
+    if c.host.has_gpu:
+        if c.packages.get("tensorrt_llm") or c.docker.available:
             possible.append("build TensorRT-LLM engines for this host's GPUs")
         else:
             impossible.append("build TensorRT-LLM engines: neither tensorrt_llm nor a Docker daemon is here")
     else:
         impossible.append("build or run TensorRT-LLM engines (no NVIDIA GPU here)")
+    return possible, impossible
 
+
+def _exit_code(rows: list[CheckRow], c: _Checked) -> int:
     if any(r.status == "FAIL" for r in rows):
-        code = EXIT_FAIL
-    elif not host.has_gpu and (resolved is None or gpu_target):
-        code = EXIT_NO_GPU
-    else:
-        code = EXIT_OK
+        return EXIT_FAIL
+    if not c.host.has_gpu and (c.resolved is None or c.gpu_target):
+        return EXIT_NO_GPU
+    return EXIT_OK
+
+
+def run_checks(
+    host: HostInfo,
+    packages: dict[str, str | None],
+    docker: DockerStatus,
+    resolved: ResolvedSpec | None = None,
+    toolchain: Toolchain | None = None,
+) -> CheckReport:
+    """Compare this host with the spec (or, without a spec, with the newest toolchain): one row per fact, in the
+    order GPUs and driver, target, packages, Docker, toolchain, containers."""
+    toolchain = resolved.toolchain if resolved is not None else (toolchain or get_toolchain(None))
+    c = _Checked(host=host, packages=packages, docker=docker, resolved=resolved, toolchain=toolchain,
+                 gpu_target=resolved is not None and resolved.gpu is not None,
+                 executor=resolved.spec.target.executor if resolved is not None else Executor.auto)
+    rows: list[CheckRow] = []
+    for add_rows in (_gpu_rows, _target_row, _package_rows, _docker_row, _toolchain_rows):
+        add_rows(rows, c)
+    possible, impossible = _what_is_possible(c)
+    code = _exit_code(rows, c)
     return CheckReport(
         host=host,
         packages=packages,
