@@ -274,3 +274,23 @@ def test_only_results_of_exactly_the_repository_digest_count(isolated_home, stor
     log.record(repo.digest, "bench", True, bench_summary, gpu_class="cpu-reference")
     code, out, err = cli("promote", "repository/" + repo.key, "--to", "prod", "--json")
     assert code == 1 and "bench.ttft_p99_ms failed" in err and "median of 4 runs 610" in err
+
+
+def test_a_forced_local_promotion_loads_no_trust_and_no_registry_client(isolated_home, store_entry) -> None:
+    """Without a trust policy, a promotion on the local store loads neither the trust area (model signing, OCI
+    referrers) nor the OCI client: trust loads only when a policy is set."""
+    entry = store_entry(isolated_home, "a" * 64)
+    script = (
+        "import sys\nfrom trtpipe.cli import main\n"
+        "code = main(['promote', sys.argv[1], '--to', 'prod', '--force', '--reason', 'hotfix INC-7', '--json'])\n"
+        "names = ('trtpipe.release.trust', 'trtpipe.release.signing', 'trtpipe.store.oci', 'trtpipe.store.referrers',\n"
+        "         'model_signing', 'requests')\n"
+        "print('LOADED=' + ','.join(n for n in names if n in sys.modules), file=sys.stderr)\nsys.exit(code)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    done = subprocess.run([sys.executable, "-c", script, entry.digest], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-800:]
+    assert json.loads(done.stdout)["to_digest"] == entry.digest
+    assert done.stderr.strip().splitlines()[-1] == "LOADED=", done.stderr[-800:]
+    assert prod_digest(isolated_home) == entry.digest

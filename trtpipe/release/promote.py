@@ -56,7 +56,6 @@ from trtpipe.release.shared_trail import append as append_shared
 from trtpipe.release.trail import MOVES, ReleaseKey, apply, disagreements, move_channel_tag, open_shared_remote, \
     project_pointer, reconcile, release_key, replay, same_pointer, settle_shared, shared_standing
 from trtpipe.release.policy import TrustPolicy
-from trtpipe.release.trust import require_trusted_digest
 from trtpipe.results import ResultRecord, ResultsLog, current_user, normalize_digest
 from trtpipe.settings import Settings
 from trtpipe.spec import ChannelGates
@@ -392,7 +391,9 @@ def promote(
     if force and not (reason and reason.strip()):
         raise UsageError("a forced promotion needs a reason", fix='say why, e.g. "hotfix for incident 123, smoke run by hand"')
     art = resolve_artifact(home, ref, model=model, target=target, settings=settings)
-    if policy is not None:
+    if policy is not None:  # trust (model signing, the OCI referrers) loads only when a policy is set
+        from trtpipe.release.trust import require_trusted_digest
+
         require_trusted_digest(home, art.digest, policy, channel, model=art.model, target=art.target, settings=settings)
     gates, gates_source = load_gates(spec_path, art.manifest, channel)
     min_runs = settings.min_bench_runs() if settings is not None else DEFAULT_MIN_RUNS
@@ -612,6 +613,8 @@ def rollback(home: Path, channel: str, *, model: str | None = None, target: str 
                            what="earlier digest", ref=channel, fix="promote the wanted artifact instead")
         previous = now.history[-1]
         if policy is not None:
+            from trtpipe.release.trust import require_trusted_digest
+
             require_trusted_digest(home, previous.digest, policy, channel, model=now.model, target=now.target, settings=settings,
                                    action="rollback")
         tag = channel_tag(now.model, now.target, channel) if previous.ref and is_remote_url(previous.ref) else None
