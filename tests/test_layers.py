@@ -23,8 +23,9 @@ or package (trtpipe/serving/). Layers, low -> high; a unit may import its own la
     5  stages, pipeline, runner, warm                           the declared stages, the build (resolve ->
                                                                 plan), the runner that executes a plan, and the
                                                                 warm path that reuses a build's resolution
-    6  bench, release, repair, matrix                           what works on built and served artifacts, and
-                                                                the matrix, which runs the runner on Ray workers
+    6  bench, release, repair, matrix, build_session            what works on built and served artifacts, the
+                                                                matrix, which runs the runner on Ray workers,
+                                                                and a build as the CLI asks for it (trust, memo)
     7  workspace, commands, cli                                 the shell
 
 So serving never imports the stages or the runner, the store never imports a stage, and resolve reads
@@ -49,7 +50,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("store", "results", "build_record", "build_report", "stage_plan"),
     ("checkpoint", "engine", "reference", "serving"),
     ("stages", "pipeline", "runner", "warm"),
-    ("bench", "release", "repair", "matrix"),
+    ("bench", "release", "repair", "matrix", "build_session"),
     ("workspace", "commands", "cli"),
 )
 LAYER = {unit: index for index, units in enumerate(LAYERS) for unit in units}
@@ -184,7 +185,7 @@ def test_the_layout_neutral_modules_name_no_layout(tmp_path: Path) -> None:
 # matrix ask those registries; none names a backend. Its own files (toolchain, stages, trtllm_build/, engine/,
 # llm_api/, migrate, model_semantics' per-backend table, the llmapi layout's writer) and the CLI may.
 BACKEND_NAMES = {"trtllm-build", "llm-api", "reference"}
-BACKEND_NEUTRAL = ("spec.py", "resolve.py", "pipeline.py", "runner.py", "stage_plan.py", "warm.py", "checkpoint/afresh.py", "bench", "store",
+BACKEND_NEUTRAL = ("spec.py", "resolve.py", "pipeline.py", "runner.py", "build_session.py", "stage_plan.py", "warm.py", "checkpoint/afresh.py", "bench", "store",
                    "release", "matrix")
 
 

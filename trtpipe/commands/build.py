@@ -3,29 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
 from trtpipe.commands.output import JsonOption, StoreOption, open_workspace
 from trtpipe.commands.trust_options import NoPolicyOption, PolicyOption, load_policy_option
 from trtpipe.errors import Interrupted
-
-
-def _push_signer(workspace: Any, remote: Any) -> Any:
-    """What signs each entry the build pushes: the workspace's signing key (TRTPIPE_SIGNING_KEY), or None.
-
-    A build that pushes unsigned entries fills a cache that no workspace under a trust policy can hit (issue 28,
-    attack 9): so where a key is configured, a build signs what it pushes, as `cache push --sign` does. A bad
-    key fails here, before anything is built."""
-    from trtpipe.commands.trust_options import signing_key_option
-
-    key = signing_key_option(None, workspace.settings)
-    if key is None or not hasattr(remote, "client"):  # a remote without referrers has nowhere to keep a signature
-        return None
-    from trtpipe.release.trust import push_signer
-
-    return push_signer(key, store_root=workspace.root)
 
 
 def register(app: typer.Typer) -> None:
@@ -54,40 +38,15 @@ def register(app: typer.Typer) -> None:
                                      "sets it too).")] = False,
     ) -> None:
         """Run resolve -> plan -> checkpoint -> engine -> publish, reusing every stage already built."""
-        from trtpipe.store.remote import remote_use
+        from trtpipe.build_session import BuildRequest, build as run
 
         workspace = open_workspace(store)
-        use = remote_use(workspace.settings, mode=remote_mode, required=require_remote)
+        request = BuildRequest(spec=spec, dry_run=dry_run, force=tuple(force or ()), verify=verify,
+                               remote_mode=remote_mode, require_remote=require_remote)
         trust = load_policy_option(policy, workspace, no_policy=no_policy, command="build")
         try:
-            report = None
-            pulled_check = None
-            remote = None
-            if trust is not None or workspace.remote_url is not None:
-                from trtpipe.release.trust import PullGate, open_gated, pulled_checker
-
-                if workspace.remote_url is not None:  # every pull from it judged by the trust gate it is opened with
-                    remote = open_gated(workspace.remote_url, PullGate(
-                        trust, store_root=workspace.root, home=workspace.root,
-                        note=lambda text: typer.echo(text, err=True), settings=workspace.settings),
-                        settings=workspace.settings)
-                if trust is not None:
-                    pulled_check = pulled_checker(trust, store_root=workspace.root, home=workspace.root,
-                                                  settings=workspace.settings)
-            sign_push = _push_signer(workspace, remote) if remote is not None and use.pushes else None
-            # The warm path reuses a resolution and its entries as they were; a trust policy judges them again.
-            if not (dry_run or force or verify) and workspace.remote_url is None and trust is None:
-                # Every input as at the spec's last build: reuse its resolution (trtpipe.warm), else resolve.
-                from trtpipe.warm import warm_build
-
-                report = warm_build(spec, workspace.store, progress=not json_out)
-            if report is None:
-                from trtpipe.pipeline import run_build
-
-                report = run_build(spec, dry_run=dry_run, force=tuple(force or ()), verify=verify,
-                                   store=workspace.store, remote=remote, progress=not json_out,
-                                   pulled_check=pulled_check, remote_use=use, sign_push=sign_push,
-                                   settings=workspace.settings)
+            report = run(request, store=workspace.store, remote_url=workspace.remote_url, settings=workspace.settings,
+                         trust=trust, note=lambda text: typer.echo(text, err=True), progress=not json_out)
         except KeyboardInterrupt as interrupt:
             # The runner hands over its report (what it stored or reused so far, the store asked about the stage
             # it was storing); an interrupt before the runner started stored nothing.

@@ -33,12 +33,6 @@ def load_policy_option(policy: Path | None, workspace: Any, *, no_policy: bool =
 
 def signing_key_option(sign: str | None, settings: Any) -> Any:
     """The key to sign with: a PrivateKey, the string 'sigstore' (keyless), or None (do not sign)."""
-    from trtpipe.release.keys import load_signing_key, signing_key_source
-    from trtpipe.release.trust import KEYLESS
+    from trtpipe.release.trust import signing_key
 
-    source = signing_key_source(sign, settings.signing_key)
-    if source is None:
-        return None
-    if source == KEYLESS:
-        return KEYLESS
-    return load_signing_key(source)
+    return signing_key(sign, settings)

@@ -183,6 +183,19 @@ def sign_pushed(remote: Any, pushed: Any, entry: Any, key: PrivateKey | str, *, 
     return Signed(key_id, f"{base.base}@{sig_digest}", f"{base.base}@{prov_digest}" if prov_digest else None, not api)
 
 
+def signing_key(sign: str | None, settings: Settings) -> PrivateKey | str | None:
+    """The key to sign with: `sign` (a key file, or 'sigstore' for keyless), else the settings' signing key; a
+    PrivateKey, the string KEYLESS, or None (do not sign)."""
+    from trtpipe.release.keys import load_signing_key, signing_key_source
+
+    source = signing_key_source(sign, settings.signing_key)
+    if source is None:
+        return None
+    if source == KEYLESS:
+        return KEYLESS
+    return load_signing_key(source)
+
+
 def push_signer(key: PrivateKey | str, *, store_root: Path) -> Callable[[Any, Any, Any], str]:
     """The runner's signer of what a build pushes (`trtpipe.pipeline.PushSigner`): `sign_pushed` with `key`.
 
