@@ -185,7 +185,7 @@ def test_the_layout_neutral_modules_name_no_layout(tmp_path: Path) -> None:
 # matrix ask those registries; none names a backend. Its own files (toolchain, stages, trtllm_build/, engine/,
 # llm_api/, migrate, model_semantics' per-backend table, the llmapi layout's writer) and the CLI may.
 BACKEND_NAMES = {"trtllm-build", "llm-api", "reference"}
-BACKEND_NEUTRAL = ("spec.py", "resolve.py", "pipeline.py", "runner.py", "build_session.py", "stage_plan.py", "warm.py", "checkpoint/afresh.py", "bench", "store",
+BACKEND_NEUTRAL = ("spec.py", "resolve.py", "hostcheck.py", "pipeline.py", "runner.py", "build_session.py", "stage_plan.py", "warm.py", "checkpoint/afresh.py", "bench", "store",
                    "release", "matrix")
 
 

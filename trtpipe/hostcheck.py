@@ -17,7 +17,7 @@ from trtpipe import versions
 from trtpipe.gpu import HostInfo, catalog_entry_for, load_catalog
 from trtpipe.resolve import ResolvedSpec
 from trtpipe.spec import Executor
-from trtpipe.toolchain import Toolchain, get_toolchain, version_tuple
+from trtpipe.toolchain import Toolchain, backend_facts, get_toolchain, version_tuple
 
 EXIT_OK = 0
 EXIT_FAIL = 1
@@ -330,7 +330,8 @@ def _toolchain_rows(rows: list[CheckRow], c: _Checked) -> None:
         wanted = c.resolved.backend_kind if c.resolved is not None else None
         serving = [box for box in c.toolchain.triton_containers if wanted is None or wanted in box.backends]
         listed = "; ".join(f"{box.image}: {', '.join(box.backends)}" for box in c.toolchain.triton_containers)
-        missing = wanted is not None and wanted != "reference" and c.gpu_target and not serving
+        # A backend that runs only on the CPU (the reference runtime) is served by no Triton TRT-LLM container.
+        missing = wanted is not None and backend_facts(wanted).runs_on != "cpu" and c.gpu_target and not serving
         rows.append(
             CheckRow(
                 status="FAIL" if missing else "OK",
