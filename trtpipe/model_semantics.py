@@ -21,10 +21,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from trtpipe.toolchain import BACKEND_KINDS, backend_facts
 
 How = Literal["checkpoint", "runtime-parameter", "applied", "refused"]
-BACKENDS = ("trtllm-build", "llm-api", "reference")
+BACKENDS = BACKEND_KINDS  # every field says how each registered backend keeps it (a new backend needs its column)
 # Rope scalings the reference runtime computes (trtpipe.reference.runtime.rope_inverse_frequencies).
 REFERENCE_ROPE_TYPES = ("default", "linear", "llama3")
 # What TensorRT-LLM carries as rotary_scaling (tensorrt_llm/functional.py RotaryScalingType: none, linear, dynamic,
@@ -50,6 +52,15 @@ class SemanticField(BaseModel):
     field: str
     meaning: str
     handling: dict[str, Handling]
+
+    @model_validator(mode="after")
+    def _every_backend(self) -> SemanticField:
+        missing = [name for name in BACKENDS if name not in self.handling]
+        unknown = [name for name in self.handling if name not in BACKENDS]
+        if missing or unknown:
+            raise ValueError(f"{self.field}: the handling must name every backend exactly "
+                             f"(missing: {', '.join(missing) or 'none'}; unknown: {', '.join(unknown) or 'none'})")
+        return self
 
 
 TABLE: tuple[SemanticField, ...] = (
@@ -161,9 +172,10 @@ def refusals(config: dict[str, Any], backend: str, *, on_cpu: bool) -> list[Refu
     out: list[Refusal] = []
     rope = _rope_type(config)
     if rope is not None:
-        known = REFERENCE_ROPE_TYPES if on_cpu or backend == "reference" else TRTLLM_ROPE_TYPES
+        reference_runtime = on_cpu or backend_facts(backend).runs_on == "cpu"
+        known = REFERENCE_ROPE_TYPES if reference_runtime else TRTLLM_ROPE_TYPES
         if rope not in known:
-            where = "the cpu-reference runtime" if on_cpu or backend == "reference" else "TensorRT-LLM"
+            where = "the cpu-reference runtime" if reference_runtime else "TensorRT-LLM"
             out.append(Refusal(field="rope_scaling", message=f"rope_type {rope!r} is not computed by {where} "
                                f"(it computes {', '.join(known)}), so the served model would not be this one",
                                fix="use a model with a supported rope scaling, or another target"))
