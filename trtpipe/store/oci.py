@@ -929,9 +929,9 @@ def artifact_from_entry(entry: Any) -> LocalArtifact:
 # --------------------------------------------------------------------------- local store integration
 
 
-# A pull's last check before the store: (client, remote, staged files folder, manifest.json bytes) -> None or
-# raise (trtpipe.store.remote.PullGate, with the remote pulling as its first argument). The release area's trust
-# gate (signatures against the policy) is one; the store knows none.
+# Every pull's last check before the store is the gate its OciRemote was opened with (trtpipe.store.remote.PullGate:
+# the remote, the artifact, its staged files folder, its manifest.json bytes). The release area's trust gate is one;
+# the store knows none.
 
 
 def install_pulled(registry: OciRemote, remote: RemoteArtifact, store: Any, *,
