@@ -173,6 +173,9 @@ def test_the_mistral_7b_example_plans_with_its_4096_window() -> None:
 
 
 def test_every_semantic_field_says_how_each_backend_keeps_it() -> None:
+    from trtpipe.toolchain import BACKEND_KINDS
+
+    assert set(model_semantics.BACKENDS) == set(BACKEND_KINDS)  # a newly registered backend needs its column
     for row in model_semantics.TABLE:
         assert set(row.handling) == set(model_semantics.BACKENDS), row.field
         assert all(h.where for h in row.handling.values()), row.field
