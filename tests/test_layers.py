@@ -145,7 +145,7 @@ def test_the_checks_catch_a_lazy_upward_import_and_a_cycle(tmp_path: Path) -> No
 # Issue 24: a repository layout is a unit (trtpipe.serving.layouts: its writer, templates, recognition, validation,
 # served tokenizer, container processes; its request contract and upstream's client patterns in
 # trtpipe.serving.client.REQUEST_CONTRACTS). These modules ask the registry and use what it returns; none names a
-# layout. (Still naming its layouts' files: trtpipe/store/manifest.py's weight-size rule, a layer below the registry.)
+# layout. (The store's weight-size rule is handed the layouts' and stages' own `weight_files`: trtpipe.stages.)
 LAYOUT_NEUTRAL = ("serving/smoke.py", "serving/server.py", "serving/container.py", "serving/validate.py",
                   "serving/templates.py", "serving/client_patterns.py", "bench/__init__.py", "bench/loadgen.py",
                   "bench/counting.py", "commands/bench.py", "stages/publish.py", "store")

@@ -30,7 +30,7 @@ from trtpipe.plan import memory_plan
 from trtpipe.resolve import ResolvedSpec, resolve
 from trtpipe.runner import BuildInterrupted, PulledCheck, PushSigner, Runner
 from trtpipe.spec_loader import load_spec
-from trtpipe.stages import BACKEND_STAGES, STORED_STAGE_NAMES, BackendStages, StageContext
+from trtpipe.stages import BACKEND_STAGES, STORED_STAGE_NAMES, BackendStages, StageContext, weight_file_rule
 from trtpipe.store.local import Store
 from trtpipe.store.remote import RemoteUse
 from trtpipe.settings import Settings
@@ -163,7 +163,7 @@ def open_stores(store: Store | Path | str | None, remote: Any = None, *, setting
 
     root, remote_url = places(store, settings)
     if remote is None and remote_url is not None:
-        remote = open_remote(remote_url, settings)
+        remote = open_remote(remote_url, settings, weight_file_rule())
     return Store.open(root), remote
 
 

@@ -58,9 +58,10 @@ class Workspace:
     def remote(self) -> RemoteCache | None:
         """The remote cache --store or $TRTPIPE_STORE names, or None."""
         if self._remote is None and self.remote_url is not None:
+            from trtpipe.stages import weight_file_rule
             from trtpipe.store.remote import open_remote
 
-            self._remote = open_remote(self.remote_url, self.settings)
+            self._remote = open_remote(self.remote_url, self.settings, weight_file_rule())
         return self._remote
 
     @property

@@ -75,10 +75,11 @@ def ray_cluster(registry: Any, tmp_path_factory: pytest.TempPathFactory) -> Iter
 def registry_remote(registry: Any, repository: str) -> Any:
     """The test registry's repository as the matrix's shared remote cache (credentials given in code)."""
     from trtpipe.settings import Settings
+    from trtpipe.stages import weight_file_rule
     from trtpipe.store.remote import open_remote
 
     settings = Settings(registry_username=registry.username, registry_password=registry.password)
-    return open_remote(registry.url(repository), settings)
+    return open_remote(registry.url(repository), settings, weight_file_rule())
 
 
 def built_stages(records_root: Path, since_ids: set[str] = frozenset()) -> list[tuple[str, str]]:

@@ -14,6 +14,7 @@ from trtpipe.errors import InvalidInput
 from trtpipe.release import keys as K
 from trtpipe.release.policy import allows_hand_recorded, load_policy, policy_from
 from trtpipe.settings import Settings
+from trtpipe.stages import weight_file_rule
 
 
 def _pair(tmp_path: Path, name: str) -> K.PrivateKey:
@@ -164,7 +165,7 @@ def test_a_remote_without_the_pull_hook_is_refused_only_under_a_policy(tmp_path,
     from trtpipe.store import remote as remotes
 
     class Plain:  # a remote cache of the protocol whose pulls call no gate (it keeps no signatures)
-        def __init__(self, url, _settings, gate) -> None:
+        def __init__(self, url, _settings, _weights, gate) -> None:
             self.url, self.gate = url, gate
 
     monkeypatch.setitem(remotes.SCHEMES, "folder", remotes.RemoteKind(open=Plain, base_of=lambda ref: ref,
@@ -181,4 +182,4 @@ def test_a_remote_without_the_pull_hook_is_refused_only_under_a_policy(tmp_path,
     gate = PullGate(policy, store_root=tmp_path, home=tmp_path, settings=settings)
     assert open_gated("oci://127.0.0.1:1/cache", gate, settings=settings).gate is gate
     assert open_gated("oci://127.0.0.1:1/cache:tag", gate, settings=settings).gate is gate
-    assert remotes.open_remote("oci://127.0.0.1:1/cache", settings).gate is None
+    assert remotes.open_remote("oci://127.0.0.1:1/cache", settings, weight_file_rule()).gate is None

@@ -11,6 +11,7 @@ import pytest
 from trtpipe.errors import TrtpipeError
 from trtpipe.store import oci
 from trtpipe.settings import Settings
+from trtpipe.stages import weight_file_rule
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -52,7 +53,7 @@ def test_push_pull_roundtrip_is_verified_and_deterministic(registry_env, tmp_pat
     # Same entry from another place: same OCI digest (no tar, no timestamps).
     again = oci.push_artifact(client, base, make_entry(tmp_path / "b"), tags=("v1",))
     assert again.oci_digest == first.oci_digest
-    remote = oci.resolve_remote(client, base.with_tag("v1"))
+    remote = oci.resolve_remote(client, base.with_tag("v1"), weight_file_rule())
     assert remote.oci_digest == first.oci_digest
     assert remote.artifact_digest == art.digest and remote.kind == "engine"
     assert remote.annotations["org.trtpipe.model"] == "tiny-llama"
@@ -72,7 +73,7 @@ def test_version_tag_never_moves(registry_env, tmp_path: Path) -> None:
     first = oci.push_artifact(client, base, make_entry(tmp_path / "a", seed="a"), tags=("v1",))
     with pytest.raises(TrtpipeError, match="never moved"):
         oci.push_artifact(client, base, make_entry(tmp_path / "b", key="other" * 4, seed="b"), tags=("v1",))
-    assert oci.resolve_remote(client, base.with_tag("v1")).oci_digest == first.oci_digest
+    assert oci.resolve_remote(client, base.with_tag("v1"), weight_file_rule()).oci_digest == first.oci_digest
 
 
 def test_tampered_blob_is_refused(registry_env, tmp_path: Path) -> None:
@@ -80,7 +81,7 @@ def test_tampered_blob_is_refused(registry_env, tmp_path: Path) -> None:
     client = oci.OciClient(registry_env.host, settings=Settings.from_env())
     base = oci.parse_oci_ref(registry_env.url("tamper/engines"))
     pushed = oci.push_artifact(client, base, art)
-    remote = oci.resolve_remote(client, pushed.ref)
+    remote = oci.resolve_remote(client, pushed.ref, weight_file_rule())
     layer = next(l for l in remote.manifest["layers"] if l["annotations"][oci.TITLE_ANNOTATION] == "rank0.safetensors")
     data = registry_env.blob_data_path(layer["digest"])
     body = bytearray(data.read_bytes())
@@ -139,7 +140,7 @@ def test_bearer_token_registry_push_pull(token_registry, isolated_home, monkeypa
     art = make_entry(tmp_path / "a", seed="tok")
     pushed = oci.push_artifact(client, base, art, tags=("v1",))
     reader = oci.OciClient(token_registry.host, settings=Settings.from_env())
-    remote = oci.resolve_remote(reader, base.with_tag("v1"))
+    remote = oci.resolve_remote(reader, base.with_tag("v1"), weight_file_rule())
     assert remote.oci_digest == pushed.oci_digest
     dest = tmp_path / "pulled"
     dest.mkdir()

@@ -13,6 +13,7 @@ from trtpipe.release.trail import channel_records
 from trtpipe.results import ResultsLog
 from trtpipe.store import oci
 from trtpipe.settings import Settings
+from trtpipe.stages import weight_file_rule
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -61,7 +62,7 @@ def test_version_tag_refuses_overwrite_via_cli(registry_env, store_entry, cli) -
     code, _, err = cli("cache", "push", second.key, "--to", url, "--tag", "v2")
     assert code == 4 and "never moved" in err  # Conflict: the tag already names another artifact
     client = oci.OciClient(registry_env.host, settings=Settings.from_env())
-    remote = oci.resolve_remote(client, oci.parse_oci_ref(url + ":v2"))
+    remote = oci.resolve_remote(client, oci.parse_oci_ref(url + ":v2"), weight_file_rule())
     assert remote.artifact_digest == first.digest
 
 
@@ -73,7 +74,7 @@ def test_tampered_pull_installs_nothing(registry_env, store_entry, cli, tmp_path
     code, out, _ = cli("cache", "push", entry.key, "--to", url, "--json")
     assert code == 0
     client = oci.OciClient(registry_env.host, settings=Settings.from_env())
-    remote = oci.resolve_remote(client, oci.parse_oci_ref(json.loads(out)["ref"]))
+    remote = oci.resolve_remote(client, oci.parse_oci_ref(json.loads(out)["ref"]), weight_file_rule())
     layer = next(l for l in remote.manifest["layers"] if l["annotations"][oci.TITLE_ANNOTATION] == "config.json")
     data = registry_env.blob_data_path(layer["digest"])
     data.write_bytes(data.read_bytes() + b" ")  # extended by one byte
@@ -94,7 +95,7 @@ def test_remote_store_as_shared_build_cache(registry_env, store_entry, tmp_path)
     from trtpipe.store.local import Store
 
     entry = store_entry(Path(os.environ["TRTPIPE_HOME"]), "5eed5eed5eed5eed", seed="c")
-    remote = oci.OciRemote(registry_env.url("flow/cache"), settings=Settings.from_env())
+    remote = oci.OciRemote(registry_env.url("flow/cache"), settings=Settings.from_env(), weights=weight_file_rule())
     runner_store = Store.open(tmp_path / "runner-store")
     assert remote.find("engine", entry.key) is None
     remote.push(entry)
@@ -165,7 +166,7 @@ def test_a_rewrite_of_the_adopted_trail_disagrees_with_the_registrys(registry_en
         ResultsLog(home).record(entry.digest, "smoke", True, {})
     for ref in refs:
         assert cli("promote", ref, "--to", "prod")[0] == 0
-    copy = oci.OciRemote(url, settings=Settings.from_env()).get_channel_trail("trail.tiny-llama.cpu-reference.prod")
+    copy = oci.OciRemote(url, settings=Settings.from_env(), weights=weight_file_rule()).get_channel_trail("trail.tiny-llama.cpu-reference.prod")
     log = SharedChannel(home, "tiny-llama", "cpu-reference", "prod").log
     assert copy is not None and copy.log == log.path.read_bytes() and copy.head == log.head_path.read_bytes()
     code, out, _ = cli("channels", "--verify")

@@ -18,6 +18,7 @@ from trtpipe.release.trail import release_key
 from trtpipe.results import ResultsLog
 from trtpipe.settings import Settings
 from trtpipe.store import oci
+from trtpipe.stages import weight_file_rule
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -86,19 +87,19 @@ def signing_key(tmp_path, monkeypatch) -> Path:
 
 
 def registry_trail(url: str) -> tuple[oci.TrailCopy, list[dict[str, Any]]]:
-    copy = oci.OciRemote(url, settings=Settings.from_env()).get_channel_trail(TRAIL_TAG)
+    copy = oci.OciRemote(url, settings=Settings.from_env(), weights=weight_file_rule()).get_channel_trail(TRAIL_TAG)
     assert copy is not None and copy.log is not None
     return copy, [json.loads(line) for line in copy.log.decode().splitlines()]
 
 
 def channel_tag_digest(url: str) -> str:
-    return oci.OciRemote(url, settings=Settings.from_env()).describe(f"{url}:{CHANNEL_TAG}").artifact_digest
+    return oci.OciRemote(url, settings=Settings.from_env(), weights=weight_file_rule()).describe(f"{url}:{CHANNEL_TAG}").artifact_digest
 
 
 def rewrite_record(url: str, number: int, **changes: Any) -> None:
     """Edit record `number` of the registry's trail, re-hash the chain from there and write a head to match
     (unsigned, as whoever does this has no release key), then move the tag: a rewrite done with care."""
-    remote = oci.OciRemote(url, settings=Settings.from_env())
+    remote = oci.OciRemote(url, settings=Settings.from_env(), weights=weight_file_rule())
     copy, records = registry_trail(url)
     records[number - 1].update(changes)
     for i in range(number - 1, len(records)):
@@ -168,7 +169,7 @@ def test_a_shortened_registry_trail_is_caught_and_nothing_is_adopted(two_workspa
     for ref, workspace in ((refs[0], laptop), (refs[1], runner), (refs[2], laptop)):
         assert workspace.run("promote", ref["ref"], "--to", CHANNEL)[0] == 0
     assert runner.verify() == (0, [])
-    remote = oci.OciRemote(url, settings=Settings.from_env())
+    remote = oci.OciRemote(url, settings=Settings.from_env(), weights=weight_file_rule())
     copy, records = registry_trail(url)
     kept = records[:2]
     log = "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept).encode()
@@ -257,7 +258,7 @@ def test_a_write_overwritten_after_its_read_back_is_reported_as_such(two_workspa
     before, _ = registry_trail(url)
     assert laptop.run("promote", refs[1]["ref"], "--to", CHANNEL)[0] == 0
     # The runner's write, decided on the copy from before the laptop's: put over it without the check.
-    remote = oci.OciRemote(url, settings=Settings.from_env())
+    remote = oci.OciRemote(url, settings=Settings.from_env(), weights=weight_file_rule())
     records = [json.loads(line) for line in before.log.decode().splitlines()]
     fields = {**records[-1], "who": "ci-runner", "at": "2099-01-01T00:00:00.000+00:00", "from_digest": records[-1]["to_digest"],
               "to_digest": refs[2]["artifact_digest"], "ref": refs[2]["ref"]}
@@ -313,7 +314,7 @@ def test_an_older_signed_trail_put_back_in_the_registry_and_the_workspace_is_cau
     assert head["sequence"] == 3 and head["signature"]  # each registry head one after the head it extends
     # Rewind both: the registry's trail tag back to its first (genuinely signed) copy, the laptop's trail and
     # pointer folders back to what they held then.
-    remote = oci.OciRemote(url, settings=Settings.from_env())
+    remote = oci.OciRemote(url, settings=Settings.from_env(), weights=weight_file_rule())
     remote.put_channel_trail(TRAIL_TAG, old_copy.head, old_copy.log, expect=registry_trail(url)[0].digest)
     for folder in ("audit", "channels"):
         shutil.rmtree(laptop.home / folder)

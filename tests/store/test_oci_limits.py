@@ -344,14 +344,16 @@ def test_pull_hashes_each_file_once_as_it_streams_and_the_entry_is_then_vouched_
 def test_llm_api_weight_files_get_the_weight_cap_and_nothing_else_does() -> None:
     """An LLM-API artifact (hf-checkpoint) is not sharded by GPU: its HF weight files, and the same files
     hard-linked under an llmapi repository's tensorrt_llm/1/checkpoint/, hold the whole model."""
+    from trtpipe.stages import weight_file_rule
     from trtpipe.store.manifest import KINDS, size_cap
 
-    assert "hf-checkpoint" in KINDS and "hf-checkpoint" in oci.KINDS
+    weights = weight_file_rule()  # as the stages and layouts declare their weight files
+    assert "hf-checkpoint" in KINDS and oci.KINDS is KINDS
     for name in ("model.safetensors", "model-00001-of-00004.safetensors"):
-        assert size_cap("hf-checkpoint", name) == MAX_RANK_FILE_BYTES
-        assert size_cap("repository", f"tensorrt_llm/1/checkpoint/{name}") == MAX_RANK_FILE_BYTES
+        assert size_cap("hf-checkpoint", name, weights) == MAX_RANK_FILE_BYTES
+        assert size_cap("repository", f"tensorrt_llm/1/checkpoint/{name}", weights) == MAX_RANK_FILE_BYTES
     for kind, name in (("hf-checkpoint", "tokenizer.json"), ("hf-checkpoint", "llm_args.json"),
                        ("hf-checkpoint", "sub/model.safetensors"), ("hf-checkpoint", "rank0.safetensors"),
                        ("repository", "tensorrt_llm/1/checkpoint/config.json"),
                        ("repository", "tensorrt_llm/1/model.safetensors"), ("checkpoint", "model.safetensors")):
-        assert size_cap(kind, name) == MAX_OTHER_FILE_BYTES, (kind, name)
+        assert size_cap(kind, name, weights) == MAX_OTHER_FILE_BYTES, (kind, name)

@@ -102,6 +102,7 @@ def test_refused_credentials_are_a_warning_and_a_local_build(registry, tiny_spec
 def test_read_only_pulls_hits_and_never_pushes(registry, tiny_spec: Path, tmp_path: Path, tools, clean_env,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     from trtpipe.settings import Settings
+    from trtpipe.stages import weight_file_rule
     from trtpipe.store.oci import OciRemote
 
     monkeypatch.setenv("TRTPIPE_REGISTRY_USERNAME", registry.username)
@@ -133,7 +134,7 @@ def test_read_only_pulls_hits_and_never_pushes(registry, tiny_spec: Path, tmp_pa
     again = json.loads(by_setting.stdout)
     assert again["remote_mode"] == "read-only" and _stored_outcomes(again) == ["pulled", "built", "built"]
 
-    cache = OciRemote(remote, settings=Settings.from_env())
+    cache = OciRemote(remote, settings=Settings.from_env(), weights=weight_file_rule())
     for stage in report["stages"][3:]:
         kind = {"engine": "engine", "publish": "repository"}[stage["name"]]
         assert cache.find(kind, stage["key"]) is None, f"a read-only build pushed {kind}"

@@ -46,7 +46,7 @@ class FolderRemote:
     What an S3 or GCS remote would be: find / pull_into / push against its own storage, registered by
     URL scheme in trtpipe.store.remote.SCHEMES. Nothing in the build knows it is not OCI."""
 
-    def __init__(self, url: str, _settings: object, _gate: object) -> None:
+    def __init__(self, url: str, _settings: object, _weights: object, _gate: object) -> None:
         # It keeps no signatures: its pulls call no gate (its kind says so, and a trust policy refuses it).
         from trtpipe.store.local import Store
 
@@ -178,6 +178,7 @@ def test_a_squatted_key_tag_does_not_block_the_genuine_push(registry, tiny_spec:
     over the key tags, and the next workspace hits them."""
     from trtpipe.settings import Settings
     from trtpipe.store.local import Store
+    from trtpipe.stages import weight_file_rule
     from trtpipe.store.oci import OciRemote, key_tag
 
     remote = _signing_setup(tmp_path, registry, monkeypatch, "trtpipe/squatted-cache")
@@ -188,7 +189,7 @@ def test_a_squatted_key_tag_does_not_block_the_genuine_push(registry, tiny_spec:
     with attacker.building("engine", engine_key) as handle:
         (handle.dir / "rank0.safetensors").write_bytes(b"not the engine" * 1000)
         planted = handle.commit(inputs={"planted": True})
-    squatter = OciRemote(remote, settings=Settings.from_env())
+    squatter = OciRemote(remote, settings=Settings.from_env(), weights=weight_file_rule())
     planted_oci = squatter.push(planted).oci_digest  # unsigned: the policy trusts nothing of it
     assert squatter.find("engine", engine_key).artifact_digest == planted.digest
     with attacker.building("checkpoint", "0" * 64) as handle:

@@ -353,10 +353,11 @@ def cache_push_command(
 ) -> None:
     """Push a stored artifact to a remote cache (files individually, verified on pull); with a release key,
     sign it and attach its provenance (OCI referrers of the pushed manifest)."""
+    from trtpipe.stages import weight_file_rule
     from trtpipe.store.remote import open_remote
 
     workspace = open_workspace(store)
-    remote = open_remote(to, workspace.settings) if to else workspace.remote
+    remote = open_remote(to, workspace.settings, weight_file_rule()) if to else workspace.remote
     if remote is None:
         raise UsageError("no remote to push to", fix="pass --to oci://HOST/REPOSITORY or set TRTPIPE_STORE=oci://HOST/REPOSITORY")
     key = signing_key_option(sign, workspace.settings)  # a bad key fails before anything is pushed

@@ -37,7 +37,7 @@ from trtpipe.build_record import records_dir
 from trtpipe.errors import TrtpipeError
 from trtpipe.pipeline import BuildReport, StageReport, run_build
 from trtpipe.settings import Settings, places
-from trtpipe.stages import BACKEND_STAGES
+from trtpipe.stages import BACKEND_STAGES, weight_file_rule
 from trtpipe.store.local import Store
 from trtpipe.store.remote import open_remote
 
@@ -100,7 +100,7 @@ def _stores(job: CellJob, settings: Settings) -> tuple[Store, Any]:
         assert job.store_dir is not None
         return Store.open(job.store_dir), None
     root, _ = places(None, settings)
-    return Store.open(root), open_remote(job.remote_url, settings)
+    return Store.open(root), open_remote(job.remote_url, settings, weight_file_rule())
 
 
 def _record_of(store_root: Path, spec_path: Path, since: float) -> dict[str, Any] | None:

@@ -144,7 +144,9 @@ def resolve_artifact(home: Path, ref: str, *, model: str | None = None, target: 
                      settings: Settings) -> ResolvedArtifact:
     """REF: a remote reference (`oci://host/repo:tag|@digest`), a local `kind/key`, key prefix, or artifact digest."""
     if is_remote_url(ref):
-        remote = open_remote_for_ref(ref, settings)
+        from trtpipe.stages import weight_file_rule
+
+        remote = open_remote_for_ref(ref, settings, weight_file_rule())
         described = remote.describe(ref)
         m, t = _scope_from(described.manifest, model, target, ref)
         return ResolvedArtifact(digest=described.artifact_digest, model=m, target=t, ref=described.pinned,
@@ -632,8 +634,10 @@ def rollback(home: Path, channel: str, *, model: str | None = None, target: str 
                                fix="look at the channel's audit trail and roll back again if still wanted") from None
         record = append_audit(home, key=key, **fields)
         if tag is not None:
+            from trtpipe.stages import weight_file_rule
+
             _move_tag_or_abort(home, key, record, lambda: move_channel_tag(  # type: ignore[arg-type]
-                open_remote_for_ref(previous.ref, settings), previous.ref, now.model, now.target, channel))
+                open_remote_for_ref(previous.ref, settings, weight_file_rule()), previous.ref, now.model, now.target, channel))
         channels.write(apply(now, record))
         return record
 

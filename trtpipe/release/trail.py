@@ -261,10 +261,11 @@ def move_channel_tag(remote: ChannelMirror, pinned: str, model: str, target: str
 
 
 def _move_registry_tag(home: Path, pointer: ChannelPointer, settings: Settings) -> None:
+    from trtpipe.stages import weight_file_rule
     from trtpipe.store.remote import is_remote_url, open_remote_for_ref
 
     if pointer.ref and is_remote_url(pointer.ref):
-        move_channel_tag(open_remote_for_ref(pointer.ref, settings), pointer.ref, pointer.model, pointer.target, pointer.channel)
+        move_channel_tag(open_remote_for_ref(pointer.ref, settings, weight_file_rule()), pointer.ref, pointer.model, pointer.target, pointer.channel)
 
 
 # --------------------------------------------------------------------------- shared channels
@@ -272,13 +273,14 @@ def _move_registry_tag(home: Path, pointer: ChannelPointer, settings: Settings) 
 
 def open_shared_remote(shared: SharedChannel, settings: Settings) -> RemoteCache:
     """The registry a shared channel's trail lives in (its `source.json` names it)."""
+    from trtpipe.stages import weight_file_rule
     from trtpipe.store.remote import open_remote
 
     source = shared.source()
     if source is None:
         raise IntegrityError(f"{shared.source_path}: missing; cannot tell which registry keeps the trail of {shared.label}",
                              path=str(shared.source_path), fix="restore it, or remove the channel's trail folder and promote again")
-    return open_remote(source.remote, settings)
+    return open_remote(source.remote, settings, weight_file_rule())
 
 
 def shared_standing(shared: SharedChannel, settings: Settings, key: ReleaseKey | None) -> Standing:
@@ -437,6 +439,7 @@ def _legacy_problems(home: Path, key: ReleaseKey | None, settings: Settings, sha
     """Channels promoted through a registry before trails were shared (no adopted trail here): the workspace
     trail against the head-only copy the registry keeps for each. A channel whose tag now holds a shared
     trail is adopted by this workspace's next promote (a note, not a problem)."""
+    from trtpipe.stages import weight_file_rule
     from trtpipe.store.remote import is_remote_url, open_remote_for_ref
 
     log = trail_log(home)
@@ -450,7 +453,7 @@ def _legacy_problems(home: Path, key: ReleaseKey | None, settings: Settings, sha
     for (base, tag), pointer in sorted(seen.items()):
         where = f"in the registry ({base}:{tag})"
         try:
-            copy = open_remote_for_ref(pointer.ref or "", settings).get_channel_trail(tag)
+            copy = open_remote_for_ref(pointer.ref or "", settings, weight_file_rule()).get_channel_trail(tag)
         except TrtpipeError as err:
             problems.append(f"{base}:{tag}: the registry's copy of the trail could not be read ({err.one_line()})")
             continue

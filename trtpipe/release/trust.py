@@ -542,13 +542,14 @@ def open_gated(url: str, gate: PullGate, *, settings: Settings) -> Any:
     """The remote `url` names (a cache or a full reference in one), every pull judged by `gate`. A kind of remote
     whose pulls cannot be judged (it keeps no signatures) is refused when a policy is set: its pulls would pass
     unverified; without a policy there is nothing to enforce."""
+    from trtpipe.stages import weight_file_rule
     from trtpipe.store.remote import judges_pulls, open_remote_for_ref
 
     if gate.policy is not None and not judges_pulls(url):
         raise Untrusted(f"{url} cannot verify signatures on pull, and trust policy {gate.policy.source} is set",
                         subject=url, missing=["signature verification on pull"],
                         fix="use an oci:// remote, or run without a trust policy")
-    return open_remote_for_ref(url, settings, gate=gate)
+    return open_remote_for_ref(url, settings, weight_file_rule(), gate=gate)
 
 
 # --------------------------------------------------------------------------- a folder as an artifact
@@ -706,9 +707,10 @@ def show_provenance(ref: str, store: Any, home: Path, policy: TrustPolicy | None
 
     keys = dict(policy.keys) if policy is not None else {}
     if store is None:
+        from trtpipe.stages import weight_file_rule
         from trtpipe.store.remote import open_remote_for_ref
 
-        remote = open_remote_for_ref(ref, settings)
+        remote = open_remote_for_ref(ref, settings, weight_file_rule())
         found = remote.resolve(ref)
         fetched = fetch_signatures(remote.client, found.ref.repository, found.oci_digest)
         subject = f"{found.ref} ({found.kind}/{found.key[:16]}, {found.artifact_digest})"

@@ -7,8 +7,8 @@ the server can count prompts for bench, and how its Triton container runs: which
 models each one loads. (Its request contract, how clients talk to the model it serves, and the request patterns
 of upstream's clients for it, are `trtpipe.serving.client.REQUEST_CONTRACTS`, keyed by the same names.) Code
 outside a layout's own modules looks its layout up here, from the manifest, and calls what it finds; it does not
-compare names. (Still naming layouts' files: the store's rule of which repository files may be weight-sized,
-trtpipe.store.manifest, one layer below this registry.)
+compare names. Each layout also says which of its files hold weights (`weight_files`): the store's size rule
+(trtpipe.store.manifest) is handed it with every stage's through trtpipe.stages.weight_file_rule.
 
 - inflight_batcher_llm: upstream's ensemble, preprocessing, tensorrt_llm, postprocessing and tensorrt_llm_bls
   (trtpipe.serving.inflight_repository); on a GPU one tritonserver per rank under mpirun, rank 0 serving the models the
@@ -57,6 +57,9 @@ class RepositoryLayout:
     # and `uncounted` saying why the prompt lengths cannot be checked by the server.
     counting_model: str | None
     uncounted: str | None
+    # Which of its files hold weights (a regex over the repository-relative path, where its writer puts the
+    # artifact's weight files): those may be as large as one GPU's share of a model (trtpipe.store.manifest).
+    weight_files: str
 
 
 def _inflight_servers(repo: Path, manifest: dict[str, Any], models: list[str], world: int) -> list[list[str]]:
@@ -124,14 +127,16 @@ LAYOUTS: dict[str, RepositoryLayout] = {
         name=INFLIGHT_BATCHER_LLM, template_subdir="", first_model="ensemble", server_models=_inflight_servers,
         always_mpirun=False, looks_like=_looks_like_inflight, validate=_validate_inflight,
         publish=_publish_inflight, key_serving={}, served_tokenizer=_inflight_tokenizer,
-        counting_model="preprocessing", uncounted=None),
+        counting_model="preprocessing", uncounted=None,
+        weight_files=r"tensorrt_llm/1/rank[0-9]{1,5}\.(?:engine|safetensors)"),
     LLMAPI: RepositoryLayout(
         name=LLMAPI, template_subdir="llmapi", first_model="tensorrt_llm", server_models=_llmapi_servers,
         always_mpirun=True, looks_like=_looks_like_llmapi, validate=_validate_llmapi,
         publish=_publish_llmapi, key_serving={"layout": LLMAPI}, served_tokenizer=_llmapi_tokenizer,
         counting_model=None,
         uncounted="the llmapi model counts no tokens over gRPC (it returns text only); prompt lengths are counted "
-                  "with the tokenizer of the checkpoint it serves"),
+                  "with the tokenizer of the checkpoint it serves",
+        weight_files=r"tensorrt_llm/1/checkpoint/model(?:-[0-9]{5}-of-[0-9]{5})?\.safetensors"),
 }
 DEFAULT_LAYOUT = INFLIGHT_BATCHER_LLM
 

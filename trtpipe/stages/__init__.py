@@ -11,6 +11,7 @@ next to its variant on the toolchain (trtpipe.toolchain.Backend) and its contrac
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from trtpipe.stages.engine import EngineStage
 from trtpipe.stages.hf_checkpoint import HfCheckpointStage
 from trtpipe.stages.imported_engine import ImportedEngineStage
 from trtpipe.stages.publish import PublishStage
+from trtpipe.store.manifest import WeightFiles
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,18 @@ def imported_engine_stages(engine_dir: Path) -> BackendStages:
     return BackendStages(plan=make_build_plan, stages=(ImportedEngineStage(engine_dir), _publish_engine()))
 
 
+def weight_file_rule() -> WeightFiles:
+    """Which files of each artifact kind hold weights, as every stage that stores the kind declares them (the
+    publish stage: its layout's). A remote cache checks each pulled file's declared size against it."""
+    declared: defaultdict[str, list[str]] = defaultdict(list)
+    stages = [stage for backend in BACKEND_STAGES.values() for stage in backend.stages]
+    for stage in [*stages, ImportedEngineStage]:
+        declared[stage.kind].append(stage.weight_files)
+    return WeightFiles.of(declared)
+
+
 # Every stored stage's name (what `--force` takes), in build order.
 STORED_STAGE_NAMES = tuple(dict.fromkeys(s.name for b in BACKEND_STAGES.values() for s in b.stages))
 
 __all__ = ["BACKEND_STAGES", "STORED_STAGE_NAMES", "BackendStages", "InputRef", "NoKey", "Preview",
-           "StageContext", "StoredStage", "imported_engine_stages"]
+           "StageContext", "StoredStage", "imported_engine_stages", "weight_file_rule"]

@@ -61,6 +61,9 @@ class StoredStage(Protocol):
     name: str  # the report's and --force's name: checkpoint, engine, publish
     kind: str  # the artifact kind in the store: checkpoint, engine, repository
     inputs: tuple[str, ...]  # names of the stored stages it builds on, in order
+    # Which of its files hold weights (a regex over the entry-relative path): those may be as large as one GPU's
+    # share of a model, every other file is a config, template or tokenizer file (trtpipe.store.manifest).
+    weight_files: str
 
     def key(self, ctx: StageContext, inputs: dict[str, InputRef]) -> StageKey:
         """The stage's key (its declared document, hashed by the store); NoKey in a dry run that cannot say."""

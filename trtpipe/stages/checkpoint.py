@@ -94,6 +94,8 @@ class CheckpointStage:
     name = "checkpoint"
     kind = "checkpoint"
     inputs: tuple[str, ...] = ()
+    # TensorRT-LLM's checkpoint: one rank file per GPU (trtpipe.checkpoint.writer).
+    weight_files = r"rank[0-9]{1,5}\.safetensors"
 
     def __init__(self, *, in_executor: bool) -> None:
         self.in_executor = in_executor

@@ -17,6 +17,10 @@ from trtpipe.errors import TrtpipeError
 from trtpipe.stages.base import InputRef, NoKey, Preview, StageContext
 from trtpipe.store.keys import StageKey, make_key
 
+# An engine's weights: one rank file per GPU, a TensorRT engine (trtllm-build) or the reference runtime's
+# safetensors (the reference backend wraps the checkpoint as its engine).
+ENGINE_WEIGHT_FILES = r"rank[0-9]{1,5}\.(?:engine|safetensors)"
+
 
 def engine_key(
     *,
@@ -46,6 +50,7 @@ class EngineStage:
     name = "engine"
     kind = "engine"
     inputs = ("checkpoint",)
+    weight_files = ENGINE_WEIGHT_FILES
 
     def __init__(self, *, renders_command: bool) -> None:
         self.renders_command = renders_command

@@ -25,6 +25,8 @@ from trtpipe.stages.checkpoint import CheckpointStage, conversion_preview
 from trtpipe.store.keys import StageKey, make_key
 
 KIND = "hf-checkpoint"
+# Hugging Face's weight files, not sharded by GPU: save_pretrained's model.safetensors, or its shards.
+HF_WEIGHT_FILES = r"model(?:-[0-9]{5}-of-[0-9]{5})?\.safetensors"
 
 
 def hf_checkpoint_key(checkpoint_document: dict[str, Any], *, llm_args: dict[str, Any], trtllm_version: str) -> StageKey:
@@ -42,6 +44,7 @@ class HfCheckpointStage:
     name = "export"
     kind = KIND
     inputs: tuple[str, ...] = ()
+    weight_files = HF_WEIGHT_FILES
 
     def __init__(self) -> None:
         self._checkpoint = CheckpointStage(in_executor=True)

@@ -17,6 +17,7 @@ from typing import Any
 
 from trtpipe.errors import IntegrityError
 from trtpipe.stages.base import InputRef, Preview, StageContext
+from trtpipe.stages.engine import ENGINE_WEIGHT_FILES
 from trtpipe.store.keys import StageKey, make_key
 
 ORIGIN = "imported"
@@ -47,6 +48,7 @@ class ImportedEngineStage:
     name = "engine"
     kind = "engine"
     inputs: tuple[str, ...] = ()
+    weight_files = ENGINE_WEIGHT_FILES
     built_outcome = "imported"  # what the runner reports for a stage it ran (a build record says "imported")
 
     def __init__(self, engine_dir: Path) -> None:

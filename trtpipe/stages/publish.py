@@ -77,6 +77,7 @@ class PublishStage:
         self.layout = layout
         self.reads = reads
         self.inputs = (reads,)
+        self.weight_files = layout.weight_files
 
     def key(self, ctx: StageContext, inputs: dict[str, InputRef]) -> StageKey:
         artifact_digest = inputs[self.reads].digest

@@ -11,23 +11,23 @@ dot-dot component, no NUL or other control byte, at most `MAX_PATH_DEPTH` compon
 bytes and `MAX_PATH_CHARS` in all.
 
 Declared sizes (`size_cap`): what a file of an entry kind can hold, so a pull refuses an absurd
-declaration before downloading a byte. A rank file (a checkpoint's `rankN.safetensors`, an engine's
-`rankN.engine` or `rankN.safetensors`, a repository's `tensorrt_llm/1/rankN.*`) holds one GPU's
-share of the weights, which that GPU loads: at most `MAX_RANK_FILE_BYTES` (256 GiB; the largest GPU in
-build_configs/gpus.yaml has 180 GiB, a test holds the catalog to this cap). An LLM-API artifact
-(`hf-checkpoint`: Hugging Face `model.safetensors` or `model-NNNNN-of-NNNNN.safetensors`, not sharded by
-GPU; an llmapi repository holds them under `tensorrt_llm/1/checkpoint/`) has the same cap per weight
-file (HF's save_pretrained shards at 5 GB by default, but an unsharded file may hold the whole model;
-these are its weight files). Every other file is a
-config, a model.py, a template or a tokenizer file: at most `MAX_OTHER_FILE_BYTES` (256 MiB; the
-largest tokenizer.json of the supported families is tens of MB). An entry has at most
-`MAX_FILES` files.
+declaration before downloading a byte. A weight file holds at most one GPU's share of a model, or a whole
+model where the format is not sharded by GPU (Hugging Face's save_pretrained shards at 5 GB by default, but
+an unsharded file may hold all of it): at most `MAX_RANK_FILE_BYTES` (256 GiB; the largest GPU in
+build_configs/gpus.yaml has 180 GiB, a test holds the catalog to this cap). Which files of a kind hold
+weights is not this module's to know: the stages that store each kind, and the repository layouts the
+publish stage writes, declare theirs (`weight_files`), and trtpipe.stages.weight_file_rule hands them here
+as one `WeightFiles`. Every other file is a config, a model.py, a template or a tokenizer file: at most
+`MAX_OTHER_FILE_BYTES` (256 MiB; the largest tokenizer.json of the supported families is tens of MB). An
+entry has at most `MAX_FILES` files.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from trtpipe.store.keys import canonical_json
@@ -46,13 +46,23 @@ MAX_OTHER_FILE_BYTES = 256 * 2**20
 
 _COMPONENT_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
 _HEX64_RE = re.compile(r"[0-9a-f]{64}")
-_RANK_FILE_RE = {
-    "checkpoint": re.compile(r"rank[0-9]{1,5}\.safetensors"),
-    "engine": re.compile(r"rank[0-9]{1,5}\.(?:engine|safetensors)"),
-    "repository": re.compile(r"tensorrt_llm/1/(?:rank[0-9]{1,5}\.(?:engine|safetensors)"
-                             r"|checkpoint/model(?:-[0-9]{5}-of-[0-9]{5})?\.safetensors)"),
-    "hf-checkpoint": re.compile(r"model(?:-[0-9]{5}-of-[0-9]{5})?\.safetensors"),
-}
+
+
+@dataclass(frozen=True)
+class WeightFiles:
+    """Which files of each entry kind hold weights: kind -> one pattern over the entry-relative path."""
+
+    patterns: Mapping[str, re.Pattern[str]]
+
+    @classmethod
+    def of(cls, declared: Mapping[str, Iterable[str]]) -> WeightFiles:
+        """From each kind's declared regexes (its producers': a kind two layouts write has both)."""
+        return cls({kind: re.compile("|".join(f"(?:{p})" for p in sorted(set(regexes))))
+                    for kind, regexes in declared.items()})
+
+    def holds_weights(self, kind: str, rel: str) -> bool:
+        pattern = self.patterns.get(kind)
+        return pattern is not None and pattern.fullmatch(rel) is not None
 
 
 def entry_path_problem(rel: Any) -> str | None:
@@ -73,13 +83,11 @@ def entry_path_problem(rel: Any) -> str | None:
     return None
 
 
-def size_cap(kind: str, rel: str) -> int:
-    """The largest size a file `rel` of a `kind` entry can have (see the module doc). Applied to what a
-    pull is told before it downloads; what this machine's stages write is whatever they wrote."""
-    pattern = _RANK_FILE_RE.get(kind)
-    if pattern is not None and pattern.fullmatch(rel):
-        return MAX_RANK_FILE_BYTES
-    return MAX_OTHER_FILE_BYTES
+def size_cap(kind: str, rel: str, weights: WeightFiles) -> int:
+    """The largest size a file `rel` of a `kind` entry can have (see the module doc; `weights` says which files
+    hold weights). Applied to what a pull is told before it downloads; what this machine's stages write is
+    whatever they wrote."""
+    return MAX_RANK_FILE_BYTES if weights.holds_weights(kind, rel) else MAX_OTHER_FILE_BYTES
 
 
 def _is_int(value: Any) -> bool:

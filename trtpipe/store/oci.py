@@ -49,8 +49,10 @@ from trtpipe.errors import (
 from trtpipe.settings import Settings, refuse_credentials
 from trtpipe.store import signatures
 from trtpipe.store.manifest import (
+    KINDS,
     MANIFEST_VERSION,
     MAX_FILES,
+    WeightFiles,
     entry_path_problem,
     parse_manifest,
     size_cap,
@@ -64,7 +66,6 @@ FILE_MEDIA_TYPE = "application/vnd.trtpipe.file.v1"
 TITLE_ANNOTATION = "org.opencontainers.image.title"
 ANNOTATION_PREFIX = "org.trtpipe."
 ARTIFACT_DIGEST_ANNOTATION = "org.trtpipe.artifact.digest"
-KINDS = ("checkpoint", "engine", "repository", "hf-checkpoint")
 _KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 # The registry's own cap on a manifest (distribution refuses larger ones); a config is a store manifest.json.
@@ -779,8 +780,9 @@ def move_tag(client: OciClient, repository: str, tag: str, body: bytes) -> None:
     client.put_manifest(repository, tag, body)
 
 
-def resolve_remote(client: OciClient, ref: OciRef) -> RemoteArtifact:
-    """Fetch and verify the manifest `ref` names; refuse anything that is not a trtpipe artifact."""
+def resolve_remote(client: OciClient, ref: OciRef, weights: WeightFiles) -> RemoteArtifact:
+    """Fetch and verify the manifest `ref` names; refuse anything that is not a trtpipe artifact (`weights`: which
+    files of each kind may be weight-sized)."""
     if ref.reference is None:
         raise UsageError(f"{ref} names no tag or digest", fix=f"append :TAG or @sha256:DIGEST, e.g. {ref.base}:prod")
     body = client.get_manifest(ref.repository, ref.reference)
@@ -797,7 +799,7 @@ def resolve_remote(client: OciClient, ref: OciRef) -> RemoteArtifact:
     if not (media_type.startswith("application/vnd.trtpipe.") and media_type.endswith(".manifest.v1+json")):
         raise InvalidInput(f"{ref} is not a trtpipe artifact (config media type {media_type[:80]!r})",
                            fix="name an artifact that trtpipe pushed")
-    why = oci_manifest_problem(manifest)
+    why = oci_manifest_problem(manifest, weights)
     if why is not None:
         raise IntegrityError(f"{ref}: {why}; refused before downloading anything", path=str(ref),
                              fix="it was not pushed by trtpipe, or was tampered with; push it again from a good copy")
@@ -808,12 +810,12 @@ def _is_size(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def oci_manifest_problem(manifest: dict[str, Any]) -> str | None:
+def oci_manifest_problem(manifest: dict[str, Any], weights: WeightFiles) -> str | None:
     """Why a trtpipe artifact's OCI manifest cannot be pulled as it is (None when it can), decided from the
     manifest alone, before a byte of any blob is downloaded: the kind and key it names, and every layer's
     digest, declared size and file title. A title obeys the store's file-name rule and a declared size the
-    cap of what that file of that kind can hold (`trtpipe.store.manifest`: a rank file at most 256 GiB,
-    any other file 256 MiB)."""
+    cap of what that file of that kind can hold (`trtpipe.store.manifest`: a weight file, as `weights` says, at
+    most 256 GiB, any other file 256 MiB)."""
     annotations = manifest.get("annotations")
     if not isinstance(annotations, dict):
         return "its annotations are not an object"
@@ -847,9 +849,9 @@ def oci_manifest_problem(manifest: dict[str, Any]) -> str | None:
         size = layer.get("size")
         if not _is_size(size):
             return f"layer {title!r} declares the size {str(size)[:40]!r}, not a byte count"
-        if size > size_cap(kind, title):
-            return (f"layer {title!r} declares {size} bytes, more than a {kind}'s {title} can hold "
-                    f"({size_cap(kind, title)} bytes)")
+        cap = size_cap(kind, title, weights)
+        if size > cap:
+            return f"layer {title!r} declares {size} bytes, more than a {kind}'s {title} can hold ({cap} bytes)"
     return None
 
 
@@ -1010,13 +1012,14 @@ class OciRemote:
     """
 
     def __init__(self, url: str, *, credentials: Credentials | None = None, settings: Settings,
-                 gate: PullGate | None = None) -> None:
+                 weights: WeightFiles, gate: PullGate | None = None) -> None:
         self.base = parse_oci_ref(url)
         if self.base.reference is not None:
             raise UsageError(f"{url} names a tag or digest, not a repository", fix=f"give the repository only, e.g. {self.base.base}")
         self.url = self.base.base
         self.client = OciClient(self.base.host, credentials, settings=settings)
         self.gate = gate  # every pull's last check before the store (signatures: trtpipe.release.trust), or None
+        self.weights = weights  # which pulled files may be weight-sized (trtpipe.stages.weight_file_rule)
         # Manifest digests the gate refused under a key tag in this process: the key tags a push may replace.
         self.refused: set[str] = set()
 
@@ -1039,7 +1042,7 @@ class OciRemote:
         if body is None:
             return None
         try:
-            remote = resolve_remote(self.client, self.base.with_digest(sha256_bytes(body)))
+            remote = resolve_remote(self.client, self.base.with_digest(sha256_bytes(body)), self.weights)
             if remote.kind != kind or remote.key != key:
                 raise IntegrityError(f"{self.base}:{key_tag(kind, key)} holds {remote.kind}/{remote.key}; refused",
                                      path=f"{self.base}:{key_tag(kind, key)}")
@@ -1067,7 +1070,7 @@ class OciRemote:
 
     def resolve(self, ref: str) -> RemoteArtifact:
         """The verified manifest `ref` (oci://HOST/REPO:TAG or @DIGEST in this repository) names."""
-        return resolve_remote(self.client, self._ref(ref))
+        return resolve_remote(self.client, self._ref(ref), self.weights)
 
     def pull(self, ref: str | RemoteArtifact, store: Any, *, progress: Callable[[str, int], None] | None = None) -> Any:
         remote = self.resolve(ref) if isinstance(ref, str) else ref

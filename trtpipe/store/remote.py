@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
     from trtpipe.settings import Settings
     from trtpipe.store.local import Building, Entry, Store
+    from trtpipe.store.manifest import WeightFiles
 
 Progress = Callable[[str, int], None]
 
@@ -192,15 +193,15 @@ class RemoteKind:
     """One URL scheme: how to open a cache, which cache a full artifact reference lives in, and whether its
     pulls call the gate it is opened with (a kind that keeps no signatures has nothing for a gate to judge)."""
 
-    open: Callable[[str, "Settings", "PullGate | None"], RemoteCache]
+    open: Callable[[str, "Settings", "WeightFiles", "PullGate | None"], RemoteCache]
     base_of: Callable[[str], str]
     judges_pulls: bool = True
 
 
-def _open_oci(url: str, settings: Settings, gate: PullGate | None) -> RemoteCache:
+def _open_oci(url: str, settings: Settings, weights: WeightFiles, gate: PullGate | None) -> RemoteCache:
     from trtpipe.store.oci import OciRemote
 
-    return OciRemote(url, settings=settings, gate=gate)
+    return OciRemote(url, settings=settings, weights=weights, gate=gate)
 
 
 def _oci_base(ref: str) -> str:
@@ -231,11 +232,12 @@ def _kind(url: str) -> RemoteKind:
     return kind
 
 
-def open_remote(url: str, settings: Settings, *, gate: PullGate | None = None) -> RemoteCache:
-    """The remote cache `url` names, with the caller's settings (credentials, insecure hosts), every pull judged
-    by `gate` (None: only verified against its digests); a one-line UsageError for a scheme trtpipe has no
-    remote for."""
-    return _kind(url).open(url, settings, gate)
+def open_remote(url: str, settings: Settings, weights: WeightFiles, *, gate: PullGate | None = None) -> RemoteCache:
+    """The remote cache `url` names, with the caller's settings (credentials, insecure hosts), every pulled file's
+    declared size held to `weights` (trtpipe.stages.weight_file_rule: which files of a kind hold weights), every
+    pull judged by `gate` (None: only verified against its digests); a one-line UsageError for a scheme trtpipe
+    has no remote for."""
+    return _kind(url).open(url, settings, weights, gate)
 
 
 def judges_pulls(url: str) -> bool:
@@ -243,7 +245,8 @@ def judges_pulls(url: str) -> bool:
     return _kind(url).judges_pulls
 
 
-def open_remote_for_ref(ref: str, settings: Settings, *, gate: PullGate | None = None) -> RemoteCache:
+def open_remote_for_ref(ref: str, settings: Settings, weights: WeightFiles, *,
+                        gate: PullGate | None = None) -> RemoteCache:
     """The remote cache that holds the artifact `ref` names (a full reference, e.g. oci://HOST/REPO:TAG)."""
     kind = _kind(ref)
-    return open_remote(kind.base_of(ref), settings, gate=gate)
+    return open_remote(kind.base_of(ref), settings, weights, gate=gate)
