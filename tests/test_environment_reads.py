@@ -18,8 +18,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "trtpipe"
 # What may read the environment: the shell, and the settings module.
 SHELL = ("cli.py", "commands/", "workspace.py", "settings.py")
 
-# The reads below the CLI that stay, each (module, what it reads) -> why. None reads a trtpipe setting,
-# except the last, which is still to move.
+# The reads below the CLI that stay, each (module, what it reads) -> why. None reads a trtpipe setting but the
+# two process entries, each of which reads its own process's settings once, as the CLI does.
 ALLOWED: dict[tuple[str, str], str] = {
     # DOCKER_HOST is the Docker CLI's own variable: where the daemon the docker executor talks to is.
     ("engine/executors/docker.py", "os.environ"): "DOCKER_HOST, the Docker daemon's address (Docker's variable)",
@@ -34,10 +34,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     # A Ray task is a process entry on its node, as the CLI is on the head: run_cell reads that node's settings
     # once (its own TRTPIPE_HOME, its registry credentials, which so never travel in a job) and passes them down.
     ("matrix/worker.py", "from_env"): "the Ray task's entry point reads its node's settings (run_cell)",
-    # Still to move: without settings, build_configs_dir reads TRTPIPE_BUILD_CONFIGS itself, since the table
-    # loaders that call it with none (toolchain, gpu, trtllm_build, llm_api, serving contract/parameters, warm,
-    # the docker executor) are called from resolve, the engine and the stages, which carry no settings yet.
-    ("shipped.py", "from_env"): "TRTPIPE_BUILD_CONFIGS in build_configs_dir (still to move)",
+    # A conversion child (local or docker executor) is a process entry too: its executor sets TRTPIPE_BUILD_CONFIGS
+    # to the build's tables (engine/executors), and the entry resolves the spec with them.
+    ("engine/convert_entry.py", "from_env"): "the conversion child's entry point reads its own settings (main)",
 }
 
 ENV_ATTRIBUTES = {"environ", "environb", "getenv", "getenvb"}

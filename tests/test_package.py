@@ -181,7 +181,7 @@ def test_the_fresh_interpreter_sees_only_the_installed_trtpipe(fresh_venv: Fresh
     probe = ("import importlib.metadata as m, json, sys, trtpipe, trtpipe.shipped as s; "
              "print(json.dumps({'file': trtpipe.__file__, 'version': trtpipe.__version__, "
              "'metadata': m.version('trtpipe'), 'dists': [str(d._path) for d in m.distributions() "
-             "if d.metadata['Name'] == 'trtpipe'], 'path': sys.path, 'configs': str(s.build_configs_dir())}))")
+             "if d.metadata['Name'] == 'trtpipe'], 'path': sys.path, 'configs': str(s.shipped_build_configs_dir())}))")
     result = subprocess.run([str(fresh_venv.bin / "python"), "-c", probe], capture_output=True, text=True,
                             env=fresh_venv.env, cwd=fresh_venv.work, timeout=300)
     assert result.returncode == 0, result.stderr

@@ -146,9 +146,9 @@ def test_the_spec_picks_a_backend_its_toolchain_offers(tmp_path: Path, monkeypat
     from trtpipe.errors import SpecError
     from trtpipe.resolve import resolve
     from trtpipe.spec_loader import load_spec
-    from trtpipe.toolchain import build_configs_dir
+    from trtpipe.shipped import shipped_build_configs_dir
 
-    config = build_configs_dir() / "models" / "llama-3-8b" / "config.json"
+    config = shipped_build_configs_dir() / "models" / "llama-3-8b" / "config.json"
     spec = tmp_path / "spec.yaml"
     spec.write_text(f"model:\n  config: {config}\n")
     assert resolve(load_spec(spec), need_weights=False).backend.kind == "reference"
@@ -162,18 +162,17 @@ def test_the_spec_picks_a_backend_its_toolchain_offers(tmp_path: Path, monkeypat
 
     # A toolchain line without the reference backend: a cpu-reference spec is refused at its toolchain.
     configs = tmp_path / "build_configs"
-    shutil.copytree(build_configs_dir(), configs)
+    shutil.copytree(shipped_build_configs_dir(), configs)
     table = configs / "toolchains.yaml"
     table.write_text(table.read_text().replace("        flags: trtllm-1.2.1\n      - kind: reference\n",
                                                "        flags: trtllm-1.2.1\n"))
-    monkeypatch.setenv("TRTPIPE_BUILD_CONFIGS", str(configs))
     spec.write_text(f"model:\n  config: {config}\ntoolchain: trtllm-1.2.1\n")
     with pytest.raises(SpecError, match="offers no reference backend") as info:
-        resolve(load_spec(spec), need_weights=False)
+        resolve(load_spec(spec), need_weights=False, configs=configs)
     assert info.value.field == "toolchain"
     # An unknown backend kind in the table is refused by the tagged union, naming the entry.
     table.write_text(table.read_text().replace("- kind: trtllm-build\n        flags: trtllm-1.2.1",
                                                "- kind: llm-api\n        flags: trtllm-1.2.1"))
     with pytest.raises(Exception, match="toolchains") as refused:
-        load_toolchains()
+        load_toolchains(configs=configs)
     assert "backends" in str(refused.value)

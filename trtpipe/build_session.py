@@ -76,9 +76,10 @@ def build(request: BuildRequest, *, store: Store, remote_url: str | None, settin
     # The warm path reuses a resolution and its entries as they were; a trust policy judges them again.
     if not (request.dry_run or request.force or request.verify) and remote_url is None and trust is None:
         # Every input as at the spec's last build: reuse its resolution (trtpipe.warm), else resolve.
+        from trtpipe.shipped import build_configs_dir
         from trtpipe.warm import warm_build
 
-        report = warm_build(request.spec, store, progress=progress)
+        report = warm_build(request.spec, store, progress=progress, configs=build_configs_dir(settings))
         if report is not None:
             return report
     from trtpipe.pipeline import run_build

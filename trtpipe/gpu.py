@@ -16,7 +16,7 @@ from typing import Any, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from trtpipe.errors import InvalidInput, NotFound, TrtpipeError
-from trtpipe.shipped import build_configs_dir
+from trtpipe.shipped import configs_dir
 
 Architecture = Literal["ampere", "ada", "hopper", "blackwell"]
 
@@ -56,12 +56,13 @@ class UnknownGpu(TrtpipeError):
     exit_code = 2
 
 
-def load_catalog(path: Path | None = None) -> dict[str, GpuInfo]:
-    """Every GPU of the catalog by canonical name."""
+def load_catalog(path: Path | None = None, *, configs: Path | None = None) -> dict[str, GpuInfo]:
+    """Every GPU of the catalog by canonical name (`path`, or the gpus.yaml of `configs`: the build_configs/
+    folder, None for the shipped one)."""
     # YAML loads only with the catalog: a build record's host probe (this module's NVML half) needs none.
     from trtpipe.datafiles import load_table
 
-    path = path or build_configs_dir() / "gpus.yaml"
+    path = path or configs_dir(configs) / "gpus.yaml"
     return {gpu.name: gpu for gpu in load_table(path, "GPU catalog", "gpus", GpuInfo)}
 
 

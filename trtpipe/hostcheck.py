@@ -9,6 +9,7 @@ target, as OK / WARN / FAIL rows each carrying its fix. Exit codes (see EXIT_COD
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -178,7 +179,7 @@ def _target_row(rows: list[CheckRow], c: _Checked) -> None:
         assert c.resolved is not None and c.resolved.gpu is not None
         target = c.resolved.gpu
         want = c.resolved.spec.target.world_size
-        catalog = load_catalog()
+        catalog = load_catalog(configs=c.resolved.configs)
         exact = [g for g in c.host.gpus if (entry := catalog_entry_for(g, catalog)) and entry.name == target.name]
         same_sm = [g for g in c.host.gpus if g.sm == target.sm]
         if len(exact) >= want:
@@ -374,10 +375,12 @@ def run_checks(
     docker: DockerStatus,
     resolved: ResolvedSpec | None = None,
     toolchain: Toolchain | None = None,
+    configs: Path | None = None,
 ) -> CheckReport:
-    """Compare this host with the spec (or, without a spec, with the newest toolchain): one row per fact, in the
-    order GPUs and driver, target, packages, Docker, toolchain, containers."""
-    toolchain = resolved.toolchain if resolved is not None else (toolchain or get_toolchain(None))
+    """Compare this host with the spec (or, without a spec, with the newest toolchain of `configs`: the
+    build_configs/ folder, None for the shipped one): one row per fact, in the order GPUs and driver, target,
+    packages, Docker, toolchain, containers."""
+    toolchain = resolved.toolchain if resolved is not None else (toolchain or get_toolchain(None, configs=configs))
     c = _Checked(host=host, packages=packages, docker=docker, resolved=resolved, toolchain=toolchain,
                  gpu_target=resolved is not None and resolved.gpu is not None,
                  executor=resolved.spec.target.executor if resolved is not None else Executor.auto)

@@ -24,7 +24,6 @@ from trtpipe.errors import TrtpipeError
 from trtpipe.llm_api.derive import NO_EQUIVALENT, NOT_USED, default_of, set_without_equivalent
 from trtpipe.resolve import resolve
 from trtpipe.spec_loader import LoadedSpec, load_spec
-from trtpipe.trtllm_build.config import derive_engine_config
 
 
 class MappedSetting(BaseModel):
@@ -86,11 +85,12 @@ def _value_of(loaded: LoadedSpec, dotted: str) -> Any:
     return getattr(value, "value", value)
 
 
-def migration_plan(spec_path: Path) -> MigrationReport:
-    """The migration report of `spec_path` (see the module doc). Raises only for a spec invalid as written."""
+def migration_plan(spec_path: Path, configs: Path | None = None) -> MigrationReport:
+    """The migration report of `spec_path` (see the module doc; `configs`: the build_configs/ folder to resolve
+    with, None for the shipped one). Raises only for a spec invalid as written."""
     loaded = load_spec(Path(spec_path))
     spec = loaded.spec
-    current = resolve(loaded, need_weights=False)  # the spec as written must be valid
+    current = resolve(loaded, need_weights=False, configs=configs)  # the spec as written must be valid
     from_backend = current.backend_kind
     report = MigrationReport(spec=str(spec_path), name=spec.artifact_name, target=spec.target.gpu,
                              toolchain=current.toolchain.name, from_backend=from_backend, verdict="ready")
@@ -98,7 +98,7 @@ def migration_plan(spec_path: Path) -> MigrationReport:
         report.notes.append("the spec already builds with backend llm-api")
     engine_config = None
     if from_backend in ("trtllm-build", "reference"):
-        engine_config = derive_engine_config(spec, current.toolchain, current.gpu, current.model_config)
+        engine_config = current.engine_config()
 
     for path, value, why in set_without_equivalent(spec):
         report.no_equivalent.append(UnmappedSetting(spec_field=".".join(map(str, path)), value=value, reason=why,
@@ -129,7 +129,7 @@ def migration_plan(spec_path: Path) -> MigrationReport:
         section = getattr(variant, str(path[0])).model_copy(update={str(path[1]): default_of(spec, path)})
         variant = variant.model_copy(update={str(path[0]): section})
     try:
-        target = resolve(dataclasses.replace(loaded, spec=variant), need_weights=False)
+        target = resolve(dataclasses.replace(loaded, spec=variant), need_weights=False, configs=configs)
     except TrtpipeError as err:
         report.refused = err.one_line()
         report.verdict = "refused"

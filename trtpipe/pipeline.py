@@ -34,6 +34,7 @@ from trtpipe.stages import BACKEND_STAGES, STORED_STAGE_NAMES, BackendStages, St
 from trtpipe.store.local import Store
 from trtpipe.store.remote import RemoteUse
 from trtpipe.settings import Settings
+from trtpipe.shipped import build_configs_dir
 
 # Picks the stages for a resolved spec (and may adjust it): (the spec as the stages see it, its stages).
 Chooser = Callable[[ResolvedSpec], tuple[ResolvedSpec, BackendStages]]
@@ -81,11 +82,11 @@ class _Resolution:
 
 
 def _resolve_step(runner: Runner, spec_path: Path, done: _Resolution, *, force: tuple[str, ...],
-                  need_weights: bool, choose: Chooser | None) -> None:
+                  need_weights: bool, choose: Chooser | None, configs: Path) -> None:
     started = time.monotonic()
     # A dry run also works for planning-only specs (model.config, no weights): it still shows the
     # engine stage's exact trtllm-build command and container for a GPU target.
-    resolved = resolve(load_spec(spec_path), need_weights=need_weights)
+    resolved = resolve(load_spec(spec_path), need_weights=need_weights, configs=configs)
     if choose is not None:
         resolved, backend = choose(resolved)
     else:
@@ -122,10 +123,11 @@ def _run(
     spec_path: Path, store: Store, *, dry_run: bool, force: tuple[str, ...], verify: bool, progress: bool,
     remote: Any = None, remote_use: RemoteUse, on_stage: Callable[[StageReport], None] | None = None,
     pulled_check: PulledCheck | None = None, sign_push: PushSigner | None = None, need_weights: bool | None = None,
-    choose: Chooser | None = None,
+    choose: Chooser | None = None, configs: Path,
 ) -> tuple[BuildReport, _Resolution]:
     """Resolve and plan the spec, then run its backend's stage plan (trtpipe.runner).
 
+    `configs`: the build_configs/ folder the caller's settings chose (trtpipe.shipped.build_configs_dir);
     `need_weights`: whether resolve needs the model's weights (default: a build does, a dry run does not);
     `choose`: picks the stages (default: the spec's backend's, BACKEND_STAGES); `publish --engine` sets both."""
     report = BuildReport(spec_path=str(spec_path), dry_run=dry_run, verify=verify, store=str(store.root),
@@ -137,7 +139,7 @@ def _run(
                     on_stage=on_stage, stage_names=STORED_STAGE_NAMES)
     with runner.running():
         _resolve_step(runner, spec_path, done, force=force, need_weights=(not dry_run) if need_weights is None
-                      else need_weights, choose=choose)
+                      else need_weights, choose=choose, configs=configs)
         _plan_step(runner, done)
         assert done.backend is not None
         runner.run_stages(done.backend.stages, done.ctx)
@@ -203,7 +205,7 @@ def run_build(
     try:
         report, done = _run(spec_path, opened, dry_run=dry_run, force=forced, verify=verify, progress=progress,
                             remote=remote, on_stage=on_stage, pulled_check=pulled_check, remote_use=remote_use,
-                            sign_push=sign_push)
+                            sign_push=sign_push, configs=build_configs_dir(settings))
     finally:
         opened.digests.close()
     if report.status == "ok" and done.resolved is not None and done.backend is not None:
@@ -313,6 +315,7 @@ def run_publish(
         # No resolution memo (trtpipe.warm): that is `build`'s, and this spec's build would convert and build.
         report, done = _run(spec_path, opened, dry_run=False, force=(), verify=False, progress=progress, remote=remote,
                             need_weights=False, choose=_publish_chooser(request, stage_box, tokenizer_box),
+                            configs=build_configs_dir(settings),
                             remote_use=remote_use if remote_use is not None else _remote_use_from_settings(settings))
     finally:
         opened.digests.close()

@@ -31,6 +31,7 @@ from trtpipe.model_folder import (
     shard_problems,
 )
 from trtpipe.names import name_fix, name_problem
+from trtpipe.shipped import configs_dir
 from trtpipe.spec import BuildSpec, Executor
 from trtpipe.spec_loader import LoadedSpec
 from trtpipe.toolchain import (
@@ -74,6 +75,9 @@ class ResolvedSpec:
     loaded: LoadedSpec | None = field(default=None, repr=False)  # for positioned errors downstream
     backend: Backend | None = None  # the toolchain's backend that builds it
     llm_api: LlmApiPlan | None = None  # backend llm-api: the LLM() arguments the spec implies
+    # The build_configs/ folder its tables were read from (the caller's TRTPIPE_BUILD_CONFIGS, else the shipped
+    # one): every later table read for this build (flag contracts, rules, LLM-API args, serving tables) uses it.
+    configs: Path = field(default_factory=lambda: configs_dir(None))
     # The trtllm-build configuration resolve derived while checking, with what it was derived from (not an init
     # field: a copy made with dataclasses.replace, e.g. with another toolchain, derives its own).
     _engine_config: tuple[tuple[str, str, str], EngineConfig] | None = field(default=None, init=False, repr=False,
@@ -89,7 +93,8 @@ class ResolvedSpec:
         no longer follows the rules."""
         inputs = self._engine_inputs()
         if self._engine_config is None or self._engine_config[0] != inputs:
-            config = derive_engine_config(self.spec, self.toolchain, self.gpu, self.model_config or {})
+            config = derive_engine_config(self.spec, self.toolchain, self.gpu, self.model_config or {},
+                                          configs=self.configs)
             self._engine_config = (inputs, config)
         return self._engine_config[1]
 
@@ -336,17 +341,17 @@ def _backends_for(target: str) -> str:
     return " or ".join(kind for kind in BACKEND_KINDS if backend_facts(kind).runs_on in (target, "any"))
 
 
-def _check_toolchain(loaded: LoadedSpec) -> tuple[Toolchain, Backend]:
+def _check_toolchain(loaded: LoadedSpec, configs: Path) -> tuple[Toolchain, Backend]:
     """The pinned toolchain, the backend of it that builds the spec, and a converter written for its pins."""
     spec = loaded.spec
     try:
-        toolchain = get_toolchain(spec.toolchain)
+        toolchain = get_toolchain(spec.toolchain, configs=configs)
     except UnknownToolchain as exc:
         raise loaded.error(("toolchain",), exc.message, exc.fix) from None
     if toolchain.preview is not None and not spec.allow_preview:
         raise loaded.error(
             ("toolchain",), f"{toolchain.name} is a preview line: {toolchain.preview}",
-            f"set allow_preview: true to trial it knowingly, or use the stable {newest_toolchain(load_toolchains()).name}")
+            f"set allow_preview: true to trial it knowingly, or use the stable {newest_toolchain(load_toolchains(configs=configs)).name}")
     kind = spec.backend_kind
     backend = toolchain.backend(kind)
     if backend is None:
@@ -374,7 +379,7 @@ def _check_toolchain(loaded: LoadedSpec) -> tuple[Toolchain, Backend]:
         raise loaded.error(
             ("target", "gpu"), f"the preview line {toolchain.name} builds for target cpu-reference only: no Triton "
             "container carries it and its pins are unknown, so a GPU host could neither convert with known versions "
-            "nor serve it", f"set target.gpu: cpu-reference, or toolchain: {newest_toolchain(load_toolchains()).name}")
+            "nor serve it", f"set target.gpu: cpu-reference, or toolchain: {newest_toolchain(load_toolchains(configs=configs)).name}")
     if toolchain.preview is not None:
         # A preview line pins no ModelOpt: its artifact is exported here with trtpipe's converter pins, which the
         # key records as installed (trtpipe.stages.hf_checkpoint).
@@ -391,7 +396,7 @@ def _check_toolchain(loaded: LoadedSpec) -> tuple[Toolchain, Backend]:
             "pin it in build_configs/toolchains.yaml (from the TensorRT-LLM release's requirements)",
         )
     if not converter_supports(toolchain):
-        usable = [t.name for t in load_toolchains().values() if converter_supports(t)]
+        usable = [t.name for t in load_toolchains(configs=configs).values() if converter_supports(t)]
         raise loaded.error(
             ("toolchain",),
             f"toolchain {toolchain.name} converts with nvidia-modelopt {modelopt} and transformers {transformers}, "
@@ -402,7 +407,7 @@ def _check_toolchain(loaded: LoadedSpec) -> tuple[Toolchain, Backend]:
     return toolchain, backend
 
 
-def _check_target(loaded: LoadedSpec, toolchain: Toolchain) -> GpuInfo | None:
+def _check_target(loaded: LoadedSpec, toolchain: Toolchain, configs: Path) -> GpuInfo | None:
     spec = loaded.spec
     if spec.target.is_cpu_reference:
         if spec.target.executor not in (Executor.auto, Executor.reference):
@@ -419,7 +424,7 @@ def _check_target(loaded: LoadedSpec, toolchain: Toolchain) -> GpuInfo | None:
             "set target.gpu: cpu-reference, or executor: auto/local/docker",
         )
     try:
-        gpu = get_gpu(spec.target.gpu, load_catalog())
+        gpu = get_gpu(spec.target.gpu, load_catalog(configs=configs))
     except UnknownGpu as exc:
         raise loaded.error(("target", "gpu"), exc.message, exc.fix) from None
     if not toolchain.triton_container:
@@ -441,15 +446,15 @@ def _check_target(loaded: LoadedSpec, toolchain: Toolchain) -> GpuInfo | None:
     return gpu
 
 
-def _gpus_with(precision: str) -> str:
+def _gpus_with(precision: str, configs: Path) -> str:
     """'SM89 and newer: l4, l40s, ...' for the catalog GPUs whose tensor cores run `precision`."""
-    having = sorted((g for g in load_catalog().values() if g.has_precision(precision)), key=lambda g: g.sm)
+    having = sorted((g for g in load_catalog(configs=configs).values() if g.has_precision(precision)), key=lambda g: g.sm)
     if not having:
         return "no GPU in the catalog"
     return f"SM{having[0].sm} and newer in the catalog: {', '.join(g.name for g in having)}"
 
 
-def _check_quantization(loaded: LoadedSpec, gpu: GpuInfo | None) -> None:
+def _check_quantization(loaded: LoadedSpec, gpu: GpuInfo | None, configs: Path) -> None:
     """The format and KV cache against the GPU's tensor cores, and what the pinned converter can produce."""
     spec = loaded.spec
     q = spec.quantization
@@ -459,7 +464,7 @@ def _check_quantization(loaded: LoadedSpec, gpu: GpuInfo | None) -> None:
             runnable = [f.name for f in quant.FORMATS.values() if f.refused is None and gpu.has_precision(f.precision)]
             raise loaded.error(
                 ("quantization", "algo"),
-                f"{q.algo} needs {fmt.precision} tensor cores ({_gpus_with(str(fmt.precision))}), but {gpu.name} "
+                f"{q.algo} needs {fmt.precision} tensor cores ({_gpus_with(str(fmt.precision), configs)}), but {gpu.name} "
                 f"({gpu.sm_label}, {gpu.architecture}) has {', '.join(gpu.precisions)}",
                 f"on {gpu.name} use quantization.algo {', '.join(runnable)}, or target a GPU with "
                 f"{fmt.precision} tensor cores",
@@ -468,7 +473,7 @@ def _check_quantization(loaded: LoadedSpec, gpu: GpuInfo | None) -> None:
         if not gpu.has_precision(kv.precision) and backend_facts(spec.backend_kind).kv_cache_needs_catalog_precision:
             raise loaded.error(
                 ("quantization", "kv_cache"),
-                f"a {q.kv_cache} KV cache needs {kv.precision} tensor cores ({_gpus_with(str(kv.precision))}), but "
+                f"a {q.kv_cache} KV cache needs {kv.precision} tensor cores ({_gpus_with(str(kv.precision), configs)}), but "
                 f"{gpu.name} is {gpu.sm_label}",
                 f"use kv_cache: auto on {gpu.name}, or target a GPU with {kv.precision} tensor cores",
             )
@@ -555,7 +560,7 @@ def _check_semantics(loaded: LoadedSpec, config_field: tuple[str, ...], config: 
 
 
 def _check_engine(loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | None,
-                  toolchain: Toolchain) -> EngineConfig | None:
+                  toolchain: Toolchain, configs: Path) -> EngineConfig | None:
     spec = loaded.spec
     engine, triton = spec.engine, spec.triton
     if triton.max_batch_size is not None and triton.max_batch_size > engine.max_batch_size:
@@ -577,17 +582,18 @@ def _check_engine(loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | Non
     # batching requirements, engine.plugins against the flag table and max_num_tokens: derived here once,
     # so a spec that resolves has an engine plan (trtpipe.engine.plan renders the same derivation).
     try:
-        return derive_engine_config(spec, toolchain, gpu, config)
+        return derive_engine_config(spec, toolchain, gpu, config, configs=configs)
     except RuleViolation as violation:
         raise loaded.error(violation.field_path, violation.message, violation.fix) from None
 
 
-def _check_llm_api(loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | None, toolchain: Toolchain) -> LlmApiPlan:
+def _check_llm_api(loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | None, toolchain: Toolchain,
+                   configs: Path) -> LlmApiPlan:
     """The LLM() arguments the spec implies on the toolchain's PyTorch backend, with that backend's rules
     (quantization per GPU family and model, KV cache dtype, settings with no equivalent): trtpipe.llm_api.derive."""
     spec = loaded.spec
     try:
-        return derive_llm_args(spec, toolchain, gpu, config, weight_dtype=resolve_dtype(spec, config))
+        return derive_llm_args(spec, toolchain, gpu, config, weight_dtype=resolve_dtype(spec, config), configs=configs)
     except LlmApiRuleViolation as violation:
         raise loaded.error(violation.field_path, violation.message, violation.fix) from None
 
@@ -608,21 +614,24 @@ def _check_names(loaded: LoadedSpec) -> None:
             raise loaded.error(("release", "gates", channel), problem, name_fix("channel"))
 
 
-def resolve(loaded: LoadedSpec, *, need_weights: bool = True) -> ResolvedSpec:
+def resolve(loaded: LoadedSpec, *, need_weights: bool = True, configs: Path | None = None) -> ResolvedSpec:
     """Look up the toolchain, target GPU and model config; apply every cross-field rule.
 
-    `need_weights=False` is for planning: a `model.config` (config.json only) is then enough.
+    `need_weights=False` is for planning: a `model.config` (config.json only) is then enough. `configs`: the
+    build_configs/ folder to read the tables from (the caller's settings decide: trtpipe.shipped.build_configs_dir;
+    None: the shipped one).
     """
     spec = loaded.spec
-    toolchain, backend = _check_toolchain(loaded)
-    gpu = _check_target(loaded, toolchain)
-    _check_quantization(loaded, gpu)
+    configs = configs_dir(configs)
+    toolchain, backend = _check_toolchain(loaded, configs)
+    gpu = _check_target(loaded, toolchain, configs)
+    _check_quantization(loaded, gpu, configs)
     _check_names(loaded)
     model_dir, tokenizer_dir, config_path, config_field, config = _resolve_model(loaded, need_weights)
     _check_shape(loaded, config_field, config)
     _check_semantics(loaded, config_field, config, backend.kind, on_cpu=gpu is None)
-    engine_config = _check_engine(loaded, config, gpu, toolchain)
-    llm_api = _check_llm_api(loaded, config, gpu, toolchain) if backend.facts.derives == "llm-args" else None
+    engine_config = _check_engine(loaded, config, gpu, toolchain, configs)
+    llm_api = _check_llm_api(loaded, config, gpu, toolchain, configs) if backend.facts.derives == "llm-args" else None
     resolved = ResolvedSpec(
         spec=spec,
         spec_path=loaded.path,
@@ -635,6 +644,7 @@ def resolve(loaded: LoadedSpec, *, need_weights: bool = True) -> ResolvedSpec:
         loaded=loaded,
         backend=backend,
         llm_api=llm_api,
+        configs=configs,
     )
     if engine_config is not None:
         resolved._engine_config = (resolved._engine_inputs(), engine_config)

@@ -6,12 +6,14 @@ The rule: nothing below the CLI reads the environment. `Settings.from_env()` is 
 (trtpipe/cli.py, trtpipe/commands/, and `trtpipe.workspace.Workspace.open`), once per command; the
 workspace carries the result (`Workspace.settings`) and every library function that needs a setting takes
 a `Settings` (or the workspace) from its caller as a required parameter, never `os.environ` and never a
-`None -> from_env()` fallback. The one other process entry, a matrix worker's Ray task
-(`trtpipe.matrix.worker.run_cell`), reads its node's settings once, as the CLI does on the head (so a node's
-TRTPIPE_HOME and registry credentials stay on it). tests/test_environment_reads.py checks the
-rule over the package's source, with its few exceptions listed there (reads that are not trtpipe settings,
-and `trtpipe.shipped.build_configs_dir`, still to move). Variables other tools define for themselves or their
-children (CUDA_VISIBLE_DEVICES, DOCKER_HOST ...) are theirs, not trtpipe settings.
+`None -> from_env()` fallback. The other process entries read their own settings once, as the CLI does: a
+matrix worker's Ray task (`trtpipe.matrix.worker.run_cell`: its node's, so a node's TRTPIPE_HOME and registry
+credentials stay on it), and a conversion child (`trtpipe.engine.convert_entry`, whose executor sets
+TRTPIPE_BUILD_CONFIGS to the tables the build resolved with). TRTPIPE_BUILD_CONFIGS reaches the table readers
+as a folder their caller hands down (`trtpipe.shipped.build_configs_dir(settings)`, kept on the resolved spec).
+tests/test_environment_reads.py checks the rule over the package's source, with its few exceptions listed there
+(reads that are not trtpipe settings, and the process entries). Variables other tools define for themselves or
+their children (CUDA_VISIBLE_DEVICES, DOCKER_HOST ...) are theirs, not trtpipe settings.
 """
 
 from __future__ import annotations

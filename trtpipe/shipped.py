@@ -11,8 +11,10 @@ project's documented layout; a checkout and the editable install read them there
 wheel carries all three inside the package (trtpipe/build_configs/, trtpipe/triton_repo/, trtpipe/data/;
 setup.py copies the first two in when it builds). Both places are found from the package's own location
 through importlib.resources, so the answer never depends on the working directory or sys.path; the copy
-inside the package wins when both exist. $TRTPIPE_BUILD_CONFIGS (read by trtpipe.settings) overrides
-build_configs/ (`build_configs_dir`); nothing overrides the templates (the repository key hashes them: trtpipe.serving.templates).
+inside the package wins when both exist. $TRTPIPE_BUILD_CONFIGS (read by trtpipe.settings, in the shell) overrides
+build_configs/: the CLI asks `build_configs_dir(settings)` once and hands the folder down (resolve keeps it as
+`ResolvedSpec.configs`); a table reader given none reads the shipped folder (`configs_dir`), never the environment.
+Nothing overrides the templates (the repository key hashes them: trtpipe.serving.templates).
 """
 
 from __future__ import annotations
@@ -60,18 +62,18 @@ def shipped_build_configs_dir() -> Path:
     return _root_folder(BUILD_CONFIGS)
 
 
-def build_configs_dir(settings: Settings | None = None) -> Path:
-    """The build_configs/ folder to read: the settings' TRTPIPE_BUILD_CONFIGS if set, else the shipped one.
-
-    Still to move (the one settings read below the CLI, allow-listed in tests/test_environment_reads.py): without
-    `settings` this reads the environment itself, because the table loaders that call it with none (toolchains,
-    GPU catalog, trtllm-build flags and rules, LLM-API args, serving contracts and parameters, the warm memo,
-    the docker executor's mounts) are called from resolve, the engine and the stages, which carry no settings
-    yet. A converter child in the docker executor gets TRTPIPE_BUILD_CONFIGS set for it, and reads it here."""
-    override = (settings if settings is not None else Settings.from_env()).build_configs
-    if override is not None:
-        return override.resolve()
+def build_configs_dir(settings: Settings) -> Path:
+    """The build_configs/ folder the caller's settings choose: TRTPIPE_BUILD_CONFIGS if set, else the shipped one.
+    (A converter child in the docker executor gets TRTPIPE_BUILD_CONFIGS set for it, and its entry reads it.)"""
+    if settings.build_configs is not None:
+        return settings.build_configs.resolve()
     return shipped_build_configs_dir()
+
+
+def configs_dir(configs: Path | None) -> Path:
+    """The build_configs/ folder a table reader reads: the one its caller chose (`build_configs_dir`), else the
+    shipped one."""
+    return configs if configs is not None else shipped_build_configs_dir()
 
 
 def triton_repo_dir() -> Path:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from trtpipe.datafiles import load_table
 from trtpipe.errors import TrtpipeError
 # Re-exported: tests and older callers import it from here; trtpipe.shipped owns the answer.
-from trtpipe.shipped import build_configs_dir as build_configs_dir
+from trtpipe.shipped import configs_dir
 
 # trtllm-build (the engine path this tool drives) and the C++ Triton backend were removed after the 1.2 line
 # (TensorRT-LLM PRs #15763, #15767, #15907, #15918). Lines after it offer only the LLM-API backend; trtpipe pins
@@ -179,9 +179,11 @@ def version_tuple(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def load_toolchains(path: Path | None = None, *, include_preview: bool = False) -> dict[str, Toolchain]:
-    """The pinned stable toolchains by name, oldest first (`include_preview`: the preview lines too)."""
-    path = path or build_configs_dir() / "toolchains.yaml"
+def load_toolchains(path: Path | None = None, *, include_preview: bool = False,
+                    configs: Path | None = None) -> dict[str, Toolchain]:
+    """The pinned stable toolchains by name, oldest first (`include_preview`: the preview lines too), from `path`
+    or the toolchains.yaml of `configs` (the build_configs/ folder; None: the shipped one)."""
+    path = path or configs_dir(configs) / "toolchains.yaml"
     toolchains = {t.name: t for t in load_table(path, "toolchain table", "toolchains", Toolchain)
                   if include_preview or t.preview is None}
     return dict(sorted(toolchains.items(), key=lambda item: item[1].version_tuple))
@@ -192,10 +194,10 @@ def newest_toolchain(toolchains: dict[str, Toolchain]) -> Toolchain:
     return max((t for t in toolchains.values() if t.preview is None), key=lambda t: t.version_tuple)
 
 
-def get_toolchain(name: str | None, *, path: Path | None = None) -> Toolchain:
+def get_toolchain(name: str | None, *, path: Path | None = None, configs: Path | None = None) -> Toolchain:
     """The pinned toolchain called `name` ("trtllm-1.2.1" or just "1.2.1"); None means the newest stable one.
     A preview line is found by its full name only."""
-    toolchains = load_toolchains(path, include_preview=True)
+    toolchains = load_toolchains(path, include_preview=True, configs=configs)
     if name is None:
         return newest_toolchain(toolchains)
     wanted = name.strip()

@@ -53,7 +53,7 @@ from trtpipe import build_record, hostfacts
 from trtpipe.atomic import write_text_atomically
 from trtpipe.build_report import BuildReport, StagePrinter, StageReport
 from trtpipe.stage_plan import PlannedStage, StagePlan
-from trtpipe.shipped import build_configs_dir, package_dir
+from trtpipe.shipped import package_dir
 from trtpipe.store.digest_cache import RACY_WINDOW_NS
 
 if TYPE_CHECKING:
@@ -117,13 +117,14 @@ def _tree(root: str) -> dict[str, Fingerprint | None]:
     return files
 
 
-def _roots() -> dict[str, str]:
-    """Where the code, the tables and the templates a build reads are, as this process finds them."""
+def _roots(configs: Path) -> dict[str, str]:
+    """Where the code, the tables (`configs`: the build_configs/ folder the build reads) and the templates a build
+    reads are, as this process finds them."""
     from trtpipe.serving.templates import TEMPLATE_ROOT
 
     return {
         "trtpipe": os.path.realpath(package_dir()),
-        "build_configs": os.path.realpath(build_configs_dir()),
+        "build_configs": os.path.realpath(configs),
         "templates": os.path.realpath(TEMPLATE_ROOT),
     }
 
@@ -157,8 +158,9 @@ def _first_difference(recorded: Mapping[str, Any], now: Mapping[str, Any]) -> st
     return None
 
 
-def check_memo(spec_path: Path | str, store_root: Path) -> dict[str, Any]:
-    """The memo of `spec_path` in the store, if every input it fingerprinted is unchanged; else Stale (why).
+def check_memo(spec_path: Path | str, store_root: Path, configs: Path) -> dict[str, Any]:
+    """The memo of `spec_path` in the store, if every input it fingerprinted is unchanged (`configs`: the
+    build_configs/ folder this build would read); else Stale (why).
 
     Reads the spec file (bounded by its recorded size) and stats everything else: no YAML, no hashing of
     model files, nothing of resolve or plan imported."""
@@ -171,7 +173,7 @@ def check_memo(spec_path: Path | str, store_root: Path) -> dict[str, Any]:
     except (OSError, ValueError) as err:
         raise Stale(f"its memo {where} is unreadable ({err})") from None
     try:
-        _check(memo, real)
+        _check(memo, real, configs)
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:  # another shape: never trusted
         raise Stale(f"its memo {where} is not in this trtpipe's format ({err!r})") from None
     except OSError as err:  # whatever the normal path makes of it, it says so itself
@@ -179,7 +181,7 @@ def check_memo(spec_path: Path | str, store_root: Path) -> dict[str, Any]:
     return memo
 
 
-def _check(memo: dict[str, Any], real: str) -> None:
+def _check(memo: dict[str, Any], real: str, configs: Path) -> None:
     if memo.get("memo_version") != MEMO_VERSION or memo["spec"]["path"] != real:
         raise Stale("its memo was written by another trtpipe")
     try:
@@ -196,7 +198,7 @@ def _check(memo: dict[str, Any], real: str) -> None:
         raise Stale("another Python runs trtpipe")
     if memo["host"] != hostfacts.facts():
         raise Stale("this host's memory changed")
-    roots = _roots()
+    roots = _roots(configs)
     if memo["roots"] != roots:
         raise Stale("trtpipe, its build_configs or its templates are read from another place")
     base = os.path.dirname(real)
@@ -217,7 +219,7 @@ def _check(memo: dict[str, Any], real: str) -> None:
 # ----------------------------------------------------------------------------------------------- the warm build
 
 
-def warm_build(spec_path: Path | str, store: Store, *, progress: bool) -> BuildReport | None:
+def warm_build(spec_path: Path | str, store: Store, *, progress: bool, configs: Path) -> BuildReport | None:
     """Build `spec_path` from its memo when nothing it fingerprinted changed: the memo's stage plan, run by the
     runner as a resolving build's plan is, each stage a hit of the entry the memo names (resolve and plan
     shown as hits), with its record written. None otherwise (having said why when there was a memo): the
@@ -227,7 +229,7 @@ def warm_build(spec_path: Path | str, store: Store, *, progress: bool) -> BuildR
     started = time.monotonic()
     printer = StagePrinter(progress)
     try:
-        memo = check_memo(spec_path, store.root)
+        memo = check_memo(spec_path, store.root, configs)
     except Stale as why:
         if not isinstance(why, NoMemo):
             printer.note(f"  resolving again: {why}", style="dim")
@@ -353,7 +355,7 @@ def memo_of(spec_path: Path | str, *, resolved: ResolvedSpec, report: BuildRepor
     for where in (resolved.model_dir, resolved.tokenizer_dir, resolved.config_path):
         if where is not None:
             locations.add(str(where))
-    roots = _roots()
+    roots = _roots(resolved.configs)
     memo = {
         "memo_version": MEMO_VERSION,
         "spec": {"path": real, "size": spec_stat[1], "sha256": hashlib.sha256(raw).hexdigest(), "stat": spec_stat},

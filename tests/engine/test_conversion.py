@@ -233,7 +233,7 @@ def test_a_toolchain_without_converter_pins_is_refused(layout, monkeypatch):
 
     pinned = layout["resolved"].toolchain  # trtllm-1.2.1: ModelOpt 0.37, transformers 4.57.3
     unpinned = pinned.model_copy(update={"modelopt_version": None})
-    monkeypatch.setattr(trtpipe.resolve, "get_toolchain", lambda name: unpinned)
+    monkeypatch.setattr(trtpipe.resolve, "get_toolchain", lambda name, configs: unpinned)
     with pytest.raises(SpecError, match="pins no nvidia-modelopt version, so the checkpoint key cannot name") as info:
         _resolve(layout["spec"])
     assert info.value.field == "toolchain"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from trtpipe.cli import main
-from trtpipe.toolchain import build_configs_dir
+from trtpipe.shipped import shipped_build_configs_dir
 
 DATA = Path(__file__).parent / "data"
 
@@ -38,12 +38,12 @@ def cli(capsys: pytest.CaptureFixture[str]):
 
 @pytest.fixture
 def models_dir() -> Path:
-    return build_configs_dir() / "models"
+    return shipped_build_configs_dir() / "models"
 
 
 @pytest.fixture
 def examples_dir() -> Path:
-    return build_configs_dir() / "examples"
+    return shipped_build_configs_dir() / "examples"
 
 
 @pytest.fixture

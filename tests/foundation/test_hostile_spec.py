@@ -60,10 +60,10 @@ def assert_positioned(result, spec: Path, line: int, needle: str, col: int | Non
 @pytest.fixture
 def baseline_rss(tmp_path: Path) -> int:
     """Peak RSS of spec-check on a small valid spec (the interpreter and trtpipe's imports)."""
-    from trtpipe.toolchain import build_configs_dir
+    from trtpipe.shipped import shipped_build_configs_dir
 
     spec = tmp_path / "valid.yaml"
-    spec.write_text(f"model:\n  config: {build_configs_dir() / 'models' / 'llama-3-8b' / 'config.json'}\n")
+    spec.write_text(f"model:\n  config: {shipped_build_configs_dir() / 'models' / 'llama-3-8b' / 'config.json'}\n")
     code, lines, rss = measured_cli("spec-check", spec, cwd=tmp_path)
     assert code == 0, lines
     return rss
@@ -117,9 +117,9 @@ def test_a_recursive_alias_is_refused_where_it_is_written(cli, tmp_path: Path) -
 def test_anchors_and_merge_keys_within_the_bounds_still_work(cli, tmp_path: Path) -> None:
     """Bounding aliases must not refuse the ordinary use: gates shared between channels, a merged mapping."""
     from trtpipe.spec_loader import load_spec
-    from trtpipe.toolchain import build_configs_dir
+    from trtpipe.shipped import shipped_build_configs_dir
 
-    cfg = build_configs_dir() / "models" / "llama-3-8b" / "config.json"
+    cfg = shipped_build_configs_dir() / "models" / "llama-3-8b" / "config.json"
     spec = tmp_path / "spec.yaml"
     spec.write_text(f"model:\n  config: {cfg}\nengine: &limits\n  max_batch_size: 4\n  max_seq_len: 512\n"
                     "  max_input_len: 128\nrelease:\n  gates:\n    staging: &g {smoke: true, parity: true}\n"

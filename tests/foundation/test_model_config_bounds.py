@@ -177,9 +177,9 @@ def test_a_build_on_a_billion_layers_answers_in_bounded_memory(hostile_model, ti
 
 def test_every_shipped_and_example_config_is_within_the_bounds(tiny_llama_dir: Path, tiny_qwen2_dir: Path) -> None:
     """The bounds never refuse a real model: the shipped Llama-2/3, Mistral, Qwen2.5 configs and the examples."""
-    from trtpipe.toolchain import build_configs_dir
+    from trtpipe.shipped import shipped_build_configs_dir
 
-    configs = sorted((build_configs_dir() / "models").glob("*/config.json"))
+    configs = sorted((shipped_build_configs_dir() / "models").glob("*/config.json"))
     assert len(configs) >= 5
     for path in [*configs, tiny_llama_dir / "config.json", tiny_qwen2_dir / "config.json"]:
         read_model_config(path)

@@ -279,10 +279,10 @@ def test_a_gpu_target_needs_a_pinned_container(cli, tmp_path: Path, models_dir: 
     """Its repository names the container that serves it (publish refused one without), docker builds in it."""
     import shutil
 
-    from trtpipe.toolchain import build_configs_dir
+    from trtpipe.shipped import shipped_build_configs_dir
 
     configs = tmp_path / "build_configs"
-    shutil.copytree(build_configs_dir(), configs)
+    shutil.copytree(shipped_build_configs_dir(), configs)
     table = configs / "toolchains.yaml"
     table.write_text(table.read_text().replace(
         'triton_container: "nvcr.io/nvidia/tritonserver:26.04-trtllm-python-py3"', "triton_container: null"))

@@ -17,11 +17,11 @@ import yaml
 
 from trtpipe.errors import SpecError
 from trtpipe.resolve import resolve
-from trtpipe.shipped import build_configs_dir
+from trtpipe.shipped import shipped_build_configs_dir
 from trtpipe.spec_loader import load_spec
 
-EXAMPLES = sorted((build_configs_dir() / "examples").glob("*.yaml"))
-CONFIG = build_configs_dir() / "models" / "llama-3-8b" / "config.json"
+EXAMPLES = sorted((shipped_build_configs_dir() / "examples").glob("*.yaml"))
+CONFIG = shipped_build_configs_dir() / "models" / "llama-3-8b" / "config.json"
 
 
 @pytest.fixture(scope="module")

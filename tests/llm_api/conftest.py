@@ -12,9 +12,9 @@ import yaml
 from trtpipe.checkpoint.hf_export import export_hf_artifact
 from trtpipe.resolve import resolve
 from trtpipe.spec_loader import load_spec
-from trtpipe.toolchain import build_configs_dir
+from trtpipe.shipped import shipped_build_configs_dir
 
-MODELS = build_configs_dir() / "models"
+MODELS = shipped_build_configs_dir() / "models"
 
 
 def llm_api_spec(model_dir: Path, *, algo: str = "none", kv_cache: str = "auto", tp: int = 1, pp: int = 1,

@@ -11,9 +11,10 @@ from trtpipe.errors import InvalidInput
 from trtpipe.llm_api.args import check_llm_args, llm_args_problems, load_args_table, tables_dir
 from trtpipe.resolve import resolve
 from trtpipe.spec_loader import load_spec
-from trtpipe.toolchain import build_configs_dir, load_toolchains
+from trtpipe.shipped import shipped_build_configs_dir
+from trtpipe.toolchain import load_toolchains
 
-EXAMPLES = build_configs_dir() / "examples"
+EXAMPLES = shipped_build_configs_dir() / "examples"
 TABLES = sorted(p.stem for p in tables_dir().glob("*.yaml"))
 
 

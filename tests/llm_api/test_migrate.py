@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from trtpipe.toolchain import build_configs_dir
+from trtpipe.shipped import shipped_build_configs_dir
 
-EXAMPLES = build_configs_dir() / "examples"
+EXAMPLES = shipped_build_configs_dir() / "examples"
 GPU_EXAMPLES = sorted(p.name for p in EXAMPLES.glob("*.yaml") if not p.name.startswith("tiny"))
 
 

@@ -17,13 +17,13 @@ TOOLCHAINS = ("trtllm-0.21.0", "trtllm-1.0.0", "trtllm-1.1.0", "trtllm-1.2.1")
 
 
 def test_contract_covers_every_pinned_toolchain_and_model() -> None:
-    from trtpipe.toolchain import build_configs_dir
+    from trtpipe.shipped import shipped_build_configs_dir
     from trtpipe.datafiles import read_yaml
 
     contract = load_contract()
     # the inflight_batcher_llm contract is the trtllm-build path's: lines without that backend (the LLM-API-only
     # preview line) serve the llmapi layout instead
-    pinned = {t["name"] for t in read_yaml(build_configs_dir() / "toolchains.yaml")["toolchains"]
+    pinned = {t["name"] for t in read_yaml(shipped_build_configs_dir() / "toolchains.yaml")["toolchains"]
               if any(b["kind"] == "trtllm-build" for b in t["backends"])}
     assert pinned <= set(contract.toolchains) and set(TOOLCHAINS) <= pinned
     assert set(contract.models) == set(MODEL_NAMES)

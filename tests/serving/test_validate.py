@@ -113,6 +113,30 @@ def test_serving_container_must_match_the_toolchain(repo_copy: Path) -> None:
     _find(validate_repository(repo_copy), "trtpipe.json", "serving_container", "is not the container of toolchain")
 
 
+def test_validate_reads_the_tables_of_trtpipe_build_configs(example_repo: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """TRTPIPE_BUILD_CONFIGS is read by the CLI and handed to the validator: a copy of the tables without the
+    inflight contract makes `validate` warn that it cannot check it, naming the copy's file; the library given no
+    folder reads the shipped one."""
+    import shutil
+
+    from trtpipe.shipped import shipped_build_configs_dir
+
+    def contract_warnings(issues: list[ValidationIssue]) -> list[str]:
+        return [i.message for i in issues if "cannot check the upstream Triton contract" in i.message]
+
+    configs = shutil.copytree(shipped_build_configs_dir(), tmp_path / "build_configs")
+    missing = configs / "triton_contracts" / "inflight_batcher_llm.yaml"
+    missing.unlink()
+    monkeypatch.setenv("TRTPIPE_BUILD_CONFIGS", str(configs))
+    assert main(["validate", str(example_repo), "--json"]) == 0  # a table it cannot read is a warning
+    issues = [ValidationIssue(**i) for i in json.loads(capsys.readouterr().out)["issues"]]
+    assert any(str(missing) in m for m in contract_warnings(issues)), issues
+    assert contract_warnings(validate_repository(example_repo)) == []  # no folder given: the shipped tables
+    assert contract_warnings(validate_repository(example_repo, configs=configs)) != []
+
+
 def test_validate_command_exit_codes(example_repo: Path, repo_copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["validate", str(example_repo)]) == 0
     assert "valid" in capsys.readouterr().out

@@ -23,6 +23,7 @@ from trtpipe import build_record, hostfacts, warm
 from trtpipe.cli import main
 from trtpipe.pipeline import run_build
 from trtpipe.settings import Settings
+from trtpipe.shipped import build_configs_dir
 from trtpipe.store.digest_cache import RACY_WINDOW_NS
 from trtpipe.store.local import Store
 
@@ -41,6 +42,11 @@ engine:
   max_input_len: 64
   max_seq_len: 128
 """
+
+
+def _configs() -> Path:
+    """The build_configs/ folder a command run now would read (the CLI reads TRTPIPE_BUILD_CONFIGS as this does)."""
+    return build_configs_dir(Settings.from_env())
 
 
 @pytest.fixture(scope="module")
@@ -96,11 +102,11 @@ def outcomes(report: dict) -> list[str]:
 def ws(tmp_path: Path, tiny_llama_dir: Path, built_store: Path, monkeypatch: pytest.MonkeyPatch,
        capsys: pytest.CaptureFixture[str]) -> Workspace:
     from trtpipe.serving import templates
-    from trtpipe.toolchain import build_configs_dir
+    from trtpipe.shipped import shipped_build_configs_dir
 
     monkeypatch.setattr(warm, "RACY_WINDOW_NS", 0)  # inputs written just now count as settled
     model = shutil.copytree(tiny_llama_dir, tmp_path / "tiny-llama")
-    configs = shutil.copytree(build_configs_dir(), tmp_path / "build_configs")
+    configs = shutil.copytree(shipped_build_configs_dir(), tmp_path / "build_configs")
     monkeypatch.setenv("TRTPIPE_BUILD_CONFIGS", str(configs))
     template_copy = shutil.copytree(templates.TEMPLATE_ROOT, tmp_path / "triton_repo")
     monkeypatch.setattr(templates, "TEMPLATE_ROOT", template_copy)
@@ -213,7 +219,7 @@ def test_a_spec_edit_resolves_again_and_rebuilds_what_it_changes(ws: Workspace) 
     before = ws.primed()
     ws.spec.write_text(ws.spec.read_text().replace("max_batch_size: 4", "max_batch_size: 2"))
     with pytest.raises(warm.Stale, match="changed"):
-        warm.check_memo(ws.spec, ws.home)
+        warm.check_memo(ws.spec, ws.home, _configs())
     after = ws.build()
     assert outcomes(after) == ["ran", "ran", "hit", "built", "built"]
     assert after["keys"]["checkpoint"] == before["keys"]["checkpoint"]
@@ -232,7 +238,7 @@ def test_a_config_json_edit_with_its_mtime_put_back_resolves_again(ws: Workspace
     after_st = config.stat()
     assert (after_st.st_size, after_st.st_mtime_ns) == (st.st_size, st.st_mtime_ns) and after_st.st_ctime_ns != st.st_ctime_ns
     with pytest.raises(warm.Stale, match="changed"):
-        warm.check_memo(ws.spec, ws.home)
+        warm.check_memo(ws.spec, ws.home, _configs())
     after = ws.build()
     assert outcomes(after) == ["ran", "ran", "built", "built", "built"]
     assert after["keys"]["checkpoint"] != before["keys"]["checkpoint"]
@@ -243,7 +249,7 @@ def test_a_build_configs_table_edit_resolves_again(ws: Workspace) -> None:
     table = ws.configs / "toolchains.yaml"
     table.write_text(table.read_text() + "# an edit\n")
     with pytest.raises(warm.Stale, match="toolchains.yaml changed"):
-        warm.check_memo(ws.spec, ws.home)
+        warm.check_memo(ws.spec, ws.home, _configs())
     assert outcomes(ws.build()) == ["ran", "ran", "hit", "hit", "hit"]
 
 
@@ -251,7 +257,7 @@ def test_another_build_configs_folder_resolves_again(ws: Workspace, monkeypatch:
     ws.primed()
     monkeypatch.delenv("TRTPIPE_BUILD_CONFIGS")
     with pytest.raises(warm.Stale, match="another place"):
-        warm.check_memo(ws.spec, ws.home)
+        warm.check_memo(ws.spec, ws.home, _configs())
     assert outcomes(ws.build())[:2] == ["ran", "ran"]
 
 
@@ -260,7 +266,7 @@ def test_a_template_edit_resolves_again_and_republishes(ws: Workspace) -> None:
     template = ws.templates / "ensemble" / "config.pbtxt"
     template.write_text(template.read_text() + "\n# an edit\n")
     with pytest.raises(warm.Stale, match="config.pbtxt changed"):
-        warm.check_memo(ws.spec, ws.home)
+        warm.check_memo(ws.spec, ws.home, _configs())
     after = ws.build()
     assert outcomes(after) == ["ran", "ran", "hit", "hit", "built"]
     assert after["keys"]["publish"] != before["keys"]["publish"]
@@ -307,7 +313,7 @@ def test_a_spec_path_that_now_leads_elsewhere_resolves_again(ws: Workspace) -> N
     link.unlink()
     link.symlink_to(other)
     with pytest.raises(warm.Stale, match="leads elsewhere"):
-        warm.check_memo(ws.spec, ws.home)
+        warm.check_memo(ws.spec, ws.home, _configs())
     assert outcomes(ws.build()) == ["ran", "ran", "hit", "hit", "hit"]  # same bytes: same keys
 
 
@@ -348,13 +354,13 @@ def test_host_facts_and_the_import_path_are_inputs(ws: Workspace, monkeypatch: p
     with monkeypatch.context() as patch:
         patch.setattr(hostfacts, "memory_bytes", lambda: 1234 * 2**30)
         with pytest.raises(warm.Stale, match="memory"):
-            warm.check_memo(ws.spec, ws.home)
-    warm.check_memo(ws.spec, ws.home)
+            warm.check_memo(ws.spec, ws.home, _configs())
+    warm.check_memo(ws.spec, ws.home, _configs())
     packages = tmp_path / "packages"
     packages.mkdir()
     monkeypatch.setattr(sys, "path", [*sys.path, str(packages)])
     with pytest.raises(warm.Stale, match="import path"):
-        warm.check_memo(ws.spec, ws.home)
+        warm.check_memo(ws.spec, ws.home, _configs())
 
 
 def test_a_memo_that_does_not_parse_is_replaced(ws: Workspace) -> None:
@@ -362,7 +368,7 @@ def test_a_memo_that_does_not_parse_is_replaced(ws: Workspace) -> None:
     ws.memo().chmod(0o644)
     ws.memo().write_text('{"memo_version": 1, "spec": ')
     with pytest.raises(warm.Stale, match="unreadable"):
-        warm.check_memo(ws.spec, ws.home)
+        warm.check_memo(ws.spec, ws.home, _configs())
     assert outcomes(ws.build())[:2] == ["ran", "ran"]
     assert outcomes(ws.build())[:2] == ["hit", "hit"]
 
@@ -398,7 +404,7 @@ def test_concurrent_memo_writers_leave_a_whole_memo(ws: Workspace) -> None:
     def read() -> None:
         while not stop.is_set():
             try:
-                warm.check_memo(ws.spec, ws.home)
+                warm.check_memo(ws.spec, ws.home, _configs())
             except warm.Stale as why:
                 errors.append(str(why))
 

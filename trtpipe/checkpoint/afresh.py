@@ -67,10 +67,11 @@ def parity_reference(resolved: Any, engine_dir: Path, tokenizer_dir: Path) -> Pa
 
 
 @contextlib.contextmanager
-def converted_afresh(spec_path: Path) -> Iterator[ParityReference]:
+def converted_afresh(spec_path: Path, configs: Path | None = None) -> Iterator[ParityReference]:
     """Yield what parity compares with for `spec_path`'s model, converted now (the TRT-LLM checkpoint, or the
-    LLM-API artifact for backend llm-api), with the original model when it is here; removed afterwards."""
-    resolved = resolve(load_spec(Path(spec_path)))
+    LLM-API artifact for backend llm-api), with the original model when it is here; removed afterwards (`configs`:
+    the build_configs/ folder to resolve with, None for the shipped one)."""
+    resolved = resolve(load_spec(Path(spec_path)), configs=configs)
     tokenizer_dir = resolved.tokenizer_dir or resolved.model_dir
     if tokenizer_dir is None:
         raise InvalidInput(f"{spec_path}: the spec names no local tokenizer or model directory",

@@ -98,7 +98,7 @@ def write_llm_args(out_dir: Path, resolved: Any) -> dict[str, Any]:
     plan = resolved.llm_api
     if plan is None:
         raise InvalidInput("the spec does not build with backend llm-api", fix="set backend: llm-api")
-    table = load_args_table(resolved.backend.args)
+    table = load_args_table(resolved.backend.args, resolved.configs)
     check_llm_args(plan.args, table, where=f"{LLM_ARGS_FILE} for {table.toolchain}")
     path = Path(out_dir) / LLM_ARGS_FILE
     staging = path.with_name(f".{LLM_ARGS_FILE}.tmp")
@@ -152,7 +152,7 @@ def validate_hf_artifact(out_dir: Path, resolved: Any) -> None:
                 f"{spec.quantization.group_size}", path=str(out_dir / HF_QUANT_CONFIG),
                 fix="rebuild the artifact with the toolchain's pinned ModelOpt")
     args = json.loads((out_dir / LLM_ARGS_FILE).read_text(encoding="utf-8"))
-    check_llm_args(args, load_args_table(resolved.backend.args), where=str(out_dir / LLM_ARGS_FILE))
+    check_llm_args(args, load_args_table(resolved.backend.args, resolved.configs), where=str(out_dir / LLM_ARGS_FILE))
 
 
 def _save_unquantized(model: Any, out_dir: Path) -> None:

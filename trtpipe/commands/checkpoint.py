@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from trtpipe.commands.output import JsonOption, json_option, print_table
+from trtpipe.commands.output import JsonOption, command_configs, json_option, print_table
 from trtpipe.errors import UsageError
 
 EXAMPLE_HELP = (
@@ -100,7 +100,7 @@ def convert_command(
     from trtpipe.resolve import resolve
     from trtpipe.spec_loader import load_spec
 
-    resolved = resolve(load_spec(spec_path))
+    resolved = resolve(load_spec(spec_path), configs=command_configs())
     out = out if out is not None else default_checkpoint_dir(resolved.spec)
     _refuse_occupied(out, force)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from trtpipe.commands.output import JsonOption, print_table
+from trtpipe.commands.output import JsonOption, command_configs, print_table
 from trtpipe.errors import NotFound
 
 
@@ -47,7 +47,7 @@ def engine_plan(
     from trtpipe.resolve import resolve
     from trtpipe.spec_loader import load_spec
 
-    resolved = resolve(load_spec(spec), need_weights=False)
+    resolved = resolve(load_spec(spec), need_weights=False, configs=command_configs())
     plan = make_build_plan(resolved)
     command = plan.render_command(checkpoint_dir, output_dir)
     container = None
@@ -81,7 +81,7 @@ def migrate(
     no equivalent (and why), the LLM() arguments. Exit 0 ready, 1 the spec needs changes first or is refused."""
     from trtpipe.migrate import migration_plan
 
-    report = migration_plan(spec)
+    report = migration_plan(spec, command_configs())
     if as_json:
         typer.echo(json.dumps(report.model_dump(mode="json"), indent=2))
     else:

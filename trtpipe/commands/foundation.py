@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from trtpipe.atomic import write_text_atomically
-from trtpipe.commands.output import JsonOption, print_table
+from trtpipe.commands.output import JsonOption, command_configs, print_table
 from trtpipe.errors import UsageError
 
 CHECK_HELP = (
@@ -54,13 +54,14 @@ def check_command(
     from trtpipe.resolve import resolve
     from trtpipe.spec_loader import load_spec
 
-    resolved = resolve(load_spec(spec), need_weights=False) if spec is not None else None
+    configs = command_configs()
+    resolved = resolve(load_spec(spec), need_weights=False, configs=configs) if spec is not None else None
     probe = RecordedProbe(recorded_probe) if recorded_probe is not None else NvmlProbe()
     if record_probe is not None:
         if recorded_probe is not None:
             raise UsageError("--record-probe records this host; it cannot be combined with --recorded-probe")
         write_text_atomically(record_probe, json.dumps(NvmlProbe().record(), indent=2) + "\n")
-    report = run_checks(probe_host(probe), installed_versions(), docker_status(), resolved)
+    report = run_checks(probe_host(probe), installed_versions(), docker_status(), resolved, configs=configs)
     if as_json:
         print(json.dumps(report.model_dump(mode="json"), indent=2))
     else:
@@ -83,7 +84,7 @@ def plan_command(
     from trtpipe.resolve import resolve
     from trtpipe.spec_loader import load_spec
 
-    plan = memory_plan(resolve(load_spec(spec), need_weights=False))
+    plan = memory_plan(resolve(load_spec(spec), need_weights=False, configs=command_configs()))
     if as_json:
         print(json.dumps(plan.model_dump(mode="json"), indent=2))
     else:
@@ -133,7 +134,7 @@ def spec_check_command(
     from trtpipe.resolve import resolve
     from trtpipe.spec_loader import load_spec
 
-    resolved = resolve(load_spec(spec), need_weights=weights)
+    resolved = resolve(load_spec(spec), need_weights=weights, configs=command_configs())
     facts = {
         "spec": str(resolved.spec_path),
         "name": resolved.spec.artifact_name,
@@ -166,7 +167,9 @@ def spec_schema_command(
     if output is not None and output.is_dir():
         raise UsageError(f"--output {output} is a directory", fix="give the schema file's path, e.g. "
                          f"{output / 'trtpipe-spec.schema.json'}")
-    schema = spec_schema(gpus=list(load_catalog()), toolchains=list(load_toolchains(include_preview=True)))
+    configs = command_configs()
+    schema = spec_schema(gpus=list(load_catalog(configs=configs)),
+                         toolchains=list(load_toolchains(include_preview=True, configs=configs)))
     text = json.dumps(schema, indent=2, sort_keys=True) + "\n"
     if output is None:
         typer.echo(text, nl=False)

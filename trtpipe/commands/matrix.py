@@ -66,10 +66,11 @@ def plan_command(
 ) -> None:
     """Expand a matrix, resolve and key every cell, and say which are refused, already shared, or to build."""
     from trtpipe.matrix.plan import plan_matrix
+    from trtpipe.shipped import build_configs_dir
 
     workspace = open_workspace(store)
     try:
-        plan, _ = plan_matrix(matrix, workspace.store, workspace.remote)
+        plan, _ = plan_matrix(matrix, workspace.store, workspace.remote, configs=build_configs_dir(workspace.settings))
     finally:
         workspace.close()
     if json_out:

@@ -63,6 +63,15 @@ JsonOption = Annotated[bool, json_option("Print the result as JSON on stdout (no
                                          "JSON object there too ({\"ok\": false, \"error\": ...}).")]
 
 
+def command_configs() -> Path:
+    """The build_configs/ folder a command reads its tables from: TRTPIPE_BUILD_CONFIGS, else the shipped one (read
+    here, in the shell, and handed to the library)."""
+    from trtpipe.settings import Settings
+    from trtpipe.shipped import build_configs_dir
+
+    return build_configs_dir(Settings.from_env())
+
+
 def open_workspace(store: str | Path | None) -> Workspace:
     """The command's workspace (`trtpipe.workspace` decides every place from --store and the environment)."""
     from trtpipe.workspace import Workspace

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import typer
 from pydantic import BaseModel
 
-from trtpipe.commands.output import JsonOption, StoreOption, json_option, open_workspace, print_table
+from trtpipe.commands.output import JsonOption, StoreOption, command_configs, json_option, open_workspace, print_table
 from trtpipe.commands.stop_signals import stop_on_signals
 from trtpipe.commands.trust_options import NoPolicyOption, PolicyOption, load_policy_option
 from trtpipe.errors import NotFound, UsageError
@@ -32,7 +32,7 @@ def validate_command(
     """Check a model repository: configs, ensemble wiring, engine limits, tokenizer, container."""
     from trtpipe.serving.validate import errors_only, validate_repository
 
-    issues = validate_repository(_existing_dir(repo))
+    issues = validate_repository(_existing_dir(repo), configs=command_configs())
     errors = errors_only(issues)
     if as_json:
         typer.echo(json.dumps({"repo": str(repo), "valid": not errors, "issues": [i.model_dump() for i in issues]}, indent=2))
@@ -335,8 +335,9 @@ def smoke_command(
         reference = None
         if parity is not None:
             from trtpipe.checkpoint.afresh import converted_afresh
+            from trtpipe.shipped import build_configs_dir
 
-            reference = stack.enter_context(converted_afresh(parity))
+            reference = stack.enter_context(converted_afresh(parity, build_configs_dir(workspace.settings)))
         result = run_smoke(url, model=model, parity_engine=reference, max_tokens=max_tokens, timeout=timeout)
     if target is not None:
         result.recorded_for = record_smoke(result, target, workspace.results)

@@ -157,9 +157,9 @@ def make_conversion_executor(resolved: Any, build_plan: Any, *, progress: bool =
     timeout_s = resolved.spec.engine.conversion_timeout
     if name == "local":
         return LocalExecutor(resolved.toolchain, target_sm=build_plan.gpu_sm, show_progress=progress,
-                             timeout_s=timeout_s)
+                             timeout_s=timeout_s, configs=resolved.configs)
     if name == "docker":
-        return DockerExecutor(resolved.toolchain, show_progress=progress, timeout_s=timeout_s)
+        return DockerExecutor(resolved.toolchain, show_progress=progress, timeout_s=timeout_s, configs=resolved.configs)
     raise TrtpipeError(f"the {name} executor converts nothing: cpu-reference checkpoints convert in-process")
 
 
@@ -232,7 +232,8 @@ def preview_conversion(resolved: Any, out_dir: Path, *, artifact: str = "trtllm"
         )
     else:
         try:
-            spec = conversion_container_spec(resolved.toolchain, job, user=f"{os.getuid()}:{os.getgid()}")
+            spec = conversion_container_spec(resolved.toolchain, job, user=f"{os.getuid()}:{os.getgid()}",
+                                             build_configs=resolved.configs)
         except TrtpipeError as err:
             return ConversionPreview(executor="docker", where=f"docker executor: {err.one_line()}", command=[],
                                      container={"unavailable": err.one_line()})

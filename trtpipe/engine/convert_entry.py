@@ -68,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     from trtpipe.checkpoint.convert import convert_checkpoint
     from trtpipe.errors import InvalidInput, TrtpipeError
     from trtpipe.resolve import resolve
-    from trtpipe.shipped import package_dir
+    from trtpipe.settings import Settings
+    from trtpipe.shipped import build_configs_dir, package_dir
     from trtpipe.spec_loader import load_spec
     from trtpipe.versions import installed_version
 
@@ -78,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[trtpipe] converting on {args.device} with trtpipe {trtpipe.__version__} from "
           f"{package_dir()}, {versions}", file=sys.stderr, flush=True)
     try:
-        resolved = resolve(load_spec(args.spec))
+        # A process entry, as the CLI is: the executor sets TRTPIPE_BUILD_CONFIGS to the tables the build resolved
+        # the spec with (the docker executor to their mount), and this child reads its own environment once.
+        resolved = resolve(load_spec(args.spec), configs=build_configs_dir(Settings.from_env()))
         if not args.out.is_dir():
             raise InvalidInput(f"{args.out}: the output directory does not exist", fix="create it first")
         if args.artifact == "hf":

@@ -280,7 +280,7 @@ class _Checker:
         return found
 
     def inflight_batching(self, build: dict[str, Any]) -> None:
-        table = load_rules()
+        table = load_rules(configs=self.resolved.configs)
         rule = next((r for r in table.rules if r.id == IFB_RULE), None)
         toolchain = self.resolved.toolchain.name
         cited = f"rules.yaml {IFB_RULE}: {table.citation(rule, toolchain)}" if rule is not None else IFB_RULE

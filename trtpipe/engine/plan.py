@@ -12,12 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from trtpipe.errors import TrtpipeError
 from trtpipe.trtllm_build.config import RuleViolation, flag_table
 from trtpipe.trtllm_build.flags import FlagContract, load_contract, render_value
-from trtpipe.trtllm_build.rules import BuildFacts, simulate_command
+from trtpipe.trtllm_build.rules import BuildFacts, load_rules, simulate_command
 
 LIMIT_KEYS = ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "opt_num_tokens", "max_beam_width")
 
@@ -48,6 +48,9 @@ class BuildPlan(BaseModel):
     workers: int = 1
     log_level: str = "info"
     architecture: str | None = None  # the model's architecture (config.json), which some trtllm-build rules test
+    # The build_configs/ folder its flag contract and rules are read from (the resolution's); not part of the plan's
+    # content (records and the memo hold the plan without it).
+    configs: Path | None = Field(default=None, exclude=True)
 
     @property
     def world_size(self) -> int:
@@ -64,7 +67,7 @@ class BuildPlan(BaseModel):
         return {**self.limits, "plugin_config": dict(self.plugin_config)}
 
     def contract(self) -> FlagContract:
-        return load_contract(self.flags)
+        return load_contract(self.flags, self.configs)
 
     def facts(self) -> BuildFacts:
         """What the pinned trtllm-build will know beyond the command: checkpoint quantization, architecture, tp, SM."""
@@ -95,7 +98,7 @@ class BuildPlan(BaseModel):
             )
         # The pinned trtllm-build's own rules: a command it would refuse, or build with other settings
         # than it names, never leaves trtpipe.
-        findings = simulate_command(self.toolchain, argv, self.facts()).findings
+        findings = simulate_command(self.toolchain, argv, self.facts(), table=load_rules(configs=self.configs)).findings
         if findings:
             raise TrtpipeError(
                 "; ".join(f.message for f in findings),
@@ -135,4 +138,5 @@ def make_build_plan(resolved: Any) -> BuildPlan:
         # One build worker per rank: each rank's engine is built on its own GPU, in parallel.
         workers=spec.target.world_size if gpu is not None else 1,
         architecture=archs[0] if archs else None,
+        configs=resolved.configs,
     )

@@ -55,7 +55,7 @@ def make_executor(resolved: Any, plan: BuildPlan, *, gpus: int | list[str] | Non
     timeout_s = resolved.spec.engine.timeout
     if name == "local":
         return LocalExecutor(resolved.toolchain, target_sm=plan.gpu_sm, timeout_s=timeout_s)
-    return DockerExecutor(resolved.toolchain, gpus=gpus, timeout_s=timeout_s)
+    return DockerExecutor(resolved.toolchain, gpus=gpus, timeout_s=timeout_s, configs=resolved.configs)
 
 
 def preflight(resolved: Any, plan: BuildPlan) -> str:

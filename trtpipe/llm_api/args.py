@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trtpipe.datafiles import read_yaml
 from trtpipe.errors import IntegrityError, InvalidInput
-from trtpipe.shipped import build_configs_dir
+from trtpipe.shipped import configs_dir
 
 FieldKind = Literal["int", "float", "bool", "str", "choice", "int_list", "config", "object"]
 FACTORY = "<factory>"
@@ -93,8 +93,9 @@ class LlmArgsTable(BaseModel):
         return found
 
 
-def tables_dir() -> Path:
-    return build_configs_dir() / "llm_api_args"
+def tables_dir(configs: Path | None = None) -> Path:
+    """llm_api_args/ of `configs` (the build_configs/ folder; None: the shipped one)."""
+    return configs_dir(configs) / "llm_api_args"
 
 
 @lru_cache(maxsize=8)
@@ -110,9 +111,9 @@ def _load(path: str) -> LlmArgsTable:
                              fix="restore build_configs/llm_api_args/ from git") from None
 
 
-def load_args_table(name: str) -> LlmArgsTable:
+def load_args_table(name: str, configs: Path | None = None) -> LlmArgsTable:
     """The table `build_configs/llm_api_args/<name>.yaml` (a toolchain's llm-api backend names it)."""
-    return _load(str(tables_dir() / f"{name}.yaml"))
+    return _load(str(tables_dir(configs) / f"{name}.yaml"))
 
 
 def _type_problem(spec: ArgField, value: Any) -> str | None:

@@ -28,6 +28,7 @@ never builds with a setting silently dropped.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from trtpipe import model_semantics, quant
@@ -151,11 +152,11 @@ def _check_quantization(spec: BuildSpec, table: LlmArgsTable, gpu: Any, architec
 
 
 def derive_llm_args(spec: BuildSpec, toolchain: Any, gpu: Any, model_config: dict[str, Any],
-                    *, weight_dtype: str) -> LlmApiPlan:
+                    *, weight_dtype: str, configs: Path | None = None) -> LlmApiPlan:
     """The LLM() arguments `spec` implies on `toolchain`'s llm-api backend (see the module doc), or a violation."""
     backend = toolchain.backend("llm-api")
     assert backend is not None, "resolve checks the toolchain offers llm-api first"
-    table = load_args_table(backend.args)
+    table = load_args_table(backend.args, configs)
     for path, value, why in set_without_equivalent(spec):
         raise LlmApiRuleViolation(path, f"{'.'.join(map(str, path))} = {value!r} has no equivalent with backend "
                                   f"llm-api: {why}", f"remove {'.'.join(map(str, path))} (or use backend: trtllm-build)")

@@ -36,6 +36,7 @@ from trtpipe.matrix.schedule import Scheduler, Task, nodes_summary, placeable
 from trtpipe.matrix.worker import CellJob
 from trtpipe.pipeline import BuildReport, StageReport, run_build
 from trtpipe.settings import Settings
+from trtpipe.shipped import build_configs_dir
 from trtpipe.store.local import Store
 
 DEFAULT_RETRIES = 2
@@ -193,7 +194,7 @@ def build_matrix(
     each progress event a worker posts ({task, attempt, event: started|stage, node_id, host, stage ...});
     `settings`: the head's (`trtpipe.settings.Settings`, for its own dry runs; a worker reads its node's)."""
     started = time.monotonic()
-    plan, planned = plan_matrix(matrix_path, store, remote)
+    plan, planned = plan_matrix(matrix_path, store, remote, configs=build_configs_dir(settings))
     report = MatrixReport(matrix=plan.matrix, file=plan.file, store=plan.store, remote=plan.remote, dry_run=dry_run,
                           decide_seconds=round(time.monotonic() - started, 6))
     by_cell = {item.cell.name: item for item in planned}

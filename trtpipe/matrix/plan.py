@@ -159,7 +159,7 @@ def _planning_only(cell: Cell) -> bool:
     return isinstance(model, dict) and model.get("path") is None and model.get("repo_id") is None
 
 
-def plan_cell(matrix: MatrixFile, cell: Cell, store: Store, lookup: Lookup) -> PlannedCell:
+def plan_cell(matrix: MatrixFile, cell: Cell, store: Store, lookup: Lookup, configs: Path | None = None) -> PlannedCell:
     """Resolve, plan and key one cell; a cell the rules refuse is a refused plan with the one-line reason."""
     plan = CellPlan(cell=cell.name, labels=cell.labels, origin=cell.origin, status="refused")
     planned = PlannedCell(cell=cell, plan=plan)
@@ -168,7 +168,7 @@ def plan_cell(matrix: MatrixFile, cell: Cell, store: Store, lookup: Lookup) -> P
         spec = loaded.spec
         plan.gpu, plan.tp, plan.pp = spec.target.gpu, spec.target.tp, spec.target.pp
         plan.quantization, plan.toolchain = spec.quantization.algo, spec.toolchain
-        resolved = resolve(loaded, need_weights=not _planning_only(cell))
+        resolved = resolve(loaded, need_weights=not _planning_only(cell), configs=configs)
         planned.resolved = resolved
         plan.gpu = resolved.gpu.name if resolved.gpu is not None else spec.target.gpu
         plan.toolchain, plan.backend = resolved.toolchain.name, resolved.backend_kind
@@ -210,14 +210,16 @@ def link_cells(planned: list[PlannedCell]) -> None:
         plan.waits_for = waits
 
 
-def plan_matrix(matrix_path: Path | str, store: Store, remote: Any = None) -> tuple[MatrixPlan, list[PlannedCell]]:
+def plan_matrix(matrix_path: Path | str, store: Store, remote: Any = None, *,
+                configs: Path | None = None) -> tuple[MatrixPlan, list[PlannedCell]]:
     """Expand, resolve, plan and key every cell of a matrix file against the shared store.
 
     `store`: the head's local store (its digest cache; the shared store itself when there is no remote);
-    `remote`: the shared remote cache, or None."""
+    `remote`: the shared remote cache, or None; `configs`: the head's build_configs/ folder (None: the shipped
+    one; a worker resolves with its own node's)."""
     matrix = load_matrix(matrix_path)
     lookup = shared_lookup(store, remote)
-    planned = [plan_cell(matrix, cell, store, lookup) for cell in expand(matrix)]
+    planned = [plan_cell(matrix, cell, store, lookup, configs) for cell in expand(matrix)]
     link_cells(planned)
     plan = MatrixPlan(matrix=matrix.name, file=matrix.display_path, store=str(store.root),
                       remote=str(remote) if remote is not None else None, cells=[p.plan for p in planned])

@@ -88,20 +88,20 @@ class Contract(BaseModel):
         return f"{reading.repo}@{reading.commit[:12]} {reading.path.format(model=model)}:{line}"
 
 
-def contract_path(layout: str = INFLIGHT_BATCHER_LLM) -> Path:
-    from trtpipe.shipped import build_configs_dir
+def contract_path(layout: str = INFLIGHT_BATCHER_LLM, configs: Path | None = None) -> Path:
+    from trtpipe.shipped import configs_dir
 
-    return build_configs_dir() / contract_file(layout)
+    return configs_dir(configs) / contract_file(layout)
 
 
-def load_contract(path: Path | None = None, *, layout: str = INFLIGHT_BATCHER_LLM) -> Contract:
+def load_contract(path: Path | None = None, *, layout: str = INFLIGHT_BATCHER_LLM, configs: Path | None = None) -> Contract:
     from pydantic import ValidationError
 
     import yaml
 
     from trtpipe.datafiles import read_yaml
 
-    path = path or contract_path(layout)
+    path = path or contract_path(layout, configs)
     try:
         data = read_yaml(path)
     except FileNotFoundError:
@@ -123,9 +123,11 @@ def load_contract(path: Path | None = None, *, layout: str = INFLIGHT_BATCHER_LL
     return contract
 
 
-def contract_for(toolchain: str, contract: Contract | None = None, *, layout: str = INFLIGHT_BATCHER_LLM) -> Contract:
-    """The contract a repository of `layout` published with `toolchain` must satisfy."""
-    contract = contract or load_contract(layout=layout)
+def contract_for(toolchain: str, contract: Contract | None = None, *, layout: str = INFLIGHT_BATCHER_LLM,
+                 configs: Path | None = None) -> Contract:
+    """The contract a repository of `layout` published with `toolchain` must satisfy (`configs`: the
+    build_configs/ folder its table is read from, None for the shipped one)."""
+    contract = contract or load_contract(layout=layout, configs=configs)
     if toolchain not in contract.toolchains:
         raise MissingCapability(
             f"no upstream Triton contract for toolchain {toolchain!r} in {contract_file(layout)}",

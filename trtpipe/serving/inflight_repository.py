@@ -134,9 +134,9 @@ def template_values(resolved: Any, engine: EngineFacts) -> dict[str, str]:
             f"triton.max_batch_size {batch} exceeds the engine's max_batch_size {engine.max_batch_size}",
             fix=f"set triton.max_batch_size <= {engine.max_batch_size} or rebuild with a larger engine.max_batch_size",
         )
-    logits_datatype = _logits_datatype(engine)
+    logits_datatype = _logits_datatype(engine, resolved.configs)
     if not reference:
-        _check_backend_values(triton)
+        _check_backend_values(triton, resolved.configs)
     tokens, padded = engine_vocab(resolved, engine)
     return {
         "triton_max_batch_size": str(batch),
@@ -176,10 +176,10 @@ def template_values(resolved: Any, engine: EngineFacts) -> dict[str, str]:
     }
 
 
-def _logits_datatype(engine: EngineFacts) -> str:
+def _logits_datatype(engine: EngineFacts, configs: Path) -> str:
     from trtpipe.serving.parameters import load_parameter_table, logits_datatype
 
-    table = load_parameter_table()
+    table = load_parameter_table(configs=configs)
     declared = logits_datatype(table, engine.logits_dtype)
     if declared is None:
         raise InvalidInput(
@@ -190,11 +190,11 @@ def _logits_datatype(engine: EngineFacts) -> str:
     return declared
 
 
-def _check_backend_values(triton: Any) -> None:
+def _check_backend_values(triton: Any, configs: Path) -> None:
     """Spec values the C++ backend's executor refuses though the spec allows them (the spec serves both backends)."""
     from trtpipe.serving.parameters import PARAMETER_FILE, load_parameter_table
 
-    row = load_parameter_table().row("kv_cache_free_gpu_mem_fraction")
+    row = load_parameter_table(configs=configs).row("kv_cache_free_gpu_mem_fraction")
     fraction = triton.kv_cache_free_gpu_mem_fraction
     if row is not None and row.range is not None and not row.range.holds(fraction):
         raise InvalidInput(
@@ -352,7 +352,9 @@ def publish_repository(
             resolved, engine, engine_digest, engine_key, engine_files, tokenizer_files, values, repository_key
         )
 
-    return write_repository_atomically(out_dir, engine_digest, repository_key, write, validate_repository, "repository")
+    return write_repository_atomically(out_dir, engine_digest, repository_key, write,
+                                       lambda staging: validate_repository(staging, configs=resolved.configs),
+                                       "repository")
 
 
 

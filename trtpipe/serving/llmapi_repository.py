@@ -193,7 +193,8 @@ def publish_llmapi_repository(
         _write(resolved, artifact_dir, files, llm_args, staging, identity_values)
         return build_manifest(resolved, artifact_dir, artifact_digest, files, llm_args, repository_key)
 
-    return write_repository_atomically(out_dir, artifact_digest, repository_key, write, validate_repository,
+    return write_repository_atomically(out_dir, artifact_digest, repository_key, write,
+                                       lambda staging: validate_repository(staging, configs=resolved.configs),
                                        "llmapi repository")
 
 

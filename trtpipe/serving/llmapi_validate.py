@@ -31,7 +31,9 @@ def _contract(checker: Any):
 
     toolchain = (checker.manifest or {}).get("toolchain")
     try:
-        return contract_for(str(toolchain), layout=LLMAPI) if toolchain else load_contract(layout=LLMAPI)
+        configs = checker.configs_dir
+        return (contract_for(str(toolchain), layout=LLMAPI, configs=configs) if toolchain
+                else load_contract(layout=LLMAPI, configs=configs))
     except TrtpipeError as err:
         checker.add("trtpipe.json", "toolchain", f"cannot check the upstream llmapi contract: {err.message}",
                     err.fix or "publish with a toolchain whose line offers the llm-api backend", severity="warning")

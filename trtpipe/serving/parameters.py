@@ -182,18 +182,18 @@ class EngineFacts(BaseModel):
     encoder_decoder: bool = False
 
 
-def parameter_path() -> Path:
-    from trtpipe.shipped import build_configs_dir
+def parameter_path(configs: Path | None = None) -> Path:
+    from trtpipe.shipped import configs_dir
 
-    return build_configs_dir() / PARAMETER_FILE
+    return configs_dir(configs) / PARAMETER_FILE
 
 
-def load_parameter_table(path: Path | None = None) -> ParameterTable:
+def load_parameter_table(path: Path | None = None, *, configs: Path | None = None) -> ParameterTable:
     from trtpipe.datafiles import read_yaml
 
     import yaml
 
-    path = path or parameter_path()
+    path = path or parameter_path(configs)
     try:
         data = read_yaml(path)
     except FileNotFoundError:

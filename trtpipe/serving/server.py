@@ -571,11 +571,12 @@ def start_server(
     from trtpipe.serving.repository_files import read_manifest
     from trtpipe.serving.serving_copy import prepare
     from trtpipe.serving.validate import errors_only, validate_repository
+    from trtpipe.shipped import build_configs_dir
 
     repo = Path(repo).resolve()
     manifest = read_manifest(repo)
     if validate:
-        errors = errors_only(validate_repository(repo))
+        errors = errors_only(validate_repository(repo, configs=build_configs_dir(settings)))
         if errors:
             raise InvalidInput(f"{repo} does not validate: {errors[0].one_line()}",
                                fix="publish the repository again from its spec")

@@ -34,8 +34,9 @@ class ValidationIssue(BaseModel):
 
 
 class _Checker:
-    def __init__(self, repo: Path) -> None:
+    def __init__(self, repo: Path, configs: Path | None = None) -> None:
         self.repo = repo
+        self.configs_dir = configs  # the build_configs/ folder the tables are read from (None: the shipped one)
         self.issues: list[ValidationIssue] = []
         self.configs: dict[str, mc.ModelConfig] = {}
         self.manifest: dict[str, Any] | None = None
@@ -370,7 +371,7 @@ class _Checker:
         from trtpipe.serving.contract import Declared, check_model, contract_for
 
         try:
-            contract = contract_for(str(self.manifest["toolchain"]))
+            contract = contract_for(str(self.manifest["toolchain"]), configs=self.configs_dir)
         except TrtpipeError as err:
             self.add(MANIFEST_NAME, "toolchain", f"cannot check the upstream Triton contract: {err.message}",
                      err.fix or "publish with a toolchain from build_configs/toolchains.yaml", severity="warning")
@@ -403,7 +404,7 @@ class _Checker:
         from trtpipe.serving.templates import GPU_SOURCES, REFERENCE_SOURCES
 
         try:
-            table = load_parameter_table()
+            table = load_parameter_table(configs=self.configs_dir)
         except TrtpipeError as err:
             self.add(MANIFEST_NAME, "toolchain", f"cannot check the backend parameters: {err.message}",
                      err.fix or "restore build_configs/ from git")
@@ -436,7 +437,7 @@ class _Checker:
             return  # no readable engine config.json (reported by engine_limits)
         from trtpipe.serving.parameters import PARAMETER_FILE, load_parameter_table, logits_datatype
 
-        table = load_parameter_table()
+        table = load_parameter_table(configs=self.configs_dir)
         engine_dtype = limits.get("logits_dtype")
         expected = logits_datatype(table, engine_dtype)
         shown = engine_dtype or f"absent, so {table.logits.engine_default}"
@@ -468,7 +469,7 @@ class _Checker:
                      "install the complete trtpipe package", severity="warning")
             return
         try:
-            toolchain = get_toolchain(name)
+            toolchain = get_toolchain(name, configs=self.configs_dir)
         except Exception as err:  # an unknown name: the toolchain table says which exist
             self.add(MANIFEST_NAME, "toolchain", f"unknown toolchain {name!r} ({err})",
                      "publish with a toolchain from build_configs/toolchains.yaml")
@@ -490,10 +491,11 @@ class _Checker:
                      "rebuild the engine with the pinned toolchain, or publish it with its own toolchain")
 
 
-def validate_repository(repo: Path) -> list[ValidationIssue]:
-    """All problems found in the model repository at `repo` (empty list: it is valid)."""
+def validate_repository(repo: Path, *, configs: Path | None = None) -> list[ValidationIssue]:
+    """All problems found in the model repository at `repo` (empty list: it is valid), against the tables of
+    `configs` (the build_configs/ folder its caller's settings chose; None: the shipped one)."""
     repo = Path(repo)
-    checker = _Checker(repo)
+    checker = _Checker(repo, configs)
     if not repo.is_dir():
         checker.add("repository", "path", f"{repo} is not a directory", "pass the folder publish wrote")
         return checker.issues

@@ -16,6 +16,7 @@ same derivation rendered as a command.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from trtpipe.errors import TrtpipeError
@@ -28,7 +29,7 @@ from trtpipe.trtllm_build.profiles import (
     inflight_batching_settings,
     profile_settings,
 )
-from trtpipe.trtllm_build.rules import BuildFacts, Finding, simulate, spec_value
+from trtpipe.trtllm_build.rules import BuildFacts, Finding, RuleTable, load_rules, simulate, spec_value
 
 FieldPath = tuple[str | int, ...]
 
@@ -67,10 +68,12 @@ def flag_table(toolchain: Any) -> str:
     return backend.flags if backend is not None else toolchain.name
 
 
-def derive_engine_config(spec: BuildSpec, toolchain: Any, gpu: Any, model_config: dict[str, Any]) -> EngineConfig:
-    """The complete build configuration of `spec` (see the module doc); raises RuleViolation."""
+def derive_engine_config(spec: BuildSpec, toolchain: Any, gpu: Any, model_config: dict[str, Any], *,
+                         configs: Path | None = None) -> EngineConfig:
+    """The complete build configuration of `spec` (see the module doc; `configs`: the build_configs/ folder the
+    flag contract is read from, None for the shipped one); raises RuleViolation."""
     engine = spec.engine
-    contract = load_contract(flag_table(toolchain))
+    contract = load_contract(flag_table(toolchain), configs)
     family = gpu.architecture if gpu is not None else "reference"
     archs = model_config.get("architectures") or []
     architecture = archs[0] if archs else None
@@ -106,7 +109,7 @@ def derive_engine_config(spec: BuildSpec, toolchain: Any, gpu: Any, model_config
         )
     config = EngineConfig(toolchain=toolchain.name, family=family, limits=limits, plugin_config=plugin_config,
                           why=why, overrides=overrides, facts=facts, spec_keys=spec_keys)
-    _follow_trtllm_build(config)
+    _follow_trtllm_build(config, load_rules(configs=configs))
     _serving_rules(spec, config)
     return config
 
@@ -206,13 +209,13 @@ def _command_settings(config: EngineConfig) -> dict[str, object]:
     return given
 
 
-def _follow_trtllm_build(config: EngineConfig) -> None:
+def _follow_trtllm_build(config: EngineConfig, table: RuleTable) -> None:
     """Plan every setting as the pinned trtllm-build ends with it; refuse what it refuses.
 
     A profile setting trtllm-build would change is replaced by trtllm-build's value, its rule the reason.
     A spec override it would change, and anything it refuses, is a violation of the spec."""
     for _ in range(8):  # each round adopts at least one change; the rules settle in a few
-        sim = simulate(config.toolchain, _command_settings(config), config.facts)
+        sim = simulate(config.toolchain, _command_settings(config), config.facts, table=table)
         for finding in sim.refusals:
             raise _refusal(finding, config)
         if not sim.overrides:

@@ -16,11 +16,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from trtpipe.datafiles import read_yaml
 from trtpipe.errors import IntegrityError
-from trtpipe.shipped import build_configs_dir
+from trtpipe.shipped import configs_dir
 
 
-def flags_dir() -> Path:
-    return build_configs_dir() / "trtllm_build_flags"
+def flags_dir(configs: Path | None = None) -> Path:
+    """trtllm_build_flags/ of `configs` (the build_configs/ folder; None: the shipped one)."""
+    return configs_dir(configs) / "trtllm_build_flags"
 
 FlagKind = Literal["int", "str", "path", "paths", "strs", "switch", "choice"]
 
@@ -119,8 +120,8 @@ class FlagContract(BaseModel):
         return problems
 
 
-def contract_path(toolchain_name: str) -> Path:
-    return flags_dir() / f"{toolchain_name}.yaml"
+def contract_path(toolchain_name: str, configs: Path | None = None) -> Path:
+    return flags_dir(configs) / f"{toolchain_name}.yaml"
 
 
 @lru_cache(maxsize=16)
@@ -128,11 +129,11 @@ def _load_contract_cached(path: Path, mtime_ns: int) -> FlagContract:
     return FlagContract.model_validate(read_yaml(path))
 
 
-def load_contract(toolchain_name: str) -> FlagContract:
+def load_contract(toolchain_name: str, configs: Path | None = None) -> FlagContract:
     """The flag contract of a toolchain (e.g. "trtllm-1.2.1"); TrtpipeError if none is pinned."""
-    path = contract_path(toolchain_name)
+    path = contract_path(toolchain_name, configs)
     if not path.is_file():
-        known = ", ".join(known_contracts()) or "none"
+        known = ", ".join(known_contracts(configs)) or "none"
         raise IntegrityError(
             f"no trtllm-build flag contract for toolchain {toolchain_name!r} (known: {known})", path=str(path),
             fix=f"add build_configs/trtllm_build_flags/{path.name} taken from that version's "
@@ -141,8 +142,8 @@ def load_contract(toolchain_name: str) -> FlagContract:
     return _load_contract_cached(path, path.stat().st_mtime_ns)
 
 
-def known_contracts() -> list[str]:
-    return sorted(p.stem for p in flags_dir().glob("trtllm-*.yaml"))  # rules.yaml beside them is not a contract
+def known_contracts(configs: Path | None = None) -> list[str]:
+    return sorted(p.stem for p in flags_dir(configs).glob("trtllm-*.yaml"))  # rules.yaml beside them is not a contract
 
 
 def render_value(value: object) -> str | None:

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from trtpipe import quant
 from trtpipe.datafiles import read_yaml
 from trtpipe.errors import IntegrityError
-from trtpipe.shipped import build_configs_dir
+from trtpipe.shipped import configs_dir
 
 Effect = Literal["refuse", "override"]
 Stage = Literal["build", "spec", "serving"]
@@ -128,8 +128,9 @@ def _load(path: Path, mtime_ns: int) -> RuleTable:
     return table
 
 
-def load_rules(path: Path | None = None) -> RuleTable:
-    path = path or build_configs_dir() / "trtllm_build_flags" / "rules.yaml"
+def load_rules(path: Path | None = None, *, configs: Path | None = None) -> RuleTable:
+    """The rule table (`path`, or rules.yaml of `configs`: the build_configs/ folder, None for the shipped one)."""
+    path = path or configs_dir(configs) / "trtllm_build_flags" / "rules.yaml"
     return _load(path, path.stat().st_mtime_ns)
 
 
@@ -597,5 +598,5 @@ def simulate(
     return Simulation(settings=settings, findings=findings)
 
 
-def simulate_command(toolchain: str, argv: list[str], facts: BuildFacts) -> Simulation:
-    return simulate(toolchain, parse_command(argv), facts)
+def simulate_command(toolchain: str, argv: list[str], facts: BuildFacts, *, table: RuleTable | None = None) -> Simulation:
+    return simulate(toolchain, parse_command(argv), facts, table=table)

@@ -22,7 +22,7 @@ from trtpipe.engine.executors.base import ConversionJob, ExecutorResult, convers
 from trtpipe.engine.executors.base import timed_out as timed_out_error
 from trtpipe.engine.executors.local import CONVERSION_ENV
 from trtpipe.errors import InvalidInput, MissingCapability
-from trtpipe.shipped import build_configs_dir, package_dir
+from trtpipe.shipped import configs_dir, package_dir
 from trtpipe.spec import DEFAULT_TIMEOUT_S
 
 CHECKPOINT_MOUNT = "/trtpipe/checkpoint"
@@ -202,9 +202,10 @@ def container_spec(
     )
 
 
-def trtpipe_source_dirs() -> tuple[Path, Path]:
-    """(this trtpipe package, its build_configs folder): what a conversion container mounts of trtpipe."""
-    return package_dir().resolve(), build_configs_dir()
+def trtpipe_source_dirs(configs: Path | None = None) -> tuple[Path, Path]:
+    """(this trtpipe package, the build_configs folder `configs` or the shipped one): what a conversion container
+    mounts of trtpipe."""
+    return package_dir().resolve(), configs_dir(configs)
 
 
 def conversion_container_spec(
@@ -303,8 +304,10 @@ class DockerExecutor:
         client: Any = None,
         pull: bool = True,
         show_progress: bool = True,
+        configs: Path | None = None,
     ) -> None:
         self.toolchain = toolchain
+        self.configs = configs  # the build_configs/ folder the conversion container mounts (None: the shipped one)
         self.gpus = gpus
         self.timeout_s = timeout_s
         self.client = client
@@ -406,7 +409,8 @@ class DockerExecutor:
 
     def conversion_spec(self, job: ConversionJob) -> ContainerSpec:
         # As the calling user, so the checkpoint files are ours (the store renames and removes them).
-        return conversion_container_spec(self.toolchain, job, gpus=self.gpus, user=f"{os.getuid()}:{os.getgid()}")
+        return conversion_container_spec(self.toolchain, job, gpus=self.gpus, user=f"{os.getuid()}:{os.getgid()}",
+                                         build_configs=self.configs)
 
     def run_conversion(self, job: ConversionJob, log: Path) -> ExecutorResult:
         """Run the job's conversion in the toolchain's container on the GPUs (one line when no daemon)."""

@@ -62,8 +62,10 @@ class LocalExecutor:
         probe: Any = None,
         show_progress: bool = True,
         env: dict[str, str] | None = None,
+        configs: Path | None = None,
     ) -> None:
         self.toolchain = toolchain
+        self.configs = configs  # the build_configs/ folder the conversion child reads (None: as its environment says)
         self.target_sm = target_sm
         # A list lets a test (or a wrapper such as `mpirun -n 4`) stand in front of the binary.
         if executable is None:
@@ -162,6 +164,8 @@ class LocalExecutor:
         source_root = str(package_dir().resolve().parent)
         env["PYTHONPATH"] = os.pathsep.join([source_root, *filter(None, [env.get("PYTHONPATH")])])
         env.update(CONVERSION_ENV)
+        if self.configs is not None:  # the child resolves the spec with the tables this build resolved it with
+            env["TRTPIPE_BUILD_CONFIGS"] = str(self.configs)
         return env
 
     def run_conversion(self, job: ConversionJob, log: Path) -> ExecutorResult:
