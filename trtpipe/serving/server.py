@@ -539,10 +539,16 @@ class LocalTriton:
                 None)
 
 
+def in_container(manifest: dict[str, Any]) -> bool:
+    """Whether a repository's server is its toolchain's Triton container (a GPU target), not the CPU
+    tritonserver here (cpu-reference): what its manifest records."""
+    return not manifest.get("reference")
+
+
 def launcher_for(manifest: dict[str, Any], settings: Settings) -> Launcher:
     """The launcher a repository's manifest asks for: the CPU server for cpu-reference, else its toolchain's
     Triton container (the runtime executable from the caller's settings, TRTPIPE_DOCKER)."""
-    if manifest.get("reference"):
+    if not in_container(manifest):
         return LocalTriton.here()
     from trtpipe.serving.container import ContainerTriton
 
