@@ -23,9 +23,11 @@ or package (trtpipe/serving/). Layers, low -> high; a unit may import its own la
     5  stages, pipeline, runner, warm                           the declared stages, the build (resolve ->
                                                                 plan), the runner that executes a plan, and the
                                                                 warm path that reuses a build's resolution
-    6  bench, release, repair, matrix, build_session            what works on built and served artifacts, the
-                                                                matrix, which runs the runner on Ray workers,
-                                                                and a build as the CLI asks for it (trust, memo)
+    6  bench, release, repair, matrix, build_session,           what works on built and served artifacts, the
+       serve_session                                            matrix, which runs the runner on Ray workers,
+                                                                a build as the CLI asks for it (trust, memo),
+                                                                and a serve as the CLI asks for it (the trust
+                                                                check over the folder, then serving's watch)
     7  workspace, commands, cli                                 the shell
 
 So serving never imports the stages or the runner, the store never imports a stage, and resolve reads
@@ -50,7 +52,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("store", "results", "build_record", "build_report", "stage_plan"),
     ("checkpoint", "engine", "reference", "serving"),
     ("stages", "pipeline", "runner", "warm"),
-    ("bench", "release", "repair", "matrix", "build_session"),
+    ("bench", "release", "repair", "matrix", "build_session", "serve_session"),
     ("workspace", "commands", "cli"),
 )
 LAYER = {unit: index for index, units in enumerate(LAYERS) for unit in units}
@@ -148,7 +150,7 @@ def test_the_checks_catch_a_lazy_upward_import_and_a_cycle(tmp_path: Path) -> No
 # layout. (The store's weight-size rule is handed the layouts' and stages' own `weight_files`: trtpipe.stages.)
 LAYOUT_NEUTRAL = ("serving/smoke.py", "serving/server.py", "serving/container.py", "serving/validate.py",
                   "serving/templates.py", "serving/client_patterns.py", "bench/__init__.py", "bench/loadgen.py",
-                  "bench/counting.py", "commands/bench.py", "stages/publish.py", "store")
+                  "bench/counting.py", "commands/bench.py", "stages/publish.py", "store", "serve_session.py")
 
 
 def _modules(rel: str) -> list[Path]:
@@ -186,7 +188,7 @@ def test_the_layout_neutral_modules_name_no_layout(tmp_path: Path) -> None:
 # llm_api/, migrate, model_semantics' per-backend table (which must name every registered backend), the llmapi
 # layout's writer) and the CLI may.
 BACKEND_NAMES = {"trtllm-build", "llm-api", "reference"}
-BACKEND_NEUTRAL = ("spec.py", "resolve.py", "hostcheck.py", "pipeline.py", "runner.py", "build_session.py", "stage_plan.py", "warm.py", "checkpoint/afresh.py", "bench", "store",
+BACKEND_NEUTRAL = ("spec.py", "resolve.py", "hostcheck.py", "pipeline.py", "runner.py", "build_session.py", "serve_session.py", "stage_plan.py", "warm.py", "checkpoint/afresh.py", "bench", "store",
                    "release", "matrix")
 
 

@@ -7,15 +7,17 @@ import shlex
 import sys
 import threading
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
-from pydantic import BaseModel
 
 from trtpipe.commands.output import JsonOption, StoreOption, command_configs, json_option, open_workspace, print_table
 from trtpipe.commands.stop_signals import stop_on_signals
 from trtpipe.commands.trust_options import NoPolicyOption, PolicyOption, load_policy_option
 from trtpipe.errors import NotFound, UsageError
+
+if TYPE_CHECKING:
+    from trtpipe.serve_session import ContentCheck, ServeRequest
 
 
 def _existing_dir(path: Path) -> Path:
@@ -45,45 +47,20 @@ def validate_command(
         raise typer.Exit(1)
 
 
-class ServeRequest(BaseModel):
-    """What `serve` was asked, as options: enough to run the same serve again in the background (`--detach`)."""
+def serve_request(
+    repo: Path, *, grpc_port: int | None, http_port: int | None, metrics_port: int | None, start_timeout: float,
+    restart: str, max_restarts: int, probe_interval: float, probe_timeout: float, ready_file: Path | None,
+    log_file: str | None, keep_log: bool, policy: Path | None, no_policy: bool, store: str | None,
+) -> ServeRequest:
+    """The options, checked and parsed into the library's request; each refusal names its option."""
+    from trtpipe.serve_session import ServeRequest
 
-    repo: Path
-    grpc_port: Optional[int] = None
-    http_port: Optional[int] = None
-    metrics_port: Optional[int] = None
-    start_timeout: float = 120
-    restart: str = "no"
-    max_restarts: int = 3
-    probe_interval: float = 10
-    probe_timeout: float = 30
-    ready_file: Optional[Path] = None
-    log_file: Optional[str] = None  # a path, or "-" for stderr
-    keep_log: bool = False
-    policy: Optional[Path] = None
-    no_policy: bool = False
-    store: Optional[str] = None
-
-    def foreground_argv(self, *, ready_file: Path, log_file: Path) -> list[str]:
-        """The same serve in the foreground, writing `ready_file` and logging to `log_file` (for `--detach`)."""
-        argv = [sys.executable, "-m", "trtpipe.cli", "serve", str(self.repo.resolve()),
-                "--start-timeout", f"{self.start_timeout:g}", "--restart", self.restart,
-                "--max-restarts", str(self.max_restarts), "--probe-interval", f"{self.probe_interval:g}",
-                "--probe-timeout", f"{self.probe_timeout:g}", "--ready-file", str(ready_file.resolve()),
-                "--log-file", str(log_file.resolve())]
-        for flag, port in (("--grpc-port", self.grpc_port), ("--http-port", self.http_port),
-                           ("--metrics-port", self.metrics_port)):
-            if port is not None:
-                argv += [flag, str(port)]
-        if self.keep_log:
-            argv.append("--keep-log")
-        if self.policy is not None:
-            argv += ["--policy", str(self.policy.resolve())]
-        if self.no_policy:
-            argv.append("--no-policy")
-        if self.store is not None:
-            argv += ["--store", self.store]
-        return argv
+    if restart not in ("no", "on-failure"):
+        raise UsageError(f"--restart must be no or on-failure, got {restart!r}")
+    return ServeRequest(repo=repo, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
+                        start_timeout=start_timeout, restart=restart, max_restarts=max_restarts,  # type: ignore[arg-type]
+                        probe_interval=probe_interval, probe_timeout=probe_timeout, ready_file=ready_file,
+                        log_file=log_file, keep_log=keep_log, policy=policy, no_policy=no_policy, store=store)
 
 
 def serve_command(
@@ -134,74 +111,62 @@ def serve_command(
     says why in one line and exits 1, or restarts it (--restart on-failure). With a trust policy the
     repository must carry a signature by a key the policy trusts (its code runs in the server).
     In CI: `trtpipe serve REPO --detach --ready-file serve.json` returns once it can be used."""
-    request = ServeRequest(repo=_existing_dir(repo), grpc_port=grpc_port, http_port=http_port,
-                           metrics_port=metrics_port, start_timeout=start_timeout, restart=restart,
-                           max_restarts=max_restarts, probe_interval=probe_interval, probe_timeout=probe_timeout,
-                           ready_file=ready_file, log_file=log_file, keep_log=keep_log, policy=trust_policy,
-                           no_policy=no_policy, store=store)
+    repo = _existing_dir(repo)
     if ready_file is not None:
         from trtpipe.serving.ready_file import remove_ready_file
 
-        remove_ready_file(ready_file)  # an earlier run's, before anything can fail: never taken for this one's
+        # An earlier run's, before anything else can fail (a refused option too): never taken for this one's.
+        remove_ready_file(ready_file)
+    request = serve_request(repo, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
+                            start_timeout=start_timeout, restart=restart, max_restarts=max_restarts,
+                            probe_interval=probe_interval, probe_timeout=probe_timeout, ready_file=ready_file,
+                            log_file=log_file, keep_log=keep_log, policy=trust_policy, no_policy=no_policy,
+                            store=store)
     if detach:
         _serve_detached(request, as_json, print_only)
         return
-    from trtpipe.serving.repository_files import read_manifest
-    from trtpipe.serving.server import container_name, docker_command
-    from trtpipe.serving.server_log import ServerLog
-    from trtpipe.serving.serving_copy import prepare
-    from trtpipe.serving.watch import WatchPolicy, serve_watched
+    from trtpipe import serve_session
 
     workspace = open_workspace(store)
     trust = load_policy_option(trust_policy, workspace, no_policy=no_policy, command="serve")
-    verified = None
-    if trust is not None:
-        from trtpipe.release.trust import require_trusted_folder
+    if print_only:
+        try:
+            printed = serve_session.print_command(request, trust=trust, home=workspace.root,
+                                                  settings=workspace.settings, on_checked=_print_judged)
+        except serve_session.NotAContainerTarget:
+            raise UsageError("--print is for GPU targets (a docker command)",
+                             fix=f"run `trtpipe serve {repo}` without --print to start the CPU reference server") from None
+        if printed.content.unverified is not None:
+            typer.echo(_unverified_line(printed.content), err=True)
+        typer.echo(shlex.join(printed.command))
+        return
+    checked: list[ContentCheck] = []  # the judgement, heard before the server starts; its warning follows the banner
 
-        # The whole folder: a file or model folder its signed manifest does not list is refused, and the
-        # serving directory is filled from this verified list (nothing added after the check is served).
-        verified = require_trusted_folder(request.repo, trust, home=workspace.root, action="serve",
-                                          settings=workspace.settings)
-        # The verified signer, never a claimed one.
-        typer.echo(f"verified: {request.repo}: {verified.judgement.reason()}", err=True)
-    unverified = None
-    if verified is None or not verified.signature_verified:
-        why = ("no trust policy is set" if trust is None
-               else f"policy {trust.source} lets it through without a verified signature")
-        unverified = (f"warning: serving unverified content: {why}, so nothing checked that {request.repo} is what "
-                      "was signed (set TRTPIPE_POLICY or --policy to require it)")
-    manifest = read_manifest(request.repo)
-    launcher = None
-    if not manifest.get("reference"):
-        # The container's ports default to upstream's (8001 gRPC, 8000 HTTP, 8002 metrics).
-        grpc_port, http_port, metrics_port = grpc_port or 8001, http_port or 8000, metrics_port or 8002
-        if print_only:
-            # For someone else to run: a kept serving directory, one per digest (trtpipe does not own that server).
-            serving = prepare(request.repo, kept=True, verified=verified)
-            if unverified is not None:
-                typer.echo(unverified, err=True)
-            typer.echo(shlex.join(docker_command(serving.path, manifest, grpc_port=grpc_port, http_port=http_port,
-                                                 metrics_port=metrics_port,
-                                                 name=container_name(serving.repository_digest, grpc_port))))
-            return
-        from trtpipe.serving.container import ContainerTriton
+    def judged(content: ContentCheck) -> None:
+        checked.append(content)
+        _print_judged(content)
 
-        launcher = ContainerTriton.from_settings(manifest, workspace.settings)
-    elif print_only:
-        raise UsageError("--print is for GPU targets (a docker command)",
-                         fix=f"run `trtpipe serve {repo}` without --print to start the CPU reference server")
-    if restart not in ("no", "on-failure"):
-        raise UsageError(f"--restart must be no or on-failure, got {restart!r}")
-    policy = WatchPolicy(probe_interval_s=probe_interval, probe_timeout_s=probe_timeout, restart=restart,  # type: ignore[arg-type]
-                         max_restarts=max_restarts)
-    server_log = ServerLog(path=None if log_file in (None, "-") else Path(log_file).resolve(), keep=keep_log,
-                           follow=sys.stderr if log_file == "-" else None)
+    def heard(event: object) -> None:
+        unverified = next((_unverified_line(c) for c in checked if c.unverified is not None), None)
+        _print_serve_event(event, request.repo, as_json, unverified)
+
     stop = threading.Event()
     with stop_on_signals(stop):
-        serve_watched(request.repo, on_event=lambda event: _print_serve_event(event, request.repo, as_json, unverified),
-                      stop=stop, policy=policy, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
-                      start_timeout=start_timeout, launcher=launcher, ready_file=ready_file, server_log=server_log,
-                      verified=verified, settings=workspace.settings)
+        serve_session.serve(request, trust=trust, home=workspace.root, settings=workspace.settings, on_event=heard,
+                            stop=stop, on_checked=judged, log_stream=sys.stderr)  # --log-file - streams to stderr
+
+
+def _print_judged(content: ContentCheck) -> None:
+    """The trust policy's judgement, on stderr, as soon as it is known (none without a policy)."""
+    if content.judged is not None:
+        typer.echo(f"verified: {content.repo}: {content.judged}", err=True)  # the verified signer, never a claimed one
+
+
+def _unverified_line(content: ContentCheck) -> str:
+    """The warning a serve of unverified content says (on stderr), naming the settings that would require a
+    signature."""
+    return (f"warning: serving unverified content: {content.unverified}, so nothing checked that {content.repo} is "
+            "what was signed (set TRTPIPE_POLICY or --policy to require it)")
 
 
 # Seconds a detached serve may take beyond its --start-timeout: validation, the serving directory, the identity
