@@ -126,11 +126,24 @@ def test_a_damaged_input_is_rebuilt_and_the_stage_on_it_rekeyed(declared, spec: 
 
 
 def test_every_backend_kind_has_its_stages_and_every_toolchain_offers_backends() -> None:
+    from trtpipe.serving.layouts import LAYOUTS
+    from trtpipe.toolchain import backend_facts
+
     assert set(BACKEND_STAGES) == set(BACKEND_KINDS)
     for kind, backend in BACKEND_STAGES.items():
         names = [s.name for s in backend.stages]
         for stage in backend.stages:
             assert set(stage.inputs) <= set(names[: names.index(stage.name)]), (kind, stage.name)
+        # Its facts chose its stages: the last publishes the layout they name; an engine import where it builds
+        # engines on a GPU.
+        assert backend.stages[-1].layout is LAYOUTS[backend_facts(kind).layout]
+        assert (backend.imported is not None) == (backend_facts(kind).runs_on == "gpu"
+                                                  and backend_facts(kind).artifact == "trtllm-checkpoint")
+    assert [type(s).__name__ for s in BACKEND_STAGES["trtllm-build"].stages] == ["CheckpointStage", "EngineStage",
+                                                                                  "PublishStage"]
+    assert [type(s).__name__ for s in BACKEND_STAGES["llm-api"].stages] == ["HfCheckpointStage", "PublishStage"]
+    assert (BACKEND_STAGES["trtllm-build"].stages[0].in_executor, BACKEND_STAGES["reference"].stages[0].in_executor) \
+        == (True, False)
     for toolchain in load_toolchains().values():
         # every stable line builds engines and runs the reference; the LLM-API backend from 1.2.1 on (issue 16)
         llm_api = {"llm-api"} if toolchain.version_tuple >= (1, 2, 1) else set()

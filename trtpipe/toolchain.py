@@ -31,8 +31,8 @@ REMOVAL_REASON = (
 
 class BackendFacts(BaseModel):
     """What the rest of trtpipe asks of a backend, declared once on its class (`facts`) instead of compared by
-    name: resolve, the spec's defaults and parity read these. (Its stages are trtpipe.stages.BACKEND_STAGES, its
-    repository layout trtpipe.serving.layouts; the same kind keys both.)"""
+    name: resolve, the spec's defaults, parity and the stages read these. A backend is registered here alone:
+    trtpipe.stages builds its stages from its `artifact`, `runs_on` and `layout` (BACKEND_STAGES)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -46,6 +46,8 @@ class BackendFacts(BaseModel):
     streams_by_default: bool
     # Whether the GPU catalog's precisions decide a quantized KV cache (False: the backend's own hardware rules do).
     kv_cache_needs_catalog_precision: bool
+    # The Triton repository layout its publish stage writes (a name of trtpipe.serving.layouts.LAYOUTS).
+    layout: str
     # The target it is the default backend for when a spec names none ("gpu", "cpu"), if any.
     default_on: Literal["gpu", "cpu"] | None = None
 
@@ -57,7 +59,7 @@ class TrtllmBuildBackend(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     facts: ClassVar[BackendFacts] = BackendFacts(
         runs_on="gpu", derives="engine-config", artifact="trtllm-checkpoint", streams_by_default=True,
-        kv_cache_needs_catalog_precision=True, default_on="gpu")
+        kv_cache_needs_catalog_precision=True, layout="inflight_batcher_llm", default_on="gpu")
 
     kind: Literal["trtllm-build"] = "trtllm-build"
     flags: str = Field(description="The trtllm-build flag table: build_configs/trtllm_build_flags/<flags>.yaml.")
@@ -70,7 +72,7 @@ class ReferenceBackend(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     facts: ClassVar[BackendFacts] = BackendFacts(
         runs_on="cpu", derives="engine-config", artifact="trtllm-checkpoint", streams_by_default=True,
-        kv_cache_needs_catalog_precision=True, default_on="cpu")
+        kv_cache_needs_catalog_precision=True, layout="inflight_batcher_llm", default_on="cpu")
 
     kind: Literal["reference"] = "reference"
 
@@ -87,7 +89,7 @@ class LlmApiBackend(BaseModel):
     # own hardware matrix decides the KV cache (trtpipe.llm_api.derive).
     facts: ClassVar[BackendFacts] = BackendFacts(
         runs_on="any", derives="llm-args", artifact="hf-export", streams_by_default=False,
-        kv_cache_needs_catalog_precision=False)
+        kv_cache_needs_catalog_precision=False, layout="llmapi")
 
     kind: Literal["llm-api"] = "llm-api"
     args: str = Field(description="The release's TorchLlmArgs table: build_configs/llm_api_args/<args>.yaml.")
@@ -104,7 +106,8 @@ class TritonContainer(BaseModel):
 
 
 # One toolchain line offers one or more backends; `kind` tells them apart (a tagged union). A new
-# backend is one more class here, its stages and its repository writer.
+# backend is one more class here (its facts choose its stages and layout) and its toolchains' lines in
+# build_configs/toolchains.yaml; a new repository layout is one more entry in trtpipe.serving.layouts.
 Backend = Annotated[TrtllmBuildBackend | ReferenceBackend | LlmApiBackend, Field(discriminator="kind")]
 BACKEND_CLASSES: dict[str, type[TrtllmBuildBackend | ReferenceBackend | LlmApiBackend]] = {
     cls.model_fields["kind"].default: cls for cls in (TrtllmBuildBackend, ReferenceBackend, LlmApiBackend)}

@@ -4,9 +4,12 @@ A stage module imports what keys it at the top and its implementation (converter
 repository writer) inside `build` and `preview`: the one place imports are deferred, so a warm build
 (every stage a hit) loads no converter, executor or writer, let alone torch, transformers or ModelOpt.
 
-resolve and plan are plain steps of the runner; the stored stages come from the spec's backend. Adding a
-backend is one entry here with its stages (its artifact stage, its repository writer's publish stage),
-next to its variant on the toolchain (trtpipe.toolchain.Backend) and its contract tables.
+resolve and plan are plain steps of the runner; the stored stages come from the spec's backend, built here
+from the facts its toolchain class declares (trtpipe.toolchain.BackendFacts): the stages that make its
+`artifact` (a TensorRT-LLM checkpoint and its engine, converted in the executor and built by the pinned
+trtllm-build on a GPU target, in this process on cpu-reference; or ModelOpt's Hugging Face export), then the
+publish stage of its `layout`. A backend that builds one of these artifacts is registered on the toolchain
+alone; a new kind of artifact is one more branch in `backend_stages`, with its stage module.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 from trtpipe.engine.plan import make_build_plan
 from trtpipe.resolve import ResolvedSpec
-from trtpipe.serving.layouts import INFLIGHT_BATCHER_LLM, LAYOUTS, LLMAPI
+from trtpipe.serving.layouts import LAYOUTS
 from trtpipe.stages.base import InputRef, NoKey, Preview, StageContext, StoredStage
 from trtpipe.stages.checkpoint import CheckpointStage
 from trtpipe.stages.engine import EngineStage
@@ -27,6 +30,7 @@ from trtpipe.stages.hf_checkpoint import HfCheckpointStage
 from trtpipe.stages.imported_engine import ImportedEngineStage
 from trtpipe.stages.publish import PublishStage
 from trtpipe.store.manifest import WeightFiles
+from trtpipe.toolchain import BACKEND_KINDS, backend_facts
 
 
 @dataclass(frozen=True)
@@ -45,37 +49,34 @@ def _llm_api_plan(resolved: ResolvedSpec) -> Any:
     return resolved.llm_api
 
 
-def _publish_engine() -> PublishStage:
-    """The trtllm-build and reference backends publish their engine in upstream's inflight_batcher_llm layout."""
-    return PublishStage(LAYOUTS[INFLIGHT_BATCHER_LLM], reads="engine")
-
-
-BACKEND_STAGES: dict[str, BackendStages] = {
-    # The GPU path: convert where the engine is built (the executor), run the pinned trtllm-build.
-    "trtllm-build": BackendStages(
+def backend_stages(kind: str) -> BackendStages:
+    """The stages of the backend `kind`, from its facts (see the module doc)."""
+    facts = backend_facts(kind)
+    layout = LAYOUTS[facts.layout]
+    if facts.artifact == "hf-export":
+        # ModelOpt's unified HF export + llm_args.json (in the executor on a GPU target, in-process on
+        # cpu-reference), then the repository; no engine is built.
+        return BackendStages(plan=_llm_api_plan, stages=(HfCheckpointStage(), PublishStage(layout, reads="export")))
+    # A TensorRT-LLM checkpoint and its engine. On a GPU target: converted where the engine is built (the
+    # executor), by the pinned trtllm-build, whose command a dry run shows; an engine built outside trtpipe can
+    # be imported instead. On cpu-reference: converted here, the checkpoint wrapped as the reference runtime's
+    # engine, behind the same repository contract.
+    on_gpu = facts.runs_on == "gpu"
+    publish = PublishStage(layout, reads="engine")
+    return BackendStages(
         plan=make_build_plan,
-        stages=(CheckpointStage(in_executor=True), EngineStage(renders_command=True), _publish_engine()),
-        imported=lambda engine_dir: imported_engine_stages(engine_dir),
-    ),
-    # The CPU reference: convert here, wrap the checkpoint as the runtime's engine, same repository contract.
-    "reference": BackendStages(
-        plan=make_build_plan,
-        stages=(CheckpointStage(in_executor=False), EngineStage(renders_command=False), _publish_engine()),
-    ),
-    # TensorRT-LLM's PyTorch backend: ModelOpt's unified HF export + llm_args.json (in the executor on a GPU
-    # target, in-process on cpu-reference), then the llmapi repository; no engine is built.
-    "llm-api": BackendStages(
-        plan=_llm_api_plan,
-        stages=(HfCheckpointStage(), PublishStage(LAYOUTS[LLMAPI], reads="export")),
-    ),
-}
+        stages=(CheckpointStage(in_executor=on_gpu), EngineStage(renders_command=on_gpu), publish),
+        imported=(lambda engine_dir: imported_engine_stages(engine_dir, publish)) if on_gpu else None,
+    )
 
 
+def imported_engine_stages(engine_dir: Path, publish: PublishStage) -> BackendStages:
+    """A GPU engine backend's stages for an engine built outside trtpipe (`trtpipe publish SPEC --engine DIR`): the
+    engine is imported instead of converted and built, then published (`publish`) as a built one is."""
+    return BackendStages(plan=make_build_plan, stages=(ImportedEngineStage(engine_dir), publish))
 
-def imported_engine_stages(engine_dir: Path) -> BackendStages:
-    """The trtllm-build backend's stages for an engine built outside trtpipe (`trtpipe publish SPEC --engine DIR`):
-    the engine is imported instead of converted and built, then published as a built one is."""
-    return BackendStages(plan=make_build_plan, stages=(ImportedEngineStage(engine_dir), _publish_engine()))
+
+BACKEND_STAGES: dict[str, BackendStages] = {kind: backend_stages(kind) for kind in BACKEND_KINDS}
 
 
 def weight_file_rule() -> WeightFiles:
