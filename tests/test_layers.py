@@ -20,8 +20,9 @@ or package (trtpipe/serving/). Layers, low -> high; a unit may import its own la
     3  store, results, build_record, build_report, stage_plan   where artifacts, results, records and build
                                                                 reports live; the stage plan every build walks
     4  checkpoint, engine, reference, serving                   what the stages call, and serving their output
-    5  stages, pipeline, runner, warm                           the declared stages, the build (resolve ->
-                                                                plan), the runner that executes a plan, and the
+    5  stages, pipeline, runner, shared_cache, warm             the declared stages, the build (resolve ->
+                                                                plan), the runner that executes a plan, the
+                                                                remote cache as a build uses it, and the
                                                                 warm path that reuses a build's resolution
     6  bench, release, repair, matrix, build_session,           what works on built and served artifacts, the
        serve_session                                            matrix, which runs the runner on Ray workers,
@@ -51,7 +52,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("resolve", "plan", "hostcheck", "migrate"),
     ("store", "results", "build_record", "build_report", "stage_plan"),
     ("checkpoint", "engine", "reference", "serving"),
-    ("stages", "pipeline", "runner", "warm"),
+    ("stages", "pipeline", "runner", "shared_cache", "warm"),
     ("bench", "release", "repair", "matrix", "build_session", "serve_session"),
     ("workspace", "commands", "cli"),
 )
@@ -188,7 +189,7 @@ def test_the_layout_neutral_modules_name_no_layout(tmp_path: Path) -> None:
 # llm_api/, migrate, model_semantics' per-backend table (which must name every registered backend), the llmapi
 # layout's writer) and the CLI may.
 BACKEND_NAMES = {"trtllm-build", "llm-api", "reference"}
-BACKEND_NEUTRAL = ("spec.py", "resolve.py", "hostcheck.py", "pipeline.py", "runner.py", "build_session.py", "serve_session.py", "stage_plan.py", "warm.py", "checkpoint/afresh.py", "bench", "store",
+BACKEND_NEUTRAL = ("spec.py", "resolve.py", "hostcheck.py", "pipeline.py", "runner.py", "shared_cache.py", "build_session.py", "serve_session.py", "stage_plan.py", "warm.py", "checkpoint/afresh.py", "bench", "store",
                    "release", "matrix")
 
 

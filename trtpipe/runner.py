@@ -2,7 +2,7 @@
 remote cache and the trust gate its constructor is given, and keeps the build's report and record.
 
 For each planned stage it reuses the store's entry of the stage's key (or pulls it from the remote cache,
-judged by the trust gate), and otherwise verifies the stored inputs the stage builds on and lets the stage
+judged by the trust gate: trtpipe.shared_cache, which also shares and signs what is built here), and otherwise verifies the stored inputs the stage builds on and lets the stage
 build into a temporary directory that the store publishes with one rename. Concurrent runs of the same key
 wait on the per-key lock and then reuse the first run's result. A dry run plans with a lookup that asks
 the store and the remote cache, and builds nothing. A memo's plan (trtpipe.warm) names the entry each stage
@@ -17,19 +17,18 @@ module imports nothing that resolves, converts or serves: the warm path loads it
 from __future__ import annotations
 
 import contextlib
-import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trtpipe import build_record
 from trtpipe.build_report import BuildReport, Outcome, StagePrinter, StageReport
 from trtpipe.disk import disk_full, disk_full_error
-from trtpipe.errors import DiskFull, IntegrityError, InvalidInput, TrtpipeError, Untrusted
+from trtpipe.errors import DiskFull, TrtpipeError
+from trtpipe.shared_cache import PushSigner, SharedCache
 from trtpipe.stage_plan import InputRef, NoKey, PlannedStage, StagePlan, entry_dirs, plan_stages
-from trtpipe.store.remote import RemoteUse, is_unavailable
+from trtpipe.store.remote import RemoteUse
 
 if TYPE_CHECKING:
     from trtpipe.store.keys import StageKey
@@ -41,9 +40,6 @@ PLAIN_STEPS = ("resolve", "plan")
 # The release area's trust policy provides one (the runner imports nothing of it); without one, a pulled
 # entry is used and the build says that no policy checked it.
 PulledCheck = Callable[["Entry"], tuple[bool, str]]
-# Signs what a build pushed (remote, what the push left, the entry) and says how, in a few words; the release
-# area's `sign_pushed` with the workspace's key is one. The runner knows no key: the shell hands it one.
-PushSigner = Callable[[Any, Any, "Entry"], str]
 # The build record of a report (and when the build started): the resolving build's from its resolution, a
 # memo's from the resolution it kept.
 RecordMaker = Callable[[BuildReport, str], build_record.BuildRecord]
@@ -83,15 +79,6 @@ def _unchecked_pulled_note(store: Store, entry: Entry) -> str | None:
     return f"using a pulled entry carrying a signature (from {record['pulled_from']}), not verified: no trust policy"
 
 
-def _empty(folder: Path) -> None:
-    """Remove what a refused pull left in a build's staging folder (the folder stays)."""
-    for child in folder.iterdir():
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child)
-        else:
-            child.unlink()
-
-
 class Runner:
     def __init__(
         self, store: Store, report: BuildReport, *, record: RecordMaker, dry_run: bool = False,
@@ -103,10 +90,10 @@ class Runner:
         self.store = store
         self.report = report
         self.record = record
-        self.remote = remote  # a remote cache (probe / find / pull_into / push), or None once it is away
-        self.remote_use = remote_use if remote_use is not None else RemoteUse()
+        # The remote cache (trtpipe.shared_cache): pulls before building, pushes (and signs) what was built.
+        self.cache = SharedCache(remote, remote_use if remote_use is not None else RemoteUse(), sign_push=sign_push,
+                                 note=self.note, report=report)
         self.pulled_check = pulled_check  # judges entries that came from a registry (a trust policy), or None
-        self.sign_push = sign_push  # signs each pushed entry (the workspace's key), or None: pushes are unsigned
         self.on_stage = on_stage  # told each step's report as it is added (a matrix worker's live progress)
         self.dry_run = dry_run
         self.force = force  # the stored stages to build again, by name
@@ -227,7 +214,7 @@ class Runner:
         self.ctx = ctx
         self.stage_names = tuple(s.name for s in stages)
         self.current = self.stage_names[0] if self.stage_names else self.current
-        self._reach_remote()
+        self.cache.reach()
         if self.dry_run:
             self.plan = plan_stages(stages, ctx, entry_dir=self._entry_dir, on_keying=self._keying,
                                     lookup=self._dry_lookup, on_planned=self._dry_report)
@@ -256,19 +243,10 @@ class Runner:
         present = entry is not None and entry.current and not self.store.check(entry, digests=self.verify)
         outcome: Outcome = "hit" if present and not forced else "would-build"
         digest = entry.digest if present and entry is not None else None
-        if outcome == "would-build" and not forced and self.remote is not None:
-            try:
-                found = self.remote.find(kind, key)
-            except (IntegrityError, InvalidInput) as refused:  # what the key tag names is no entry of this key
-                self.note(f"  {name:<11} {refused.one_line()}; would build it here", style="yellow")
-                found = None
-            except TrtpipeError as err:
-                if not is_unavailable(err):
-                    raise
-                self._remote_away(err)
-                found = None
-            if found is not None:
-                outcome, digest = "would-pull", found.artifact_digest
+        if outcome == "would-build" and not forced:
+            pulled = self.cache.find(name, kind, key)
+            if pulled is not None:
+                outcome, digest = "would-pull", pulled
         self._dry_found[name] = (outcome, digest, entry, started, forced and present)
         return digest if outcome != "would-build" else None
 
@@ -381,22 +359,8 @@ class Runner:
                 if handle.existing is not None:
                     entry = handle.existing
                 else:
-                    if self.remote is not None and not forced:
-                        try:
-                            entry = self.remote.pull_into(handle)
-                        # The pull's trust gate refused it, or what the key tag names is no entry of this key (a
-                        # planted or damaged manifest): a miss, said; build it here (the push replaces the tag).
-                        except (Untrusted, IntegrityError, InvalidInput) as refused:
-                            self.note(f"  {planned.name:<11} {refused.one_line()}; building it here", style="yellow")
-                            refused_note = f"remote entry refused ({refused.message}); built here"
-                            _empty(Path(handle.dir))
-                            entry = None
-                        except TrtpipeError as err:  # the cache went away mid-build: build it here instead
-                            if not is_unavailable(err):
-                                raise
-                            self._remote_away(err)
-                            _empty(Path(handle.dir))
-                            entry = None
+                    if self.cache.remote is not None and not forced:
+                        entry, refused_note = self.cache.pull_into(planned.name, handle)
                         outcome = "pulled"
                     if entry is not None and self.pulled_check is None:
                         trust_note = _unchecked_pulled_note(self.store, entry)  # with a policy, the gate judged it
@@ -409,8 +373,8 @@ class Runner:
                     self.verified.add((kind, key))  # its bytes were hashed (or verified on pull) just now
             # Stored from here on: an interrupted push (or anything after) still reports it as kept.
             self.report.artifacts[kind] = entry.digest
-            if outcome in ("built", "imported") and self.remote is not None:
-                push_note = self._push(entry)
+            if outcome in ("built", "imported") and self.cache.remote is not None:
+                push_note = self.cache.push(entry)
         elif self.verify:
             self.verified.add((kind, key))  # `get(verify=True)` re-hashed every file
         self.entries[planned.name] = entry
@@ -477,61 +441,6 @@ class Runner:
         except Exception:  # an estimate is a courtesy in an error message; never a second failure
             return None
         return int(value) if isinstance(value, (int, float)) and value > 0 else None
-
-    # -- the remote cache ------------------------------------------------------------------
-    def _push(self, entry: Entry) -> str:
-        """Share a built entry through the remote cache (read-write only); a failed push is reported, not fatal,
-        unless the remote is required and away."""
-        if not self.remote_use.pushes:
-            return f"not pushed: the remote cache {self.remote} is read-only here"
-        remote = self.remote
-        try:
-            pushed = remote.push(entry)
-        except TrtpipeError as err:
-            if is_unavailable(err):
-                self._remote_away(err)  # raises when the remote is required
-            else:
-                self.note(f"warning: could not push {entry.kind} to {remote}: {err.one_line()}", style="yellow")
-            return f"push to {remote} failed: {err.one_line()}"
-        # Under a policy an unsigned entry is never a hit anywhere: sign it here, or the cache is write-only.
-        said: list[str] = []
-        if self.sign_push is not None:
-            try:
-                said.append(self.sign_push(remote, pushed, entry))
-            except TrtpipeError as err:
-                if is_unavailable(err):
-                    self._remote_away(err)
-                self.note(f"warning: pushed {entry.kind} to {remote} but could not sign it: {err.one_line()}",
-                          style="yellow")
-                said.append(f"unsigned: signing failed: {err.one_line()}")
-        replaced = getattr(pushed, "replaced", None)
-        if replaced:
-            said.append(f"its key tag named {replaced}, which did not verify here; key tag moved to this entry")
-        return f"pushed to {remote}" + (f" ({'; '.join(said)})" if said else "")
-
-    def _reach_remote(self) -> None:
-        """Before the first stage: is the remote cache there, and does it take the credentials? (One short
-        request; a required cache that is away fails the build here, before anything is built.)"""
-        if self.remote is None:
-            return
-        try:
-            self.remote.probe()
-        except TrtpipeError as err:
-            if not is_unavailable(err):
-                raise
-            self._remote_away(err)
-
-    def _remote_away(self, err: TrtpipeError) -> None:
-        """The remote cache is down or refused the credentials. Required: the build fails with that one line.
-        Else (a build cache, like Bazel's remote cache or sccache): say so once and go on with the local store."""
-        if self.remote_use.required:
-            err.message = f"the build requires its remote cache {self.remote}, and it is away: {err.message}"
-            raise err
-        note = (f"remote cache {self.remote} is away ({err.one_line()}); building with the local store only "
-                "(TRTPIPE_REQUIRE_REMOTE=1 makes this an error)")
-        self.note(f"warning: {note}", style="yellow")
-        self.report.remote_unavailable = note
-        self.remote = None
 
     # -- the end ---------------------------------------------------------------------------
     def _kept_on_interrupt(self) -> None:
