@@ -1,10 +1,11 @@
-"""What a model's config.json says the model *computes*, and how each backend keeps it: one table.
+"""What a model's config.json says the model *computes*, and how each runtime that serves it keeps it: one table.
 
 A checkpoint conversion can be exact tensor by tensor and still serve another function, when a setting that changes
 the function is not a tensor: a sliding attention window is a runtime setting in TensorRT-LLM, not a checkpoint field,
 so a converter that carries every weight drops it without a word. Each row below names such a config.json field, what
-it does, and how each backend honours it: carried in the checkpoint, passed as a runtime parameter (and where), applied
-by trtpipe's reference runtime, or refused. `trtpipe.resolve` consults the table (a field a backend cannot honour is
+it does, and how each runtime honours it (the TensorRT-LLM engine runtime, TensorRT-LLM's PyTorch LLM-API runtime,
+trtpipe's reference runtime: a backend's `runtime` fact says which runs what it builds, trtpipe.toolchain): carried
+in the checkpoint, passed as a runtime parameter (and where), applied by trtpipe's reference runtime, or refused. `trtpipe.resolve` consults the table (a field a backend cannot honour is
 refused at its position, with the reason), and the stages that carry a field read it from here
 (`attention_windows`, `token_vocab_size`), so there is one derivation.
 
@@ -24,10 +25,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 How = Literal["checkpoint", "runtime-parameter", "applied", "refused"]
-# Every registered backend (trtpipe.toolchain.BACKEND_KINDS, which tests/reference/test_model_semantics.py holds this
-# to: a new backend needs its column). Named here, not imported: the reference runtime loads this module in the
-# server, and the toolchain tables (YAML) have no business there.
-BACKENDS = ("trtllm-build", "llm-api", "reference")
+# The runtimes a backend's model runs in (trtpipe.toolchain.BackendFacts.runtime, which
+# tests/reference/test_model_semantics.py holds this to: a new runtime needs its column; a new backend on one of
+# these needs none). Named here, not imported: the reference runtime loads this module in the server, and the
+# toolchain tables (YAML) have no business there.
+RUNTIMES = ("tensorrt-engine", "pytorch-llm-api", "reference")
 # Rope scalings the reference runtime computes (trtpipe.reference.runtime.rope_inverse_frequencies).
 REFERENCE_ROPE_TYPES = ("default", "linear", "llama3")
 # What TensorRT-LLM carries as rotary_scaling (tensorrt_llm/functional.py RotaryScalingType: none, linear, dynamic,
@@ -46,7 +48,7 @@ class Handling(BaseModel):
 
 
 class SemanticField(BaseModel):
-    """One config.json field that changes what the model computes, and how each backend keeps it."""
+    """One config.json field that changes what the model computes, and how each runtime keeps it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -61,47 +63,47 @@ TABLE: tuple[SemanticField, ...] = (
         meaning="each query attends to at most this many keys, itself included (per layer: layer_types, "
                 "use_sliding_window / max_window_layers)",
         handling={
-            "trtllm-build": Handling(how="runtime-parameter",
-                                     where="tensorrt_llm config.pbtxt max_attention_window_size (per-layer list)"),
-            "llm-api": Handling(how="runtime-parameter", where="llm_args kv_cache_config.max_attention_window"),
+            "tensorrt-engine": Handling(how="runtime-parameter",
+                                        where="tensorrt_llm config.pbtxt max_attention_window_size (per-layer list)"),
+            "pytorch-llm-api": Handling(how="runtime-parameter", where="llm_args kv_cache_config.max_attention_window"),
             "reference": Handling(how="applied", where="trtpipe.reference.runtime masks keys outside the window"),
         }),
     SemanticField(
         field="rope_scaling",
         meaning="how rotary position frequencies are scaled for long contexts (rope_type and its parameters)",
         handling={
-            "trtllm-build": Handling(how="checkpoint", where="checkpoint config rotary_scaling"),
-            "llm-api": Handling(how="checkpoint", where="the HF config.json the PyTorch backend reads"),
+            "tensorrt-engine": Handling(how="checkpoint", where="checkpoint config rotary_scaling"),
+            "pytorch-llm-api": Handling(how="checkpoint", where="the HF config.json the PyTorch backend reads"),
             "reference": Handling(how="applied", where=f"rope types {', '.join(REFERENCE_ROPE_TYPES)}"),
         }),
     SemanticField(
         field="head_dim",
         meaning="width of one attention head, when it is not hidden_size / num_attention_heads",
-        handling={name: Handling(how="checkpoint", where="checkpoint config head_size") for name in BACKENDS}),
+        handling={name: Handling(how="checkpoint", where="checkpoint config head_size") for name in RUNTIMES}),
     SemanticField(
         field="tie_word_embeddings",
         meaning="the output head is the input embedding",
         handling={name: Handling(how="checkpoint", where="lm_head tensor (a copy of the embedding)")
-                  for name in BACKENDS}),
+                  for name in RUNTIMES}),
     SemanticField(
         field="attention_bias",
         meaning="q/k/v projections carry a bias (always on Qwen2)",
-        handling={name: Handling(how="checkpoint", where="attention.qkv.bias tensors") for name in BACKENDS}),
+        handling={name: Handling(how="checkpoint", where="attention.qkv.bias tensors") for name in RUNTIMES}),
     SemanticField(
         field="vocab_size",
         meaning="the tokenizer's ids; a checkpoint may pad its embedding and head beyond them (ModelOpt pads to a "
                 "multiple of 64 for INT4-AWQ), and a padded id is no token",
         handling={
-            "trtllm-build": Handling(how="runtime-parameter",
-                                     where="preprocessing bans the padded ids (bad words); trtpipe.json records both"),
-            "llm-api": Handling(how="checkpoint", where="the HF export keeps the tokenizer's vocabulary"),
+            "tensorrt-engine": Handling(how="runtime-parameter",
+                                        where="preprocessing bans the padded ids (bad words); trtpipe.json records both"),
+            "pytorch-llm-api": Handling(how="checkpoint", where="the HF export keeps the tokenizer's vocabulary"),
             "reference": Handling(how="applied", where="the sampler never returns an id >= vocab_size"),
         }),
     SemanticField(
         field="layer_types",
         meaning="the attention kind of each layer",
         handling={name: Handling(how="applied", where=f"kinds {', '.join(ATTENTION_LAYER_TYPES)}, as "
-                                 "sliding_window says; any other kind is refused") for name in BACKENDS}),
+                                 "sliding_window says; any other kind is refused") for name in RUNTIMES}),
 )
 
 
@@ -159,14 +161,13 @@ def token_vocab_size(config: dict[str, Any]) -> int:
     return int(config["vocab_size"])
 
 
-def refusals(config: dict[str, Any], backend: str, *, on_cpu: bool) -> list[Refusal]:
-    """The fields of `config` the backend cannot honour (`on_cpu`: the reference runtime serves it)."""
+def refusals(config: dict[str, Any], runtime: str, *, on_cpu: bool) -> list[Refusal]:
+    """The fields of `config` the `runtime` (one of RUNTIMES) cannot honour (`on_cpu`: the target is cpu-reference,
+    where the reference runtime serves what any backend builds)."""
     out: list[Refusal] = []
     rope = _rope_type(config)
     if rope is not None:
-        from trtpipe.toolchain import backend_facts  # resolve's caller has the tables loaded already
-
-        reference_runtime = on_cpu or backend_facts(backend).runs_on == "cpu"
+        reference_runtime = on_cpu or runtime == "reference"
         known = REFERENCE_ROPE_TYPES if reference_runtime else TRTLLM_ROPE_TYPES
         if rope not in known:
             where = "the cpu-reference runtime" if reference_runtime else "TensorRT-LLM"

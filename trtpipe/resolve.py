@@ -551,11 +551,12 @@ def _check_shape(loaded: LoadedSpec, config_field: tuple[str, ...], config: dict
                 )
 
 
-def _check_semantics(loaded: LoadedSpec, config_field: tuple[str, ...], config: dict[str, Any], backend: str, *,
+def _check_semantics(loaded: LoadedSpec, config_field: tuple[str, ...], config: dict[str, Any], runtime: str, *,
                      on_cpu: bool) -> None:
-    """What the model computes must survive: a config field the backend cannot honour (trtpipe.model_semantics) is
-    refused, naming it, rather than converted into a checkpoint that serves another function."""
-    for refusal in model_semantics.refusals(config, backend, on_cpu=on_cpu):
+    """What the model computes must survive: a config field the runtime serving it cannot honour
+    (trtpipe.model_semantics) is refused, naming it, rather than converted into a checkpoint that serves another
+    function."""
+    for refusal in model_semantics.refusals(config, runtime, on_cpu=on_cpu):
         raise loaded.error(config_field, f"config.json {refusal.field}: {refusal.message}", refusal.fix)
 
 
@@ -629,7 +630,7 @@ def resolve(loaded: LoadedSpec, *, need_weights: bool = True, configs: Path | No
     _check_names(loaded)
     model_dir, tokenizer_dir, config_path, config_field, config = _resolve_model(loaded, need_weights)
     _check_shape(loaded, config_field, config)
-    _check_semantics(loaded, config_field, config, backend.kind, on_cpu=gpu is None)
+    _check_semantics(loaded, config_field, config, backend.facts.runtime, on_cpu=gpu is None)
     engine_config = _check_engine(loaded, config, gpu, toolchain, configs)
     llm_api = _check_llm_api(loaded, config, gpu, toolchain, configs) if backend.facts.derives == "llm-args" else None
     resolved = ResolvedSpec(

@@ -48,6 +48,9 @@ class BackendFacts(BaseModel):
     kv_cache_needs_catalog_precision: bool
     # The Triton repository layout its publish stage writes (a name of trtpipe.serving.layouts.LAYOUTS).
     layout: str
+    # What runs the model it builds on a GPU target (trtpipe.model_semantics.RUNTIMES: how each runtime keeps a
+    # config.json field that changes what the model computes). On cpu-reference the reference runtime serves it.
+    runtime: Literal["tensorrt-engine", "pytorch-llm-api", "reference"]
     # The target it is the default backend for when a spec names none ("gpu", "cpu"), if any.
     default_on: Literal["gpu", "cpu"] | None = None
 
@@ -59,7 +62,8 @@ class TrtllmBuildBackend(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     facts: ClassVar[BackendFacts] = BackendFacts(
         runs_on="gpu", derives="engine-config", artifact="trtllm-checkpoint", streams_by_default=True,
-        kv_cache_needs_catalog_precision=True, layout="inflight_batcher_llm", default_on="gpu")
+        kv_cache_needs_catalog_precision=True, layout="inflight_batcher_llm", runtime="tensorrt-engine",
+        default_on="gpu")
 
     kind: Literal["trtllm-build"] = "trtllm-build"
     flags: str = Field(description="The trtllm-build flag table: build_configs/trtllm_build_flags/<flags>.yaml.")
@@ -72,7 +76,8 @@ class ReferenceBackend(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     facts: ClassVar[BackendFacts] = BackendFacts(
         runs_on="cpu", derives="engine-config", artifact="trtllm-checkpoint", streams_by_default=True,
-        kv_cache_needs_catalog_precision=True, layout="inflight_batcher_llm", default_on="cpu")
+        kv_cache_needs_catalog_precision=True, layout="inflight_batcher_llm", runtime="reference",
+        default_on="cpu")
 
     kind: Literal["reference"] = "reference"
 
@@ -89,7 +94,8 @@ class LlmApiBackend(BaseModel):
     # own hardware matrix decides the KV cache (trtpipe.llm_api.derive).
     facts: ClassVar[BackendFacts] = BackendFacts(
         runs_on="any", derives="llm-args", artifact="hf-export", streams_by_default=False,
-        kv_cache_needs_catalog_precision=False, layout="llmapi")
+        kv_cache_needs_catalog_precision=False, layout="llmapi",
+        runtime="pytorch-llm-api")
 
     kind: Literal["llm-api"] = "llm-api"
     args: str = Field(description="The release's TorchLlmArgs table: build_configs/llm_api_args/<args>.yaml.")

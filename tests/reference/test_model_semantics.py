@@ -172,12 +172,14 @@ def test_the_mistral_7b_example_plans_with_its_4096_window() -> None:
     assert plan.sequences_at_max_seq_len >= 3 * full_plan_sequences  # 4096 of 16384 tokens kept per layer
 
 
-def test_every_semantic_field_says_how_each_backend_keeps_it() -> None:
-    from trtpipe.toolchain import BACKEND_KINDS
+def test_every_semantic_field_says_how_each_runtime_keeps_it() -> None:
+    from trtpipe.toolchain import BACKEND_KINDS, backend_facts
 
-    assert set(model_semantics.BACKENDS) == set(BACKEND_KINDS)  # a newly registered backend needs its column
+    # Every registered backend's runtime has its column (a backend on a new runtime needs one), and no column is
+    # for a runtime nothing runs.
+    assert set(model_semantics.RUNTIMES) == {backend_facts(kind).runtime for kind in BACKEND_KINDS}
     for row in model_semantics.TABLE:
-        assert set(row.handling) == set(model_semantics.BACKENDS), row.field
+        assert set(row.handling) == set(model_semantics.RUNTIMES), row.field
         assert all(h.where for h in row.handling.values()), row.field
 
 
