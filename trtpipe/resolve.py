@@ -589,12 +589,13 @@ def _check_engine(loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | Non
 
 
 def _check_llm_api(loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | None, toolchain: Toolchain,
-                   configs: Path) -> LlmApiPlan:
+                   backend: Any, configs: Path) -> LlmApiPlan:
     """The LLM() arguments the spec implies on the toolchain's PyTorch backend, with that backend's rules
     (quantization per GPU family and model, KV cache dtype, settings with no equivalent): trtpipe.llm_api.derive."""
     spec = loaded.spec
     try:
-        return derive_llm_args(spec, toolchain, gpu, config, weight_dtype=resolve_dtype(spec, config), configs=configs)
+        return derive_llm_args(spec, toolchain, gpu, config, weight_dtype=resolve_dtype(spec, config),
+                               args_table=backend.args, configs=configs)
     except LlmApiRuleViolation as violation:
         raise loaded.error(violation.field_path, violation.message, violation.fix) from None
 
@@ -632,7 +633,8 @@ def resolve(loaded: LoadedSpec, *, need_weights: bool = True, configs: Path | No
     _check_shape(loaded, config_field, config)
     _check_semantics(loaded, config_field, config, backend.facts.runtime, on_cpu=gpu is None)
     engine_config = _check_engine(loaded, config, gpu, toolchain, configs)
-    llm_api = _check_llm_api(loaded, config, gpu, toolchain, configs) if backend.facts.derives == "llm-args" else None
+    llm_api = (_check_llm_api(loaded, config, gpu, toolchain, backend, configs) if backend.facts.derives == "llm-args"
+               else None)
     resolved = ResolvedSpec(
         spec=spec,
         spec_path=loaded.path,

@@ -152,11 +152,10 @@ def _check_quantization(spec: BuildSpec, table: LlmArgsTable, gpu: Any, architec
 
 
 def derive_llm_args(spec: BuildSpec, toolchain: Any, gpu: Any, model_config: dict[str, Any],
-                    *, weight_dtype: str, configs: Path | None = None) -> LlmApiPlan:
-    """The LLM() arguments `spec` implies on `toolchain`'s llm-api backend (see the module doc), or a violation."""
-    backend = toolchain.backend("llm-api")
-    assert backend is not None, "resolve checks the toolchain offers llm-api first"
-    table = load_args_table(backend.args, configs)
+                    *, weight_dtype: str, args_table: str, configs: Path | None = None) -> LlmApiPlan:
+    """The LLM() arguments `spec` implies on `toolchain`'s PyTorch backend (see the module doc), or a violation.
+    `args_table`: the TorchLlmArgs table the spec's backend names (its `args`)."""
+    table = load_args_table(args_table, configs)
     for path, value, why in set_without_equivalent(spec):
         raise LlmApiRuleViolation(path, f"{'.'.join(map(str, path))} = {value!r} has no equivalent with backend "
                                   f"llm-api: {why}", f"remove {'.'.join(map(str, path))} (or use backend: trtllm-build)")
