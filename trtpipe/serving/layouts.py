@@ -32,9 +32,10 @@ LLMAPI = "llmapi"
 class RepositoryLayout:
     name: str
     # Its templates' folder under triton_repo/ ("" for the root, whose digest skips the other layouts' folders),
-    # and the model whose config.pbtxt shows the templates are there.
+    # and a file in it that shows the templates are there (an installation without them is one line, not a
+    # traceback when the writer first reads one).
     template_subdir: str
-    first_model: str
+    template_marker: str
     # Per tritonserver process of its container, the models that process loads: (repository, manifest,
     # the models the manifest names, the world size) -> one list per process.
     server_models: Callable[[Path, dict[str, Any], list[str], int], list[list[str]]]
@@ -124,13 +125,15 @@ def _llmapi_tokenizer(repo: Path, option: str) -> tuple[Path, bool | None]:
 
 LAYOUTS: dict[str, RepositoryLayout] = {
     INFLIGHT_BATCHER_LLM: RepositoryLayout(
-        name=INFLIGHT_BATCHER_LLM, template_subdir="", first_model="ensemble", server_models=_inflight_servers,
+        name=INFLIGHT_BATCHER_LLM, template_subdir="", template_marker="ensemble/config.pbtxt",
+        server_models=_inflight_servers,
         always_mpirun=False, looks_like=_looks_like_inflight, validate=_validate_inflight,
         publish=_publish_inflight, key_serving={}, served_tokenizer=_inflight_tokenizer,
         counting_model="preprocessing", uncounted=None,
         weight_files=r"tensorrt_llm/1/rank[0-9]{1,5}\.(?:engine|safetensors)"),
     LLMAPI: RepositoryLayout(
-        name=LLMAPI, template_subdir="llmapi", first_model="tensorrt_llm", server_models=_llmapi_servers,
+        name=LLMAPI, template_subdir="llmapi", template_marker="tensorrt_llm/config.pbtxt",
+        server_models=_llmapi_servers,
         always_mpirun=True, looks_like=_looks_like_llmapi, validate=_validate_llmapi,
         publish=_publish_llmapi, key_serving={"layout": LLMAPI}, served_tokenizer=_llmapi_tokenizer,
         counting_model=None,

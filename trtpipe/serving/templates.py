@@ -45,7 +45,7 @@ def template_root(layout: str = DEFAULT_LAYOUT) -> Path:
     llmapi triton_repo/llmapi/)."""
     found = _layout(layout)
     root = TEMPLATE_ROOT / found.template_subdir if found.template_subdir else TEMPLATE_ROOT
-    if not (root / found.first_model / "config.pbtxt").is_file():
+    if not (root / found.template_marker).is_file():
         raise MissingCapability(
             f"Triton templates not found under {root}",
             fix="reinstall trtpipe (its wheel carries triton_repo/), or restore triton_repo/ in the checkout from git",
