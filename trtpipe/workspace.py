@@ -1,8 +1,13 @@
 """The workspace a trtpipe command works in: one root, its store, the remote cache, results,
 channels and the audit trail, and the settings they came from.
 
-The CLI builds one per command (`Workspace.open(--store)`), the way a DVC repo object owns its
-state, cache and remotes; nothing below the CLI decides where these live.
+The CLI builds one per command (`Workspace.open(--store, settings=...)`, with the settings it read from the
+environment), the way a DVC repo object owns its state, cache and remotes; nothing below the CLI decides where
+these live. Every library entry point that works in a workspace (the release area's promote, rollback,
+channels, report, provenance and trust checks) takes it as its first argument.
+
+It sits beside the store and the results (layer 3 of tests/test_layers.py), so the release area above can
+take it; the channels are the release area's own (`trtpipe.release.channels.ChannelStore(workspace.root)`).
 
 Where the root is (`trtpipe.settings.places`, the one rule):
     --store DIR               that directory
@@ -22,7 +27,6 @@ from typing import TYPE_CHECKING
 from trtpipe.settings import Settings, places
 
 if TYPE_CHECKING:
-    from trtpipe.release.channels import ChannelStore
     from trtpipe.results import ResultsLog
     from trtpipe.store.local import Store
     from trtpipe.store.remote import RemoteCache
@@ -39,11 +43,17 @@ class Workspace:
         self._remote: RemoteCache | None = None
 
     @classmethod
-    def open(cls, store: str | Path | None = None, *, settings: Settings | None = None) -> Workspace:
-        """The workspace for `--store` (None: not given) and the environment's settings."""
-        settings = settings if settings is not None else Settings.from_env()
+    def open(cls, store: str | Path | None = None, *, settings: Settings) -> Workspace:
+        """The workspace for `--store` (None: not given) under `settings` (the CLI's, read from the environment)."""
         root, remote_url = places(store, settings)
         return cls(root, remote_url=remote_url, settings=settings)
+
+    def with_settings(self, settings: Settings) -> Workspace:
+        """This workspace under other settings (a command that drops one, as promote --no-policy drops
+        TRTPIPE_POLICY), sharing the store already opened."""
+        other = Workspace(self.root, remote_url=self.remote_url, settings=settings)
+        other._store = self._store
+        return other
 
     @property
     def store(self) -> Store:
@@ -65,20 +75,11 @@ class Workspace:
 
     @property
     def results(self) -> ResultsLog:
-        from trtpipe.release.trail import release_key
+        """The result logs, their heads signed (and checked) with the settings' release key."""
         from trtpipe.results import ResultsLog, current_user
+        from trtpipe.signing_keys import release_key
 
         return ResultsLog(self.root, release_key(self.settings), who=current_user(self.settings))
-
-    @property
-    def channels(self) -> ChannelStore:
-        from trtpipe.release.channels import ChannelStore
-
-        return ChannelStore(self.root)
-
-    def pins(self) -> dict[str, list[str]]:
-        """Each artifact digest a channel pins (or can roll back to) -> the channels naming it."""
-        return self.channels.pins()
 
     def close(self) -> None:
         if self._store is not None:

@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from trtpipe.errors import InvalidInput
-from trtpipe.release import keys as K
+from trtpipe import signing_keys as K
 from trtpipe.release.policy import allows_hand_recorded, load_policy, policy_from
 from trtpipe.settings import Settings
 

@@ -377,7 +377,7 @@ def test_a_signed_pulled_artifact_shows_signed_with_provenance_and_an_untrusted_
     the page reads the kept bundle and provenance. Under a policy listing the release key: signed by it,
     provenance verified; under one listing another key: untrusted; under none: unverified. A local
     build promoted beside it stays unsigned with no provenance; a file changed after the pull is invalid."""
-    from trtpipe.release import keys as K
+    from trtpipe import signing_keys as K
 
     keys = {}
     for name in ("release", "stranger"):

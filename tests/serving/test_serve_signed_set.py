@@ -33,7 +33,7 @@ def _cli(home: Path, *args: str, env: dict[str, str] | None = None, timeout: flo
 def signed(example_repo: Path, registry, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     """A private workspace holding the example repository, signed by the release key (pushed with --sign to the
     real registry), and a policy that requires that key's signature."""
-    from trtpipe.release import keys as K
+    from trtpipe import signing_keys as K
 
     base = tmp_path_factory.mktemp("signed-set")
     home = base / "home"

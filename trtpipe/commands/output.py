@@ -64,10 +64,12 @@ JsonOption = Annotated[bool, json_option("Print the result as JSON on stdout (no
 
 
 def open_workspace(store: str | Path | None) -> Workspace:
-    """The command's workspace (`trtpipe.workspace` decides every place from --store and the environment)."""
+    """The command's workspace (`trtpipe.workspace` decides every place from --store and the settings); the
+    environment is read here, in the shell, once per command."""
+    from trtpipe.settings import Settings
     from trtpipe.workspace import Workspace
 
-    return Workspace.open(store)
+    return Workspace.open(store, settings=Settings.from_env())
 
 
 def print_json(data: Any) -> None:

@@ -112,7 +112,8 @@ def channels_command(
 ) -> None:
     """Show every channel: model, target, digest, who set it, and what it rolls back to."""
     from trtpipe.release.promote import catch_up, channel_states
-    from trtpipe.release.trail import release_key, trail_verdict
+    from trtpipe.release.trail import trail_verdict
+    from trtpipe.signing_keys import release_key
 
     workspace = open_workspace(store)
     home = workspace.root
@@ -172,7 +173,7 @@ def policy_set_command(
     """Check FILE, copy it and its public keys (pinned by key id) into the workspace, and record the copy's
     digest in the audit trail."""
     from trtpipe.release.channels import now_iso
-    from trtpipe.release.trail import release_key
+    from trtpipe.signing_keys import release_key
     from trtpipe.release.workspace_policy import set_policy
     from trtpipe.results import current_user
 

@@ -53,11 +53,12 @@ from trtpipe.release.gates import DEFAULT_MIN_RUNS, GateResult, evaluate_gates
 from trtpipe.release.shared_trail import SharedChannel, Standing, channel_tag, require_consistent, shared_channel, \
     shared_channels, standing
 from trtpipe.release.shared_trail import append as append_shared
-from trtpipe.release.trail import MOVES, ReleaseKey, apply, disagreements, move_channel_tag, open_shared_remote, \
-    project_pointer, reconcile, release_key, replay, same_pointer, settle_shared, shared_standing
+from trtpipe.release.trail import MOVES, apply, disagreements, move_channel_tag, open_shared_remote, \
+    project_pointer, reconcile, replay, same_pointer, settle_shared, shared_standing
 from trtpipe.release.policy import TrustPolicy
 from trtpipe.results import ResultRecord, ResultsLog, current_user, normalize_digest
 from trtpipe.settings import Settings
+from trtpipe.signing_keys import ReleaseKey, release_key
 from trtpipe.spec import ChannelGates
 from trtpipe.store.remote import RemoteCache, is_remote_url, open_remote_for_ref
 

@@ -32,11 +32,12 @@ from trtpipe.errors import TrtpipeError
 from trtpipe.release.audit import AuditRecord, read_audit
 from trtpipe.release.channels import ChannelPointer, ChannelStore
 from trtpipe.release.gates import DEFAULT_MIN_RUNS, LATENCY_METRICS, THROUGHPUT_METRIC, GateResult, bench_metric, evaluate_gates
-from trtpipe.release.trail import TrailVerdict, release_key, replay, trail_verdict
+from trtpipe.release.trail import TrailVerdict, replay, trail_verdict
 from trtpipe.release.promote import load_gates, results_for
 from trtpipe.release.report_trust import ArtifactTrust, artifact_trust
 from trtpipe.results import ResultRecord
 from trtpipe.settings import Settings
+from trtpipe.signing_keys import release_key
 from trtpipe.spec import ChannelGates
 
 DEFAULT_TOLERANCE_PCT = 10.0

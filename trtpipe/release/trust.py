@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from trtpipe.errors import IntegrityError, InvalidInput, Untrusted
-from trtpipe.release.keys import PrivateKey
+from trtpipe.signing_keys import PrivateKey
 from trtpipe.release.policy import TrustPolicy, Verdict
 from trtpipe.release.signing import (
     DSSE_MEDIA_TYPE,
@@ -85,7 +85,7 @@ def record_refusal(home: Path, *, settings: Settings, action: str, subject: str,
     this workspace."""
     from trtpipe.release.audit import append_audit
     from trtpipe.release.channels import now_iso
-    from trtpipe.release.trail import release_key
+    from trtpipe.signing_keys import release_key
     from trtpipe.results import current_user
 
     append_audit(home, key=release_key(settings), at=now_iso(), who=current_user(settings), action="refused",
@@ -186,7 +186,7 @@ def sign_pushed(remote: Any, pushed: Any, entry: Any, key: PrivateKey | str, *, 
 def signing_key(sign: str | None, settings: Settings) -> PrivateKey | str | None:
     """The key to sign with: `sign` (a key file, or 'sigstore' for keyless), else the settings' signing key; a
     PrivateKey, the string KEYLESS, or None (do not sign)."""
-    from trtpipe.release.keys import load_signing_key, signing_key_source
+    from trtpipe.signing_keys import load_signing_key, signing_key_source
 
     source = signing_key_source(sign, settings.signing_key)
     if source is None:
@@ -405,7 +405,8 @@ def channel_tag_binding_problem(registry: Any, home: Path, cid: tuple[str, str, 
     signed trail put back together with the tag (the trail's freshness, checked by `channels --verify`)."""
     from trtpipe.errors import TrtpipeError
     from trtpipe.release.shared_trail import SharedChannel, as_records, read_registry
-    from trtpipe.release.trail import ReleaseKey, replay
+    from trtpipe.release.trail import replay
+    from trtpipe.signing_keys import ReleaseKey
 
     shared = SharedChannel(Path(home), *cid)
     if registry is None or not hasattr(registry, "get_channel_trail"):

@@ -125,7 +125,7 @@ def _recorded_digest(home: Path) -> str | None:
 def workspace_policy(home: Path) -> TrustPolicy | None:
     """The workspace's policy (None: it has none); IntegrityError when the copy is not what the trail records."""
     from trtpipe.release.policy import load_policy
-    from trtpipe.release.small_file import read_small_file
+    from trtpipe.small_file import read_small_file
 
     path = policy_file(home)
     recorded = _recorded_digest(home)
@@ -175,7 +175,7 @@ def policy_for(home: Path, explicit: Path | None, setting: Path | None, *, no_po
 def _record_no_policy(home: Path, command: str, setting: Path | None, settings: Settings) -> None:
     from trtpipe.release.audit import append_audit
     from trtpipe.release.channels import now_iso
-    from trtpipe.release.trail import release_key
+    from trtpipe.signing_keys import release_key
     from trtpipe.results import current_user
 
     recorded = _recorded_digest(home)
