@@ -160,8 +160,7 @@ def serve_command(
 
         # The whole folder: a file or model folder its signed manifest does not list is refused, and the
         # serving directory is filled from this verified list (nothing added after the check is served).
-        verified = require_trusted_folder(request.repo, trust, home=workspace.root, action="serve",
-                                          settings=workspace.settings)
+        verified = require_trusted_folder(workspace, request.repo, trust, action="serve")
         # The verified signer, never a claimed one.
         typer.echo(f"verified: {request.repo}: {verified.judgement.reason()}", err=True)
     unverified = None

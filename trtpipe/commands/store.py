@@ -99,8 +99,7 @@ def cache_show(
     if provenance:
         from trtpipe.release.trust import show_provenance
 
-        shown = show_provenance(key, workspace.store if "://" not in key else None, workspace.root,
-                                load_policy_option(policy, workspace, command="cache show"), workspace.settings)
+        shown = show_provenance(workspace, key, load_policy_option(policy, workspace, command="cache show"))
         if json_out:
             typer.echo(json.dumps(shown, indent=2))
         else:

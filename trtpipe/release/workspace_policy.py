@@ -27,6 +27,7 @@ from trtpipe.errors import IntegrityError, UsageError
 if TYPE_CHECKING:
     from trtpipe.release.policy import TrustPolicy
     from trtpipe.settings import Settings
+    from trtpipe.workspace import Workspace
 
 # Light at import (no YAML, pydantic or cryptography): every build asks `may_have_policy`, and a warm build
 # without a policy must stay as light as it was; the rest imports what it needs when it runs.
@@ -146,12 +147,14 @@ def workspace_policy(home: Path) -> TrustPolicy | None:
     return load_policy(path)
 
 
-def policy_for(home: Path, explicit: Path | None, setting: Path | None, *, no_policy: bool, command: str,
-               settings: Settings) -> TrustPolicy | None:
+def policy_for(workspace: Workspace, explicit: Path | None, *, no_policy: bool, command: str) -> TrustPolicy | None:
     """The policy `command` runs under: the workspace's when it has one (a --policy or TRTPIPE_POLICY naming
-    another policy is refused), else --policy, else TRTPIPE_POLICY, else none; `no_policy`: none, recorded."""
+    another policy is refused), else `explicit` (--policy), else the settings' TRTPIPE_POLICY, else none;
+    `no_policy`: none, recorded in the workspace's trail."""
     from trtpipe.release.policy import load_policy, policy_from
 
+    home, settings = workspace.root, workspace.settings
+    setting = settings.policy
     if no_policy:
         if explicit is not None and str(explicit) != "":
             raise UsageError("--policy and --no-policy contradict each other", fix="give one of them")
