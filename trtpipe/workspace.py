@@ -4,7 +4,8 @@ channels and the audit trail, and the settings they came from.
 The CLI builds one per command (`Workspace.open(--store, settings=...)`, with the settings it read from the
 environment), the way a DVC repo object owns its state, cache and remotes; nothing below the CLI decides where
 these live. Every library entry point that works in a workspace (the release area's promote, rollback,
-channels, report, provenance and trust checks) takes it as its first argument.
+channels, report, provenance, trust checks and policy, and `build_session.build`) takes it as its first
+argument.
 
 It sits beside the store and the results (layer 3 of tests/test_layers.py), so the release area above can
 take it; the channels are the release area's own (`trtpipe.release.channels.ChannelStore(workspace.root)`).

@@ -170,13 +170,10 @@ def policy_set_command(
 ) -> None:
     """Check FILE, copy it and its public keys (pinned by key id) into the workspace, and record the copy's
     digest in the audit trail."""
-    from trtpipe.release.channels import now_iso
-    from trtpipe.signing_keys import release_key
     from trtpipe.release.workspace_policy import set_policy
-    from trtpipe.results import current_user
 
     workspace = open_workspace(store)
-    done = set_policy(workspace.root, file, who=current_user(workspace.settings), at=now_iso(), key=release_key(workspace.settings))
+    done = set_policy(workspace, file)
     if as_json:
         _print_json({"policy": str(done.path), "digest": done.digest, "source": done.source, "keys": done.keys,
                      "audit_seq": done.audit_seq})

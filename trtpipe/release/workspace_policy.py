@@ -79,16 +79,21 @@ class PolicySet:
     audit_seq: int
 
 
-def set_policy(home: Path, source: Path, *, who: str, at: str, key: Any = None) -> PolicySet:
-    """Validate `source`, record its copy's digest in the trail, then write the copy (keys first, the policy
-    file last and atomically: a crash leaves the old copy or the new one, and a copy that is not the one the
-    trail records is refused until `policy set` runs again)."""
+def set_policy(workspace: Workspace, source: Path) -> PolicySet:
+    """Validate `source`, record its copy's digest in the workspace's trail (signed with its release key, by its
+    user), then write the copy (keys first, the policy file last and atomically: a crash leaves the old copy or
+    the new one, and a copy that is not the one the trail records is refused until `policy set` runs again)."""
     import yaml
 
     from trtpipe.atomic import write_text_atomically
     from trtpipe.release.audit import append_audit
+    from trtpipe.release.channels import now_iso
     from trtpipe.release.policy import load_policy
+    from trtpipe.results import current_user
+    from trtpipe.signing_keys import release_key
 
+    home, settings = workspace.root, workspace.settings
+    who, at, key = current_user(settings), now_iso(), release_key(settings)
     policy = load_policy(source)
     keys_dir = policy_dir(home) / "keys"
     body = canonical(policy)
