@@ -1,8 +1,9 @@
 """Nothing below the CLI reads the environment (trtpipe.settings states the rule).
 
 The shell builds the settings once per command (`Settings.from_env()`) and hands them down: trtpipe/cli.py,
-trtpipe/commands/, trtpipe/workspace.py (`Workspace.open`) and trtpipe/settings.py itself may read the
-environment; every other module takes a `Settings` (or the workspace) from its caller. Read from the source
+trtpipe/commands/ (`commands.output.open_workspace` reads them for `Workspace.open`) and trtpipe/settings.py itself
+may read the environment; every other module, the workspace included, takes a `Settings` (or the workspace) from
+its caller. Read from the source
 with `ast`: a call of trtpipe.settings' `from_env` (`Settings.from_env()`, or a `from_env` imported from
 trtpipe.settings), and any read of `os.environ` / `os.environb` / `os.getenv` (also when imported by name
 from os). `docker.from_env()` (the Docker SDK's client) is not trtpipe's and is not a read of a setting.
@@ -16,7 +17,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "trtpipe"
 
 # What may read the environment: the shell, and the settings module.
-SHELL = ("cli.py", "commands/", "workspace.py", "settings.py")
+SHELL = ("cli.py", "commands/", "settings.py")
 
 # The reads below the CLI that stay, each (module, what it reads) -> why. None reads a trtpipe setting but the
 # two process entries, each of which reads its own process's settings once, as the CLI does.

@@ -5,8 +5,10 @@ inside a function: a lazy import is a dependency too). A unit is a top-level mod
 or package (trtpipe/serving/). Layers, low -> high; a unit may import its own layer and the ones below:
 
     0  errors, settings, atomic, versions, names, datafiles,    what everything may use (disk: telling a
-       hostfacts, disk, shipped                                 full disk from other failures; shipped: where
-                                                                the shipped data is)
+       hostfacts, disk, shipped, signing_keys, small_file       full disk from other failures; shipped: where
+                                                                the shipped data is; signing_keys: the release
+                                                                key, which signs log heads and artifacts;
+                                                                small_file: reading a key or policy file)
     1  toolchain, gpu, quant, spec, spec_loader, trtllm_build,  the tables and the spec (trtllm_build: the
        config_json, model_folder, llm_api, installation,        trtllm-build backend's flag and rule tables;
        model_semantics, spec_schema                             config_json: a model config's bounds;
@@ -17,8 +19,11 @@ or package (trtpipe/serving/). Layers, low -> high; a unit may import its own la
                                                                 spec_schema: the spec's JSON Schema)
     2  resolve, plan, hostcheck, migrate                        every rule, the memory plan, the host check, the
                                                                 trtllm-build -> llm-api migration report
-    3  store, results, build_record, build_report, stage_plan   where artifacts, results, records and build
-                                                                reports live; the stage plan every build walks
+    3  store, results, build_record, build_report, stage_plan,  where artifacts, results, records and build
+       workspace                                                reports live; the stage plan every build walks;
+                                                                the workspace (root, settings, store, remote,
+                                                                results), the first argument of the release
+                                                                area's entry points
     4  checkpoint, engine, reference, serving                   what the stages call, and serving their output
     5  stages, pipeline, runner, shared_cache, warm             the declared stages, the build (resolve ->
                                                                 plan), the runner that executes a plan, the
@@ -29,7 +34,7 @@ or package (trtpipe/serving/). Layers, low -> high; a unit may import its own la
                                                                 a build as the CLI asks for it (trust, memo),
                                                                 and a serve as the CLI asks for it (the trust
                                                                 check over the folder, then serving's watch)
-    7  workspace, commands, cli                                 the shell
+    7  commands, cli                                            the shell
 
 So serving never imports the stages or the runner, the store never imports a stage, and resolve reads
 the trtllm-build rule tables from below instead of from the engine. serving sits beside the stage
@@ -46,15 +51,16 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "trtpipe"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "settings", "atomic", "versions", "names", "datafiles", "hostfacts", "disk", "chained", "shipped"),
+    ("errors", "settings", "atomic", "versions", "names", "datafiles", "hostfacts", "disk", "chained", "shipped",
+     "signing_keys", "small_file"),
     ("toolchain", "gpu", "quant", "spec", "spec_loader", "trtllm_build", "config_json", "model_folder", "llm_api",
      "installation", "model_semantics", "spec_schema"),
     ("resolve", "plan", "hostcheck", "migrate"),
-    ("store", "results", "build_record", "build_report", "stage_plan"),
+    ("store", "results", "build_record", "build_report", "stage_plan", "workspace"),
     ("checkpoint", "engine", "reference", "serving"),
     ("stages", "pipeline", "runner", "shared_cache", "warm"),
     ("bench", "release", "repair", "matrix", "build_session", "serve_session"),
-    ("workspace", "commands", "cli"),
+    ("commands", "cli"),
 )
 LAYER = {unit: index for index, units in enumerate(LAYERS) for unit in units}
 

@@ -20,8 +20,7 @@ from pydantic import BaseModel, ConfigDict
 if TYPE_CHECKING:
     from trtpipe.build_report import BuildReport
     from trtpipe.release.policy import TrustPolicy
-    from trtpipe.settings import Settings
-    from trtpipe.store.local import Store
+    from trtpipe.workspace import Workspace
 
 
 class BuildRequest(BaseModel):
@@ -37,7 +36,7 @@ class BuildRequest(BaseModel):
     require_remote: bool = False  # a remote cache that is away fails the build
 
 
-def _push_signer(remote_url: str, settings: Settings, store_root: Path) -> Any:
+def _push_signer(workspace: Workspace, remote_url: str) -> Any:
     """What signs each entry the build pushes: the workspace's signing key (TRTPIPE_SIGNING_KEY), or None.
 
     A build that pushes unsigned entries fills a cache that no workspace under a trust policy can hit (issue 28,
@@ -46,21 +45,21 @@ def _push_signer(remote_url: str, settings: Settings, store_root: Path) -> Any:
     from trtpipe.release.trust import push_signer, signing_key
     from trtpipe.store.remote import judges_pulls
 
-    key = signing_key(None, settings)
+    key = signing_key(None, workspace.settings)
     if key is None or not judges_pulls(remote_url):  # a remote that keeps no signatures has nowhere for one
         return None
-    return push_signer(key, store_root=store_root)
+    return push_signer(workspace, key)
 
 
-def build(request: BuildRequest, *, store: Store, remote_url: str | None, settings: Settings,
-          trust: TrustPolicy | None = None, note: Callable[[str], None] | None = None,
-          progress: bool = True) -> BuildReport:
-    """Build (or reuse) every stage of the request's spec in `store`, with the remote cache `remote_url` names
-    (None: the local store only), judged by `trust` (None: no policy); `note` hears what the trust gate says of
-    each pull. Raises TrtpipeError when a stage fails, BuildInterrupted on Ctrl-C (its report says what was
-    stored)."""
+def build(workspace: Workspace, request: BuildRequest, *, trust: TrustPolicy | None = None,
+          note: Callable[[str], None] | None = None, progress: bool = True) -> BuildReport:
+    """Build (or reuse) every stage of the request's spec in the workspace's store, with the remote cache its
+    remote URL names (None: the local store only), judged by `trust` (None: no policy); `note` hears what the
+    trust gate says of each pull. Raises TrtpipeError when a stage fails, BuildInterrupted on Ctrl-C (its report
+    says what was stored)."""
     from trtpipe.store.remote import remote_use
 
+    store, remote_url, settings = workspace.store, workspace.remote_url, workspace.settings
     use = remote_use(settings, mode=request.remote_mode, required=request.require_remote)
     remote = None
     pulled_check = None
@@ -68,11 +67,10 @@ def build(request: BuildRequest, *, store: Store, remote_url: str | None, settin
         from trtpipe.release.trust import PullGate, open_gated, pulled_checker
 
         if remote_url is not None:  # every pull from it judged by the trust gate it is opened with
-            remote = open_gated(remote_url, PullGate(trust, store_root=store.root, home=store.root, note=note,
-                                                     settings=settings), settings=settings)
+            remote = open_gated(remote_url, PullGate(workspace, trust, note=note), settings=settings)
         if trust is not None:
-            pulled_check = pulled_checker(trust, store_root=store.root, home=store.root, settings=settings)
-    sign_push = _push_signer(remote_url, settings, store.root) if remote_url is not None and use.pushes else None
+            pulled_check = pulled_checker(workspace, trust)
+    sign_push = _push_signer(workspace, remote_url) if remote_url is not None and use.pushes else None
     # The warm path reuses a resolution and its entries as they were; a trust policy judges them again.
     if not (request.dry_run or request.force or request.verify) and remote_url is None and trust is None:
         # Every input as at the spec's last build: reuse its resolution (trtpipe.warm), else resolve.

@@ -9,7 +9,7 @@ the log: the record count and the last hash, written after every append) anchors
 
 - without a key, a shortened, emptied or deleted log and a re-hashed one are detected unless the head
   was rewritten to match (anyone who can write the log can write the head);
-- with a key (the release key, `trtpipe.release.keys`), the head carries a signature over the log's
+- with a key (the release key, `trtpipe.signing_keys`), the head carries a signature over the log's
   name, its record count, last hash and sequence; rewriting the head needs the key, so a shortened,
   emptied, deleted or re-hashed log is detected whenever the head is checked against the key's public
   half. Deleting the log AND its head leaves nothing to check here (an empty workspace looks the same):
@@ -55,7 +55,7 @@ LOCK_TIMEOUT_S = 60.0
 
 
 class HeadKey(Protocol):
-    """What signs and checks a head: the release key (an adapter over `trtpipe.release.keys`)."""
+    """What signs and checks a head: the release key (an adapter over `trtpipe.signing_keys`)."""
 
     key_id: str
     can_sign: bool  # False: only a public key (verify, never sign)

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from trtpipe.release.policy import TrustPolicy
     from trtpipe.release.trust import VerifiedFolder
     from trtpipe.serving.watch import ServeEvent, ServerStopped
-    from trtpipe.settings import Settings
+    from trtpipe.workspace import Workspace
 
 # Upstream's container ports (gRPC, HTTP, metrics): what a GPU target's server listens on unless asked otherwise.
 CONTAINER_PORTS = (8001, 8000, 8002)
@@ -55,7 +55,7 @@ class ServeRequest(BaseModel):
     log_file: Optional[str] = Field(default=None, description='A path, or "-" to follow the log to a stream.')
     keep_log: bool = False
     # How the caller found its trust policy and workspace: not read here (the caller passes the loaded policy
-    # and the workspace's root and settings), but a background serve must find the same ones.
+    # and the workspace), but a background serve must find the same ones.
     policy: Optional[Path] = None
     no_policy: bool = False
     store: Optional[str] = None
@@ -114,16 +114,17 @@ class NotAContainerTarget(UsageError):
     """A docker command was asked of a repository that is served by the CPU tritonserver here (cpu-reference)."""
 
 
-def _check_content(repo: Path, trust: TrustPolicy | None, *, home: Path,
-                   settings: Settings) -> tuple[VerifiedFolder | None, ContentCheck]:
-    """Judge the whole folder under `trust` (raises Untrusted, recorded in `home`'s audit trail, when refused)."""
+def _check_content(workspace: Workspace, repo: Path,
+                   trust: TrustPolicy | None) -> tuple[VerifiedFolder | None, ContentCheck]:
+    """Judge the whole folder under `trust` (raises Untrusted, recorded in the workspace's audit trail, when
+    refused)."""
     verified = None
     if trust is not None:
         from trtpipe.release.trust import require_trusted_folder
 
         # The whole folder: a file or model folder its signed manifest does not list is refused, and the
         # serving directory is filled from this verified list (nothing added after the check is served).
-        verified = require_trusted_folder(repo, trust, home=home, action="serve", settings=settings)
+        verified = require_trusted_folder(workspace, repo, trust, action="serve")
     unverified = None
     if verified is None or not verified.signature_verified:
         unverified = ("no trust policy is set" if trust is None
@@ -142,7 +143,7 @@ def _ports(request: ServeRequest, manifest: dict[str, Any]) -> tuple[int | None,
     return request.grpc_port or grpc, request.http_port or http, request.metrics_port or metrics
 
 
-def print_command(request: ServeRequest, *, trust: TrustPolicy | None, home: Path, settings: Settings,
+def print_command(workspace: Workspace, request: ServeRequest, *, trust: TrustPolicy | None,
                   on_checked: Callable[[ContentCheck], None] | None = None) -> PrintOutcome:
     """The docker command that serves `request.repo` (a GPU target), over a kept serving directory, one per
     digest (trtpipe does not own that server). Judged under `trust` first; `on_checked` hears the judgement
@@ -151,7 +152,7 @@ def print_command(request: ServeRequest, *, trust: TrustPolicy | None, home: Pat
     from trtpipe.serving.server import container_name, docker_command, in_container
     from trtpipe.serving.serving_copy import prepare
 
-    verified, content = _check_content(request.repo, trust, home=home, settings=settings)
+    verified, content = _check_content(workspace, request.repo, trust)
     if on_checked is not None:
         on_checked(content)
     manifest = read_manifest(request.repo)
@@ -166,13 +167,13 @@ def print_command(request: ServeRequest, *, trust: TrustPolicy | None, home: Pat
     return PrintOutcome(content=content, command=command, serving_dir=serving.path)
 
 
-def serve(request: ServeRequest, *, trust: TrustPolicy | None, home: Path, settings: Settings,
+def serve(workspace: Workspace, request: ServeRequest, *, trust: TrustPolicy | None,
           on_event: Callable[[ServeEvent], None], stop: threading.Event,
           on_checked: Callable[[ContentCheck], None] | None = None,
           log_stream: TextIO | None = None) -> ServeOutcome:
-    """Serve `request.repo`, watched, until `stop` is set (see the module doc). `trust`: the policy the folder
-    is judged under (None: none; its content is then served unverified); `home` and `settings`: the
-    workspace's root (its audit trail) and settings. `on_checked` hears the judgement before the server
+    """Serve `request.repo`, watched, until `stop` is set (see the module doc), in `workspace` (its audit trail,
+    its settings). `trust`: the policy the folder is judged under (None: none; its content is then served
+    unverified). `on_checked` hears the judgement before the server
     starts, `on_event` each of the watch's events. `log_stream`: where a request's log_file "-" follows the
     server's log (default: this process's stderr). Raises Untrusted when the policy refuses the folder,
     CheckFailed when the server cannot serve and the request allows no (more) restarts."""
@@ -181,10 +182,11 @@ def serve(request: ServeRequest, *, trust: TrustPolicy | None, home: Path, setti
     from trtpipe.serving.server_log import ServerLog
     from trtpipe.serving.watch import ServerStopped, WatchPolicy, serve_watched
 
-    verified, content = _check_content(request.repo, trust, home=home, settings=settings)
+    verified, content = _check_content(workspace, request.repo, trust)
     if on_checked is not None:
         on_checked(content)
     manifest = read_manifest(request.repo)
+    settings = workspace.settings
     launcher = None  # the CPU tritonserver here, chosen when it starts
     if in_container(manifest):
         from trtpipe.serving.container import ContainerTriton

@@ -3,7 +3,7 @@
 Every variable trtpipe honours is listed in `VARIABLES` (docs/cli.md's table is checked against it).
 
 The rule: nothing below the CLI reads the environment. `Settings.from_env()` is called by the shell only
-(trtpipe/cli.py, trtpipe/commands/, and `trtpipe.workspace.Workspace.open`), once per command; the
+(trtpipe/cli.py and trtpipe/commands/: `commands.output.open_workspace`), once per command; the
 workspace carries the result (`Workspace.settings`) and every library function that needs a setting takes
 a `Settings` (or the workspace) from its caller as a required parameter, never `os.environ` and never a
 `None -> from_env()` fallback. The other process entries read their own settings once, as the CLI does: a

@@ -1,8 +1,14 @@
 """The workspace a trtpipe command works in: one root, its store, the remote cache, results,
 channels and the audit trail, and the settings they came from.
 
-The CLI builds one per command (`Workspace.open(--store)`), the way a DVC repo object owns its
-state, cache and remotes; nothing below the CLI decides where these live.
+The CLI builds one per command (`Workspace.open(--store, settings=...)`, with the settings it read from the
+environment), the way a DVC repo object owns its state, cache and remotes; nothing below the CLI decides where
+these live. Every library entry point that works in a workspace (the release area's promote, rollback,
+channels, report, provenance, trust checks and policy, and `build_session.build`) takes it as its first
+argument.
+
+It sits beside the store and the results (layer 3 of tests/test_layers.py), so the release area above can
+take it; the channels are the release area's own (`trtpipe.release.channels.ChannelStore(workspace.root)`).
 
 Where the root is (`trtpipe.settings.places`, the one rule):
     --store DIR               that directory
@@ -16,34 +22,48 @@ workspace is as portable as the artifacts in it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trtpipe.errors import InternalError
 from trtpipe.settings import Settings, places
 
 if TYPE_CHECKING:
-    from trtpipe.release.channels import ChannelStore
     from trtpipe.results import ResultsLog
     from trtpipe.store.local import Store
+    from trtpipe.store.manifest import WeightFiles
     from trtpipe.store.remote import RemoteCache
 
 
 class Workspace:
     """One command's home: opened lazily (a command that never touches the store creates nothing)."""
 
-    def __init__(self, root: Path, *, remote_url: str | None = None, settings: Settings | None = None) -> None:
+    def __init__(self, root: Path, *, remote_url: str | None = None, settings: Settings | None = None,
+                 weights: Callable[[], WeightFiles] | None = None) -> None:
         self.root = Path(root).expanduser()
         self.remote_url = remote_url
         self.settings = settings if settings is not None else Settings()
+        # Which files of each artifact kind hold weights (trtpipe.stages.weight_file_rule, a layer above): what its
+        # remote cache holds a pull's declared sizes to. Asked only when the remote is opened.
+        self._weights = weights
         self._store: Store | None = None
         self._remote: RemoteCache | None = None
 
     @classmethod
-    def open(cls, store: str | Path | None = None, *, settings: Settings | None = None) -> Workspace:
-        """The workspace for `--store` (None: not given) and the environment's settings."""
-        settings = settings if settings is not None else Settings.from_env()
+    def open(cls, store: str | Path | None = None, *, settings: Settings,
+             weights: Callable[[], WeightFiles] | None = None) -> Workspace:
+        """The workspace for `--store` (None: not given) under `settings` (the CLI's, read from the environment);
+        `weights`: the weight-file rule its remote cache needs, when it has one."""
         root, remote_url = places(store, settings)
-        return cls(root, remote_url=remote_url, settings=settings)
+        return cls(root, remote_url=remote_url, settings=settings, weights=weights)
+
+    def with_settings(self, settings: Settings) -> Workspace:
+        """This workspace under other settings (a command that drops one, as promote --no-policy drops
+        TRTPIPE_POLICY), sharing the store already opened."""
+        other = Workspace(self.root, remote_url=self.remote_url, settings=settings, weights=self._weights)
+        other._store = self._store
+        return other
 
     @property
     def store(self) -> Store:
@@ -58,28 +78,21 @@ class Workspace:
     def remote(self) -> RemoteCache | None:
         """The remote cache --store or $TRTPIPE_STORE names, or None."""
         if self._remote is None and self.remote_url is not None:
-            from trtpipe.stages import weight_file_rule
             from trtpipe.store.remote import open_remote
 
-            self._remote = open_remote(self.remote_url, self.settings, weight_file_rule())
+            if self._weights is None:
+                raise InternalError(f"the workspace at {self.root} was opened without the weight-file rule its remote "
+                                    f"cache {self.remote_url} needs", fix="report this bug")
+            self._remote = open_remote(self.remote_url, self.settings, self._weights())
         return self._remote
 
     @property
     def results(self) -> ResultsLog:
-        from trtpipe.release.trail import release_key
+        """The result logs, their heads signed (and checked) with the settings' release key."""
         from trtpipe.results import ResultsLog, current_user
+        from trtpipe.signing_keys import release_key
 
         return ResultsLog(self.root, release_key(self.settings), who=current_user(self.settings))
-
-    @property
-    def channels(self) -> ChannelStore:
-        from trtpipe.release.channels import ChannelStore
-
-        return ChannelStore(self.root)
-
-    def pins(self) -> dict[str, list[str]]:
-        """Each artifact digest a channel pins (or can roll back to) -> the channels naming it."""
-        return self.channels.pins()
 
     def close(self) -> None:
         if self._store is not None:

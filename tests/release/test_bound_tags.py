@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trtpipe.release import keys as K
+from trtpipe import signing_keys as K
 from trtpipe.results import ResultsLog
 from trtpipe.store import oci, referrers
 from trtpipe.settings import Settings
@@ -279,7 +279,7 @@ def test_a_channel_tag_moved_back_is_refused_at_pull(registry_env, store_entry, 
     """A deploy host pulling the prod tag under the policy gets what the channel's signed trail says, or nothing."""
     home = Path(os.environ["TRTPIPE_HOME"])
     _keys(tmp_path)
-    from trtpipe.release.trail import ReleaseKey
+    from trtpipe.signing_keys import ReleaseKey
 
     monkeypatch.setenv("TRTPIPE_SIGNING_KEY", str(tmp_path / "release.key"))  # pushes, results and trail heads signed
     url = registry_env.url("bound/prodtag")

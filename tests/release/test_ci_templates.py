@@ -779,7 +779,7 @@ class Replay:
 @pytest.fixture
 def replay(tmp_path: Path, tiny_llama_dir: Path, trtpipe_source: Path, registry, dependency_venvs,
            request) -> Replay:
-    from trtpipe.release.keys import generate_key, write_key_pair
+    from trtpipe.signing_keys import generate_key, write_key_pair
 
     root = tmp_path / "ci"
     project = root / "user-repo"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from trtpipe.release.keys import generate_key, write_key_pair
+from trtpipe.signing_keys import generate_key, write_key_pair
 from trtpipe.results import ResultsLog, result_identity, run_evidence
 
 pytestmark = pytest.mark.timeout(300)
@@ -35,7 +35,7 @@ def keys(tmp_path: Path) -> dict[str, Path]:
 
 def record(home: Path, digest: str, kind: str, passed: bool = True, **data) -> None:
     """Record as smoke and bench do: with the run's evidence, the head signed when TRTPIPE_SIGNING_KEY is set."""
-    from trtpipe.release.trail import release_key
+    from trtpipe.signing_keys import release_key
     from trtpipe.settings import Settings
 
     log = ResultsLog(home, release_key(Settings.from_env()))

@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from trtpipe.errors import InvalidInput
-from trtpipe.release import keys as K
+from trtpipe import signing_keys as K
 from trtpipe.release.policy import allows_hand_recorded, load_policy, policy_from
 from trtpipe.settings import Settings
 from trtpipe.stages import weight_file_rule
@@ -163,6 +163,7 @@ def test_a_remote_without_the_pull_hook_is_refused_only_under_a_policy(tmp_path,
     from trtpipe.errors import Untrusted
     from trtpipe.release.trust import PullGate, open_gated
     from trtpipe.store import remote as remotes
+    from trtpipe.workspace import Workspace
 
     class Plain:  # a remote cache of the protocol whose pulls call no gate (it keeps no signatures)
         def __init__(self, url, _settings, _weights, gate) -> None:
@@ -173,13 +174,13 @@ def test_a_remote_without_the_pull_hook_is_refused_only_under_a_policy(tmp_path,
     _pair(tmp_path, "release")
     policy = load_policy(_policy(tmp_path, "keys: {release: release.pub}\n"))
     settings = Settings.from_env()
-    unjudged = PullGate(None, store_root=tmp_path, home=tmp_path, settings=settings)
+    unjudged = PullGate(Workspace(tmp_path, settings=settings), None)
     assert isinstance(open_gated("folder:///x", unjudged, settings=settings), Plain)  # no policy: nothing to enforce
     with pytest.raises(Untrusted) as info:
-        open_gated("folder:///x", PullGate(policy, store_root=tmp_path, home=tmp_path, settings=settings),
+        open_gated("folder:///x", PullGate(Workspace(tmp_path, settings=settings), policy),
                    settings=settings)
     assert "folder:///x cannot verify signatures" in str(info.value)
-    gate = PullGate(policy, store_root=tmp_path, home=tmp_path, settings=settings)
+    gate = PullGate(Workspace(tmp_path, settings=settings), policy)
     assert open_gated("oci://127.0.0.1:1/cache", gate, settings=settings).gate is gate
     assert open_gated("oci://127.0.0.1:1/cache:tag", gate, settings=settings).gate is gate
     assert remotes.open_remote("oci://127.0.0.1:1/cache", settings, weight_file_rule()).gate is None

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from trtpipe.release import keys as K
+from trtpipe import signing_keys as K
 from trtpipe.release.policy import load_policy
 
 pytestmark = pytest.mark.timeout(300)

@@ -281,10 +281,11 @@ def test_concurrent_reports_leave_one_whole_report(release_home: dict[str, Any],
     from concurrent.futures import ThreadPoolExecutor
 
     from trtpipe.release.report import write_report
+    from trtpipe.workspace import Workspace
 
     out = tmp_path / "report"
     with ThreadPoolExecutor(3) as pool:
-        outcomes = list(pool.map(lambda _: write_report(release_home["home"], out, settings=Settings.from_env()), range(3)))
+        outcomes = list(pool.map(lambda _: write_report(Workspace(release_home["home"], settings=Settings.from_env()), out), range(3)))
     assert len(outcomes) == 3
     assert sorted(os.listdir(out)) == [".trtpipe-report", "index.html", "report.json"]
     assert json.loads((out / "report.json").read_text())["home"] == str(release_home["home"])
@@ -377,7 +378,7 @@ def test_a_signed_pulled_artifact_shows_signed_with_provenance_and_an_untrusted_
     the page reads the kept bundle and provenance. Under a policy listing the release key: signed by it,
     provenance verified; under one listing another key: untrusted; under none: unverified. A local
     build promoted beside it stays unsigned with no provenance; a file changed after the pull is invalid."""
-    from trtpipe.release import keys as K
+    from trtpipe import signing_keys as K
 
     keys = {}
     for name in ("release", "stranger"):
@@ -466,7 +467,8 @@ def test_a_signed_pulled_artifact_shows_signed_with_provenance_and_an_untrusted_
 def test_an_artifact_not_in_the_store_is_unknown(tmp_path: Path) -> None:
     """Its signature cannot be checked over files this workspace does not hold: unknown, not unsigned."""
     from trtpipe.release.report_trust import artifact_trust
+    from trtpipe.workspace import Workspace
 
-    trust = artifact_trust(tmp_path, "sha256:" + "0" * 64, None, "dev", Settings())
+    trust = artifact_trust(Workspace(tmp_path, settings=Settings()), "sha256:" + "0" * 64, None, "dev")
     assert (trust.signature, trust.signer, trust.provenance) == ("unknown", None, "unknown")
     assert "not in this store" in trust.signature_detail

@@ -74,8 +74,8 @@ def test_a_forged_run_result_does_not_satisfy_a_gate_under_the_policy(isolated_h
     made-up evidence and rewrite the head. Under a policy that requires signatures for staging, a result counts
     only when a head signed by a trusted key covers it: the forged one does not, a genuine one does."""
     from trtpipe.chained import ChainedLog
-    from trtpipe.release import keys as K
-    from trtpipe.release.trail import ReleaseKey
+    from trtpipe import signing_keys as K
+    from trtpipe.signing_keys import ReleaseKey
     from trtpipe.results import ResultRecord
 
     key = K.generate_key()

@@ -14,7 +14,7 @@ import pytest
 
 from trtpipe.chained import head_bytes_of, head_document, record_hash
 from trtpipe.release.shared_trail import SharedChannel
-from trtpipe.release.trail import release_key
+from trtpipe.signing_keys import release_key
 from trtpipe.results import ResultsLog
 from trtpipe.settings import Settings
 from trtpipe.store import oci

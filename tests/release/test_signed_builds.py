@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from trtpipe.release import keys as K
+from trtpipe import signing_keys as K
 from trtpipe.release.audit import read_audit
 from trtpipe.store import oci
 from trtpipe.store.keys import canonical_json

@@ -15,7 +15,8 @@ import pytest
 from trtpipe.chained import record_hash
 from trtpipe.release.audit import audit_path, read_audit
 from trtpipe.release.channels import ChannelScope, ChannelStore
-from trtpipe.release.trail import disagreements, release_key, verify_trail
+from trtpipe.release.trail import disagreements, verify_trail
+from trtpipe.signing_keys import release_key
 from trtpipe.results import ResultsLog
 from trtpipe.settings import Settings
 
@@ -141,7 +142,7 @@ def test_a_damaged_trail_is_detected_without_a_key(isolated_home, store_entry, c
 
 def test_without_a_key_a_consistent_rewrite_of_trail_and_head_passes_with_a_key_it_does_not(
         isolated_home, store_entry, cli, tmp_path, monkeypatch) -> None:
-    from trtpipe.release.keys import generate_key, write_key_pair
+    from trtpipe.signing_keys import generate_key, write_key_pair
 
     key = generate_key()
     write_key_pair(key, tmp_path / "release.key", tmp_path / "release.pub")

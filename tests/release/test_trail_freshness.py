@@ -22,8 +22,9 @@ import pytest
 from trtpipe.chained import canonical, chained_line
 from trtpipe.release.audit import append_audit, audit_path, read_audit, trail_log
 from trtpipe.release.channels import ChannelScope, ChannelStore, now_iso
-from trtpipe.release.keys import generate_key, sign_bytes, write_key_pair
-from trtpipe.release.trail import release_key, replay, verify_trail
+from trtpipe.signing_keys import generate_key, sign_bytes, write_key_pair
+from trtpipe.release.trail import replay, verify_trail
+from trtpipe.signing_keys import release_key
 from trtpipe.results import ResultsLog
 from trtpipe.settings import Settings
 
@@ -212,7 +213,7 @@ def test_heads_written_before_sequences_still_verify_and_the_sequence_is_signed(
     assert any("signature does not verify" in p for p in verify_trail(isolated_home, release_key(Settings.from_env())))
     # A head exactly as an earlier version wrote it (no sequence, signed over log, records, hash), in a
     # workspace without a high-water mark yet: intact, and extended with the sequence after its record count.
-    from trtpipe.release.keys import load_signing_key
+    from trtpipe.signing_keys import load_signing_key
 
     private = load_signing_key(str(keys["private"]))
     old = {"log": head["log"], "records": head["records"], "hash": head["hash"], "key_id": private.key_id,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from trtpipe.release import keys as K
+from trtpipe import signing_keys as K
 from trtpipe.release.audit import read_audit
 from trtpipe.release.channels import ChannelScope, ChannelStore
 from trtpipe.results import ResultsLog

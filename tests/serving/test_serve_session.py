@@ -11,6 +11,7 @@ import pytest
 
 from trtpipe.cli import main
 from trtpipe.serve_session import ContentCheck, NotAContainerTarget, ServeRequest, print_command, serve
+from trtpipe.workspace import Workspace
 from trtpipe.settings import Settings
 
 
@@ -30,8 +31,8 @@ def test_print_command_is_the_command_serve_print_prints(repo_copy: Path, tmp_pa
     CLI words it as the warning on stderr."""
     repo = _gpu_target(repo_copy)
     heard: list[ContentCheck] = []
-    printed = print_command(ServeRequest(repo=repo, grpc_port=8101), trust=None, home=tmp_path / "home",
-                            settings=Settings(), on_checked=heard.append)
+    printed = print_command(Workspace(tmp_path / "home", settings=Settings()), ServeRequest(repo=repo, grpc_port=8101),
+                            trust=None, on_checked=heard.append)
     assert heard == [printed.content]
     assert printed.content == ContentCheck(repo=repo, judged=None, unverified="no trust policy is set")
     command = printed.command
@@ -52,7 +53,7 @@ def test_print_command_refuses_a_cpu_reference_repository(example_repo: Path, tm
     after the judgement; the CLI's refusal names its option, as before."""
     heard: list[ContentCheck] = []
     with pytest.raises(NotAContainerTarget) as caught:
-        print_command(ServeRequest(repo=example_repo), trust=None, home=tmp_path / "home", settings=Settings(),
+        print_command(Workspace(tmp_path / "home", settings=Settings()), ServeRequest(repo=example_repo), trust=None,
                       on_checked=heard.append)
     assert caught.value.exit_code == 2 and str(example_repo) in caught.value.message
     assert "trtpipe " not in (caught.value.fix or "") and "--" not in (caught.value.fix or "")
@@ -89,8 +90,9 @@ def test_serve_runs_the_watched_server_until_stopped(example_repo: Path, tmp_pat
             stop.set()
 
     log = tmp_path / "server.log"
-    outcome = serve(ServeRequest(repo=example_repo, probe_interval=0, start_timeout=180, log_file=str(log)),
-                    trust=None, home=tmp_path / "home", settings=Settings(), on_event=on_event, stop=stop,
+    outcome = serve(Workspace(tmp_path / "home", settings=Settings()),
+                    ServeRequest(repo=example_repo, probe_interval=0, start_timeout=180, log_file=str(log)),
+                    trust=None, on_event=on_event, stop=stop,
                     on_checked=lambda content: order.append(f"checked: {content.unverified}"))
     assert order == ["checked: no trust policy is set", "ServerReady", "ServerStopped"]
     assert outcome.content.unverified == "no trust policy is set" and outcome.content.judged is None

@@ -33,7 +33,7 @@ def _cli(home: Path, *args: str, env: dict[str, str] | None = None, timeout: flo
 def signed(example_repo: Path, registry, tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     """A private workspace holding the example repository, signed by the release key (pushed with --sign to the
     real registry), and a policy that requires that key's signature."""
-    from trtpipe.release import keys as K
+    from trtpipe import signing_keys as K
 
     base = tmp_path_factory.mktemp("signed-set")
     home = base / "home"
@@ -93,8 +93,9 @@ def test_an_unsigned_addition_to_a_signed_copy_is_refused_under_a_policy(signed,
         (copy / "preprocessing" / "1" / "helper.py").unlink()
     from trtpipe.release.policy import load_policy
     from trtpipe.release.trust import require_trusted_folder
+    from trtpipe.workspace import Workspace
 
-    verified = require_trusted_folder(copy, load_policy(signed.policy), home=signed.home, action="serve", settings=Settings.from_env())
+    verified = require_trusted_folder(Workspace(signed.home, settings=Settings.from_env()), copy, load_policy(signed.policy), action="serve")
     assert verified.signature_verified and "zz_extra/config.pbtxt" not in verified.files
 
 
@@ -103,10 +104,11 @@ def test_the_serving_directory_holds_only_the_verified_bytes(signed, tmp_path: P
     from trtpipe.errors import IntegrityError
     from trtpipe.release.policy import load_policy
     from trtpipe.release.trust import require_trusted_folder
+    from trtpipe.workspace import Workspace
     from trtpipe.serving.serving_copy import prepare
 
     copy = _copy(signed.repo, tmp_path / "copy")
-    verified = require_trusted_folder(copy, load_policy(signed.policy), home=signed.home, action="serve", settings=Settings.from_env())
+    verified = require_trusted_folder(Workspace(signed.home, settings=Settings.from_env()), copy, load_policy(signed.policy), action="serve")
     _add_stray_model(copy, tmp_path / "MARKER")  # after the check
     serving = prepare(copy, verified=verified)
     try:

@@ -134,7 +134,7 @@ def test_any_remote_of_the_protocol_serves_as_the_shared_cache(tiny_spec: Path, 
 def _signing_setup(tmp_path: Path, registry, monkeypatch: pytest.MonkeyPatch, repository: str) -> str:
     """A release key pair, a policy requiring its signature (TRTPIPE_POLICY), the registry's credentials, and
     the cache's URL; the key is the workspace's (TRTPIPE_SIGNING_KEY), as a CI job that fills the cache has it."""
-    from trtpipe.release import keys as K
+    from trtpipe import signing_keys as K
 
     K.write_key_pair(K.generate_key(), tmp_path / "release.key", tmp_path / "release.pub")
     (tmp_path / "policy.yaml").write_text(f"keys:\n  release: {tmp_path / 'release.pub'}\n"

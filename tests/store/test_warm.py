@@ -195,21 +195,19 @@ def test_the_library_build_is_the_cli_s_and_takes_the_memo_as_it_does(ws: Worksp
     """`build_session.build` is what `trtpipe build` calls: the same report, and the memo on an unchanged spec;
     a request that forces a stage resolves (the memo never forces)."""
     from trtpipe.build_session import BuildRequest, build
-    from trtpipe.store.local import Store
+    from trtpipe.workspace import Workspace as Home
 
     cli = ws.primed()
-    store = Store.open(ws.home)
+    workspace = Home(ws.home, settings=Settings.from_env())
     try:
-        again = build(BuildRequest(spec=ws.spec), store=store, remote_url=None, settings=Settings.from_env(),
-                      progress=False)
+        again = build(workspace, BuildRequest(spec=ws.spec), progress=False)
         assert [s.outcome for s in again.stages] == ["hit"] * 5
         assert again.keys == cli["keys"] and again.artifacts == cli["artifacts"]
-        forced = build(BuildRequest(spec=ws.spec, force=("publish",)), store=store, remote_url=None,
-                       settings=Settings.from_env(), progress=False)
+        forced = build(workspace, BuildRequest(spec=ws.spec, force=("publish",)), progress=False)
         assert [s.outcome for s in forced.stages] == ["ran", "ran", "hit", "hit", "built"]
         assert forced.keys == cli["keys"]
     finally:
-        store.close()
+        workspace.close()
 
 
 # ----------------------------------------------------------------------------------------- every change resolves again

@@ -45,8 +45,8 @@ def register(app: typer.Typer) -> None:
                                remote_mode=remote_mode, require_remote=require_remote)
         trust = load_policy_option(policy, workspace, no_policy=no_policy, command="build")
         try:
-            report = run(request, store=workspace.store, remote_url=workspace.remote_url, settings=workspace.settings,
-                         trust=trust, note=lambda text: typer.echo(text, err=True), progress=not json_out)
+            report = run(workspace, request, trust=trust, note=lambda text: typer.echo(text, err=True),
+                         progress=not json_out)
         except KeyboardInterrupt as interrupt:
             # The runner hands over its report (what it stored or reused so far, the store asked about the stage
             # it was storing); an interrupt before the runner started stored nothing.

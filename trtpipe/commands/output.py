@@ -25,6 +25,7 @@ import typer
 
 if TYPE_CHECKING:
     from trtpipe.errors import TrtpipeError
+    from trtpipe.store.manifest import WeightFiles
     from trtpipe.workspace import Workspace
 
 MIN_TABLE_WIDTH = 120  # a CI log is read in a browser: narrower than this only wraps what would fit anyway
@@ -73,10 +74,20 @@ def command_configs() -> Path:
 
 
 def open_workspace(store: str | Path | None) -> Workspace:
-    """The command's workspace (`trtpipe.workspace` decides every place from --store and the environment)."""
+    """The command's workspace (`trtpipe.workspace` decides every place from --store and the settings); the
+    environment is read here, in the shell, once per command."""
+    from trtpipe.settings import Settings
     from trtpipe.workspace import Workspace
 
-    return Workspace.open(store)
+    return Workspace.open(store, settings=Settings.from_env(), weights=_weight_files)
+
+
+def _weight_files() -> WeightFiles:
+    """Which files of each artifact kind hold weights, as the stages declare them (loaded only when a command
+    opens a remote cache: a warm build loads no stage)."""
+    from trtpipe.stages import weight_file_rule
+
+    return weight_file_rule()
 
 
 def print_json(data: Any) -> None:

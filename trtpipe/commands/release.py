@@ -48,14 +48,13 @@ def promote_command(
         raise UsageError("--force needs --reason", fix='say why, e.g. --force --reason "hotfix for incident 123, smoke run by hand"')
     workspace = open_workspace(store)
     trust = load_policy_option(policy, workspace, no_policy=no_policy, command="promote")
-    settings = workspace.settings
     if no_policy:  # promote reads TRTPIPE_POLICY for hand-recorded results when given no policy: none means none
         from dataclasses import replace
 
-        settings = replace(settings, policy=None)
+        workspace = workspace.with_settings(replace(workspace.settings, policy=None))
     outcome = promote(
-        workspace.root, ref, to, force=force, reason=reason, spec_path=spec, model=model, target=target,
-        expect_from=UNSET if expect_from is None else expect_from, settings=settings, policy=trust, dry_run=dry_run,
+        workspace, ref, to, force=force, reason=reason, spec_path=spec, model=model, target=target,
+        expect_from=UNSET if expect_from is None else expect_from, policy=trust, dry_run=dry_run,
     )
     if as_json:
         _print_json(outcome.as_dict())
@@ -88,8 +87,7 @@ def rollback_command(
 
     workspace = open_workspace(store)
     trust = load_policy_option(policy, workspace, no_policy=no_policy, command="rollback")
-    record = rollback(workspace.root, channel, model=model, target=target, reason=reason, settings=workspace.settings,
-                      policy=trust)
+    record = rollback(workspace, channel, model=model, target=target, reason=reason, policy=trust)
     if as_json:
         _print_json(record.model_dump())
         return
@@ -112,7 +110,8 @@ def channels_command(
 ) -> None:
     """Show every channel: model, target, digest, who set it, and what it rolls back to."""
     from trtpipe.release.promote import catch_up, channel_states
-    from trtpipe.release.trail import release_key, trail_verdict
+    from trtpipe.release.trail import trail_verdict
+    from trtpipe.signing_keys import release_key
 
     workspace = open_workspace(store)
     home = workspace.root
@@ -126,12 +125,12 @@ def channels_command(
         typer.echo(f"audit trail adopted: its head is signed by the release key (audit #{adopted.seq})" if adopted
                    else "audit trail: its head is already signed by the release key (nothing to adopt)", err=as_json)
     if registry:
-        catch_up(home, workspace.settings)  # a shared channel shows what its registry trail says now
+        catch_up(workspace)  # a shared channel shows what its registry trail says now
     verdict = trail_verdict(home, release_key(workspace.settings, public_key), workspace.settings,
                             registry=registry) if verify else None
     problems = verdict.problems if verdict is not None else None
     try:
-        states = channel_states(home)
+        states = channel_states(workspace)
     except TrtpipeError:
         if not problems:
             raise
@@ -171,13 +170,10 @@ def policy_set_command(
 ) -> None:
     """Check FILE, copy it and its public keys (pinned by key id) into the workspace, and record the copy's
     digest in the audit trail."""
-    from trtpipe.release.channels import now_iso
-    from trtpipe.release.trail import release_key
     from trtpipe.release.workspace_policy import set_policy
-    from trtpipe.results import current_user
 
     workspace = open_workspace(store)
-    done = set_policy(workspace.root, file, who=current_user(workspace.settings), at=now_iso(), key=release_key(workspace.settings))
+    done = set_policy(workspace, file)
     if as_json:
         _print_json({"policy": str(done.path), "digest": done.digest, "source": done.source, "keys": done.keys,
                      "audit_seq": done.audit_seq})
@@ -374,8 +370,7 @@ def cache_push_command(
         from trtpipe.release.provenance import statement
         from trtpipe.release.trust import sign_pushed
 
-        signed = sign_pushed(remote, result, entry, key, store_root=workspace.root,
-                             provenance=statement(entry, workspace.root), bundle=bundle)
+        signed = sign_pushed(workspace, remote, result, entry, key, provenance=statement(workspace, entry), bundle=bundle)
     if as_json:
         _print_json({"ref": str(result.ref), "oci_digest": getattr(result, "oci_digest", None),
                      "artifact_digest": result.artifact_digest, "tags": list(result.tags), "files": result.files,
@@ -409,8 +404,7 @@ def cache_pull_command(
 
     workspace = open_workspace(store)
     trust = load_policy_option(policy, workspace, no_policy=no_policy, command="cache pull")
-    remote = open_gated(ref, PullGate(trust, store_root=workspace.root, home=workspace.root,
-                                      note=lambda text: typer.echo(text, err=True), settings=workspace.settings),
+    remote = open_gated(ref, PullGate(workspace, trust, note=lambda text: typer.echo(text, err=True)),
                         settings=workspace.settings)
     found = remote.resolve(ref)
     with _byte_progress(f"pull {found.kind}/{found.key[:12]}", found.size, quiet=as_json) as advance:

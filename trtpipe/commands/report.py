@@ -24,7 +24,10 @@ def report_command(
     from trtpipe.release.report import write_report
 
     workspace = open_workspace(store)
-    outcome = write_report(workspace.root, out, model=model, tolerance_pct=tolerance, settings=workspace.settings)
+    try:
+        outcome = write_report(workspace, out, model=model, tolerance_pct=tolerance)
+    finally:
+        workspace.close()
     summary = outcome.summary()
     if as_json:
         print_json(summary)

@@ -131,8 +131,7 @@ def serve_command(
     trust = load_policy_option(trust_policy, workspace, no_policy=no_policy, command="serve")
     if print_only:
         try:
-            printed = serve_session.print_command(request, trust=trust, home=workspace.root,
-                                                  settings=workspace.settings, on_checked=_print_judged)
+            printed = serve_session.print_command(workspace, request, trust=trust, on_checked=_print_judged)
         except serve_session.NotAContainerTarget:
             raise UsageError("--print is for GPU targets (a docker command)",
                              fix=f"run `trtpipe serve {repo}` without --print to start the CPU reference server") from None
@@ -152,8 +151,8 @@ def serve_command(
 
     stop = threading.Event()
     with stop_on_signals(stop):
-        serve_session.serve(request, trust=trust, home=workspace.root, settings=workspace.settings, on_event=heard,
-                            stop=stop, on_checked=judged, log_stream=sys.stderr)  # --log-file - streams to stderr
+        serve_session.serve(workspace, request, trust=trust, on_event=heard, stop=stop, on_checked=judged,
+                            log_stream=sys.stderr)  # --log-file - streams to stderr
 
 
 def _print_judged(content: ContentCheck) -> None:

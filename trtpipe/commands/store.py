@@ -15,6 +15,7 @@ import typer
 from trtpipe.commands.output import JsonOption, StoreOption, open_workspace, print_table
 from trtpipe.commands.trust_options import PolicyOption, load_policy_option
 from trtpipe.errors import Conflict
+from trtpipe.workspace import Workspace
 
 cache_app = typer.Typer(name="cache", help="Inspect, verify, share and clean the artifact store.", no_args_is_help=True)
 
@@ -51,12 +52,20 @@ def _entry_row(entry: Any, pinned: set[str]) -> dict[str, Any]:
     }
 
 
+def _pins(workspace: Workspace) -> dict[str, list[str]]:
+    """Each artifact digest a channel pins (or can roll back to) -> the channels naming it (the release area's
+    channels: the store itself reads none)."""
+    from trtpipe.release.channels import ChannelStore
+
+    return ChannelStore(workspace.root).pins()
+
+
 @cache_app.command("ls")
 def cache_ls(store: StoreOption = None, json_out: JsonOption = False) -> None:
     """List stored artifacts (full keys and digests: the table is never cut in a pipe or CI log)."""
     workspace = open_workspace(store)
     opened = workspace.store
-    pinned = set(workspace.pins())
+    pinned = set(_pins(workspace))
     rows = [_entry_row(e, pinned) for e in opened.entries()]
     if json_out:
         typer.echo(json.dumps(rows, indent=2))
@@ -90,8 +99,7 @@ def cache_show(
     if provenance:
         from trtpipe.release.trust import show_provenance
 
-        shown = show_provenance(key, workspace.store if "://" not in key else None, workspace.root,
-                                load_policy_option(policy, workspace, command="cache show"), workspace.settings)
+        shown = show_provenance(workspace, key, load_policy_option(policy, workspace, command="cache show"))
         if json_out:
             typer.echo(json.dumps(shown, indent=2))
         else:
@@ -100,7 +108,7 @@ def cache_show(
         return
     entry = workspace.store.find(key)
     data = {"path": str(entry.path), "digest": entry.digest, "manifest": entry.manifest,
-            "pinned": entry.digest in workspace.pins()}
+            "pinned": entry.digest in _pins(workspace)}
     if json_out:
         typer.echo(json.dumps(data, indent=2))
         return
@@ -123,7 +131,7 @@ def cache_verify(
 
     workspace = open_workspace(store)
     opened = workspace.store
-    result = verify_store(opened, pins=workspace.pins(), ref=key)
+    result = verify_store(opened, pins=_pins(workspace), ref=key)
     outcomes = []
     if repair:
         from trtpipe.repair import Damaged
@@ -190,7 +198,7 @@ def cache_gc(
     size = parse_size(max_size) if max_size else None
     age = parse_age(max_age) if max_age else None
     workspace = open_workspace(store)
-    report = collect(workspace.store, pins=workspace.pins(), max_size=size, max_age_s=age, dry_run=dry_run)
+    report = collect(workspace.store, pins=_pins(workspace), max_size=size, max_age_s=age, dry_run=dry_run)
     if json_out:
         typer.echo(report.model_dump_json(indent=2))
         return
@@ -220,7 +228,7 @@ def cache_rm(
     workspace = open_workspace(store)
     opened = workspace.store
     entry = opened.find(key)
-    pins = workspace.pins()
+    pins = _pins(workspace)
     if entry.digest in pins:
         raise Conflict(f"{entry.kind}/{entry.key} is pinned by channel {', '.join(pins[entry.digest])}",
                        resource=f"{entry.kind}/{entry.key}",

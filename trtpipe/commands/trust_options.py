@@ -28,7 +28,7 @@ def load_policy_option(policy: Path | None, workspace: Any, *, no_policy: bool =
         return None
     from trtpipe.release.workspace_policy import policy_for
 
-    return policy_for(workspace.root, policy, settings.policy, no_policy=no_policy, command=command, settings=settings)
+    return policy_for(workspace, policy, no_policy=no_policy, command=command)
 
 
 def signing_key_option(sign: str | None, settings: Any) -> Any:

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from trtpipe.atomic import write_text_atomically
 from trtpipe.chained import GENESIS, canonical, record_hash
 from trtpipe.errors import IntegrityError, NotFound, Untrusted, UsageError
-from trtpipe.release.keys import PrivateKey, PublicKey, key_id, load_public_key, public_key_from_pem, sign_bytes, verify_bytes
+from trtpipe.signing_keys import PrivateKey, PublicKey, key_id, load_public_key, public_key_from_pem, sign_bytes, verify_bytes
 from trtpipe.release.policy import TrustPolicy
 from trtpipe.results import ResultRecord, ResultsLog, current_user, normalize_digest, result_identity
 from trtpipe.settings import Settings
@@ -187,7 +187,7 @@ def trusted_keys(settings: Settings, policy: TrustPolicy | None, public_key: Pat
         return {str(public_key): load_public_key(public_key)}
     keys: dict[str, PublicKey] = {}
     if settings.signing_key:
-        from trtpipe.release.keys import load_signing_key
+        from trtpipe.signing_keys import load_signing_key
 
         private = load_signing_key(settings.signing_key)
         keys["the release key (TRTPIPE_SIGNING_KEY)"] = PublicKey(key=private.public, origin=private.origin)

@@ -37,8 +37,8 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, St
     field_validator
 
 from trtpipe.errors import InvalidInput
-from trtpipe.release.keys import PublicKey, load_public_key
-from trtpipe.release.small_file import MAX_SMALL_FILE, read_small_file
+from trtpipe.signing_keys import PublicKey, load_public_key
+from trtpipe.small_file import MAX_SMALL_FILE, read_small_file
 
 # The channels trtpipe's flow promotes through (dev -> staging -> prod). A policy naming any other channel must
 # list it under `extra_channels:`, so a typo (`Prod`, `production`) is an error instead of a silent default.

@@ -49,17 +49,19 @@ from trtpipe.chained import GENESIS
 from trtpipe.errors import Conflict, GateRefused, IntegrityError, NotFound, TrtpipeError, UsageError
 from trtpipe.release.audit import AuditRecord, append_audit, read_audit
 from trtpipe.release.channels import ChannelPointer, ChannelScope, ChannelStore, check_name, now_iso
-from trtpipe.release.gates import DEFAULT_MIN_RUNS, GateResult, evaluate_gates
+from trtpipe.release.gates import GateResult, evaluate_gates
 from trtpipe.release.shared_trail import SharedChannel, Standing, channel_tag, require_consistent, shared_channel, \
     shared_channels, standing
 from trtpipe.release.shared_trail import append as append_shared
-from trtpipe.release.trail import MOVES, ReleaseKey, apply, disagreements, move_channel_tag, open_shared_remote, \
-    project_pointer, reconcile, release_key, replay, same_pointer, settle_shared, shared_standing
+from trtpipe.release.trail import MOVES, apply, disagreements, move_channel_tag, open_shared_remote, \
+    project_pointer, reconcile, replay, same_pointer, settle_shared, shared_standing
 from trtpipe.release.policy import TrustPolicy
 from trtpipe.results import ResultRecord, ResultsLog, current_user, normalize_digest
 from trtpipe.settings import Settings
+from trtpipe.signing_keys import ReleaseKey, release_key
 from trtpipe.spec import ChannelGates
 from trtpipe.store.remote import RemoteCache, is_remote_url, open_remote_for_ref
+from trtpipe.workspace import Workspace
 
 UNSET = "__unset__"
 
@@ -140,22 +142,20 @@ def _scope_from(manifest: dict[str, Any], model: str | None, target: str | None,
     return check_name("model", model), check_name("target", target)
 
 
-def resolve_artifact(home: Path, ref: str, *, model: str | None = None, target: str | None = None,
-                     settings: Settings) -> ResolvedArtifact:
-    """REF: a remote reference (`oci://host/repo:tag|@digest`), a local `kind/key`, key prefix, or artifact digest."""
+def resolve_artifact(workspace: Workspace, ref: str, *, model: str | None = None,
+                     target: str | None = None) -> ResolvedArtifact:
+    """REF: a remote reference (`oci://host/repo:tag|@digest`), a local `kind/key` in the workspace's store, key
+    prefix, or artifact digest."""
     if is_remote_url(ref):
         from trtpipe.stages import weight_file_rule
 
-        remote = open_remote_for_ref(ref, settings, weight_file_rule())
+        remote = open_remote_for_ref(ref, workspace.settings, weight_file_rule())
         described = remote.describe(ref)
         m, t = _scope_from(described.manifest, model, target, ref)
         return ResolvedArtifact(digest=described.artifact_digest, model=m, target=t, ref=described.pinned,
                                 manifest=described.manifest, remote=remote)
-    from trtpipe.store.local import Store
-
-    store = Store.open(home)
     try:
-        entry = store.find(ref)
+        entry = workspace.store.find(ref)
     except NotFound:
         full = ref.removeprefix("sha256:")
         if len(full) == 64 and model and target:
@@ -201,17 +201,18 @@ def load_gates(spec_path: Path | None, manifest: dict[str, Any], channel: str) -
 # --------------------------------------------------------------------------- results
 
 
-def results_for(home: Path, digest: str, key: ReleaseKey | None = None) -> list[ResultRecord]:
-    """Results recorded for exactly this artifact digest, ordered by recording time.
+def results_for(results: ResultsLog, digest: str) -> list[ResultRecord]:
+    """Results recorded for exactly this artifact digest in `results` (its heads checked with its key, where it
+    has one), ordered by recording time.
 
     For a served repository that is the digest the server reported (`trtpipe smoke/bench --record`);
     nothing recorded under another digest (its engine's, say) counts. A log that fails its chain or
     head check raises an IntegrityError naming it (none of its results count).
     """
-    return sorted(ResultsLog(home, key).for_digest(digest), key=lambda r: r.recorded_at)
+    return sorted(results.for_digest(digest), key=lambda r: r.recorded_at)
 
 
-def signed_results(home: Path, digest: str, records: list[ResultRecord], policy: TrustPolicy | None,
+def signed_results(results: ResultsLog, digest: str, records: list[ResultRecord], policy: TrustPolicy | None,
                    channel: str) -> tuple[list[ResultRecord], int]:
     """The results that may count for `channel` under `policy`, and how many were left out.
 
@@ -222,7 +223,7 @@ def signed_results(home: Path, digest: str, records: list[ResultRecord], policy:
     if policy is None or policy.allows_unsigned_results(channel) or not records:
         return records, 0
     keys = [ReleaseKey(public) for public in policy.trusted_keys(channel).values()]
-    covered, _ = ResultsLog(home).signed_prefix(digest, keys)
+    covered, _ = results.signed_prefix(digest, keys)
     kept = [r for r in records if r.seq is not None and r.seq <= covered]
     return kept, len(records) - len(kept)
 
@@ -372,7 +373,7 @@ def _move_shared(home: Path, shared: SharedChannel, remote: RemoteCache, key: Re
 
 
 def promote(
-    home: Path,
+    workspace: Workspace,
     ref: str,
     channel: str,
     *,
@@ -382,23 +383,25 @@ def promote(
     model: str | None = None,
     target: str | None = None,
     expect_from: str | None = UNSET,
-    settings: Settings,
     policy: TrustPolicy | None = None,
     dry_run: bool = False,
 ) -> PromotionOutcome:
     """Point `channel` (of the artifact's model and target) at REF's digest if its gates pass (and, when
     the trust policy requires it for `channel`, its signature: not even a forced promotion skips that).
-    `dry_run`: judge the gates as a promotion would, and change and record nothing."""
+    The workspace's settings sign, attribute and bound the move (its release key, user, TRTPIPE_POLICY when
+    no `policy` is given, the bench-run minimum). `dry_run`: judge the gates as a promotion would, and change
+    and record nothing."""
     check_name("channel", channel)
     if force and not (reason and reason.strip()):
         raise UsageError("a forced promotion needs a reason", fix='say why, e.g. "hotfix for incident 123, smoke run by hand"')
-    art = resolve_artifact(home, ref, model=model, target=target, settings=settings)
+    home, settings = workspace.root, workspace.settings
+    art = resolve_artifact(workspace, ref, model=model, target=target)
     if policy is not None:  # trust (model signing, the OCI referrers) loads only when a policy is set
         from trtpipe.release.trust import require_trusted_digest
 
-        require_trusted_digest(home, art.digest, policy, channel, model=art.model, target=art.target, settings=settings)
+        require_trusted_digest(workspace, art.digest, policy, channel, model=art.model, target=art.target)
     gates, gates_source = load_gates(spec_path, art.manifest, channel)
-    min_runs = settings.min_bench_runs() if settings is not None else DEFAULT_MIN_RUNS
+    min_runs = settings.min_bench_runs()
     channels = ChannelStore(home)
     scope = ChannelScope(model=art.model, target=art.target)
     cid = (art.model, art.target, channel)
@@ -427,7 +430,8 @@ def promote(
     expected = seen_from if expect_from == UNSET else (None if expect_from in (None, "", "none") else normalize_digest(expect_from))
     hand_allowed, policy_source = _hand_allowed(policy, settings, channel)
     try:
-        candidate, current = results_for(home, art.digest, key), (results_for(home, seen_from, key) if seen_from else None)
+        results = workspace.results
+        candidate, current = results_for(results, art.digest), (results_for(results, seen_from) if seen_from else None)
     except IntegrityError as err:
         if not dry_run:
             with channels.lock():
@@ -436,9 +440,9 @@ def promote(
                              detail="results are not evidence: " + err.message)
         raise
     judged_by = _policy_of(policy, settings)
-    candidate, unsigned_left = signed_results(home, art.digest, candidate, judged_by, channel)
+    candidate, unsigned_left = signed_results(results, art.digest, candidate, judged_by, channel)
     if current is not None and seen_from is not None:
-        current, _ = signed_results(home, seen_from, current, judged_by, channel)
+        current, _ = signed_results(results, seen_from, current, judged_by, channel)
     run_only = [r for r in candidate if r.origin != "hand"]
     current_run_only = [r for r in current if r.origin != "hand"] if current is not None else None
     judge = dict(target=art.target, current_digest=seen_from, min_runs=min_runs)
@@ -566,10 +570,11 @@ def pick_channel(channels: ChannelStore, channel: str, model: str | None, target
     return found[0]
 
 
-def catch_up(home: Path, settings: Settings, *, channel: str | None = None) -> list[Standing]:
+def catch_up(workspace: Workspace, *, channel: str | None = None) -> list[Standing]:
     """Adopt the registry's trail of every shared channel (named `channel`, or all) whose copy there is
     consistent with this workspace's, and write their pointers; an inconsistent or unreachable one is left
     as it is (its standing says why). Under the release lock."""
+    home, settings = workspace.root, workspace.settings
     key = release_key(settings)
     who = current_user(settings)
     out = []
@@ -585,14 +590,15 @@ def catch_up(home: Path, settings: Settings, *, channel: str | None = None) -> l
     return out
 
 
-def rollback(home: Path, channel: str, *, model: str | None = None, target: str | None = None, reason: str | None = None,
-             settings: Settings, policy: TrustPolicy | None = None) -> AuditRecord:
+def rollback(workspace: Workspace, channel: str, *, model: str | None = None, target: str | None = None,
+             reason: str | None = None, policy: TrustPolicy | None = None) -> AuditRecord:
     """Move `channel` back to the digest it held before its latest promotion (recorded). Under a trust policy
     the earlier digest must satisfy the channel's rule as a promotion into it would: a rollback is a move
     into the channel, and the digest it returns to may predate the policy (an unsigned artifact back in prod)."""
     check_name("channel", channel)
+    home, settings = workspace.root, workspace.settings
     channels = ChannelStore(home)
-    catch_up(home, settings, channel=channel)
+    catch_up(workspace, channel=channel)
     chosen = pick_channel(channels, channel, model, target)
     key = release_key(settings)
     who = current_user(settings)
@@ -617,7 +623,7 @@ def rollback(home: Path, channel: str, *, model: str | None = None, target: str 
         if policy is not None:
             from trtpipe.release.trust import require_trusted_digest
 
-            require_trusted_digest(home, previous.digest, policy, channel, model=now.model, target=now.target, settings=settings,
+            require_trusted_digest(workspace, previous.digest, policy, channel, model=now.model, target=now.target,
                                    action="rollback")
         tag = channel_tag(now.model, now.target, channel) if previous.ref and is_remote_url(previous.ref) else None
         fields = dict(at=now_iso(), who=who, action="rollback", channel=channel, model=now.model, target=now.target,
@@ -642,11 +648,12 @@ def rollback(home: Path, channel: str, *, model: str | None = None, target: str 
         return record
 
 
-def channel_states(home: Path) -> list[dict[str, Any]]:
-    """Each channel with its digest, where it lives, who set it, the depth of its rollback history,
-    and what the trail says it should hold (`trail_digest`; `agrees` False when they differ)."""
+def channel_states(workspace: Workspace) -> list[dict[str, Any]]:
+    """Each channel of the workspace with its digest, where it lives, who set it, the depth of its rollback
+    history, and what the trail says it should hold (`trail_digest`; `agrees` False when they differ)."""
     from trtpipe.release.trail import channel_records
 
+    home = workspace.root
     audit = read_audit(home)
     moves = [r for _, r in channel_records(home) if r.action in ("promote", "force-promote", "rollback")]
     disagreeing = {d.cid: d for d in disagreements(home, audit)}

@@ -25,8 +25,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from pathlib import Path
 from typing import Any
+
+from trtpipe.workspace import Workspace
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
@@ -50,20 +51,20 @@ def _digests_in(node: Any, path: str, out: list[dict[str, Any]]) -> None:
             out.append({"name": path, "digest": {"sha256": match.group(2)}})
 
 
-def statement(entry: Any, store_root: Path) -> dict[str, Any]:
-    """The provenance statement of the stored `entry` (an `Entry` of trtpipe.store.local)."""
+def statement(workspace: Workspace, entry: Any) -> dict[str, Any]:
+    """The provenance statement of `entry` (an `Entry` of the workspace's store, trtpipe.store.local), from the
+    build records kept in the workspace."""
     from trtpipe.build_record import records_for_digest
 
-    records = records_for_digest(Path(store_root), entry.digest)
+    records = records_for_digest(workspace.root, entry.digest)
     record = records[0] if records else None
     dependencies: list[dict[str, Any]] = []
     _digests_in(entry.inputs, f"{entry.kind}.inputs", dependencies)
     if record is not None:
         # The key documents of every stage the build stored (weights, config, calibration set, tokenizer ...).
         from trtpipe.errors import TrtpipeError
-        from trtpipe.store.local import Store
 
-        store = Store.open(Path(store_root))
+        store = workspace.store
         for kind, digest in sorted(record.artifacts.items()):
             if digest == entry.digest:
                 continue

@@ -1,6 +1,6 @@
 """`trtpipe report`: the release page, one static folder readable offline (no server, no external JS or CSS).
 
-`write_report(home, out)` gathers the workspace (`trtpipe.release.report_data`), redraws each version's
+`write_report(workspace, out)` gathers the workspace (`trtpipe.release.report_data`), redraws each version's
 bench figure from its recorded result (`trtpipe.bench.plot`, the figure `bench --plot` draws), inlines the
 PNGs as data URIs, renders `trtpipe/data/report/release.html.j2` (Jinja2, autoescaped) and writes
 `index.html` and `report.json` (the gathered data) into a temporary folder beside OUT, then renames it
@@ -23,7 +23,7 @@ from filelock import FileLock
 
 from trtpipe.errors import UsageError
 from trtpipe.release.report_data import DEFAULT_TOLERANCE_PCT, BenchRow, ReportData, Version, gather
-from trtpipe.settings import Settings
+from trtpipe.workspace import Workspace
 from trtpipe.shipped import data_file
 
 TEMPLATE = data_file("report", "release.html.j2")
@@ -122,15 +122,15 @@ def _check_out(out: Path) -> None:
         )
 
 
-def write_report(home: Path, out: Path, *, model: str | None = None,
-                 tolerance_pct: float = DEFAULT_TOLERANCE_PCT, settings: Settings) -> ReportOutcome:
-    """Write the release page of the workspace at `home` into the folder `out` (replaced whole, atomically)."""
+def write_report(workspace: Workspace, out: Path, *, model: str | None = None,
+                 tolerance_pct: float = DEFAULT_TOLERANCE_PCT) -> ReportOutcome:
+    """Write the release page of the workspace into the folder `out` (replaced whole, atomically)."""
     if tolerance_pct < 0:
         raise UsageError(f"the regression tolerance {tolerance_pct:g}% is negative", fix="give a percentage of 0 or more, e.g. 10")
     out = Path(out).absolute()
-    data = gather(Path(home), model=model, tolerance_pct=tolerance_pct, settings=settings)
+    data = gather(workspace, model=model, tolerance_pct=tolerance_pct)
     if model is not None and not (data.channels or data.audit.rows or data.builds or data.versions):
-        raise UsageError(f"the workspace {home} has no channel, audit record, build or version of {model!r}",
+        raise UsageError(f"the workspace {workspace.root} has no channel, audit record, build or version of {model!r}",
                          fix="name a model this workspace built or promoted, or report on every model")
     html, plotted = render(data)
     out.parent.mkdir(parents=True, exist_ok=True)

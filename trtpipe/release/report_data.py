@@ -32,12 +32,13 @@ from trtpipe.errors import TrtpipeError
 from trtpipe.release.audit import AuditRecord, read_audit
 from trtpipe.release.channels import ChannelPointer, ChannelStore
 from trtpipe.release.gates import DEFAULT_MIN_RUNS, LATENCY_METRICS, THROUGHPUT_METRIC, GateResult, bench_metric, evaluate_gates
-from trtpipe.release.trail import TrailVerdict, release_key, replay, trail_verdict
+from trtpipe.release.trail import TrailVerdict, replay, trail_verdict
 from trtpipe.release.promote import load_gates, results_for
 from trtpipe.release.report_trust import ArtifactTrust, artifact_trust
-from trtpipe.results import ResultRecord
-from trtpipe.settings import Settings
+from trtpipe.results import ResultRecord, ResultsLog
+from trtpipe.signing_keys import release_key
 from trtpipe.spec import ChannelGates
+from trtpipe.workspace import Workspace
 
 DEFAULT_TOLERANCE_PCT = 10.0
 MOVES = ("promote", "force-promote", "rollback")
@@ -167,19 +168,14 @@ def _now() -> str:
 class _StoreIndex:
     """The workspace's stored artifacts by digest, read once, checked by nothing (a report only reads)."""
 
-    def __init__(self, home: Path) -> None:
+    def __init__(self, workspace: Workspace) -> None:
         self.by_digest: dict[str, Any] = {}
+        home = workspace.root
         if not (home / "repository").is_dir() and not (home / "engine").is_dir():
             return  # no store here: nothing to open (opening would create one)
-        from trtpipe.store.local import Store
-
-        store = Store.open(home)
-        try:
-            for entry in store.entries():
-                if entry.damage is None:
-                    self.by_digest.setdefault(entry.digest, entry)
-        finally:
-            store.close()
+        for entry in workspace.store.entries():
+            if entry.damage is None:
+                self.by_digest.setdefault(entry.digest, entry)
 
     def manifest(self, digest: str) -> dict[str, Any]:
         entry = self.by_digest.get(digest)
@@ -296,7 +292,9 @@ def _versions(home: Path, model: str | None, builds: list[BuildRecord], audit: l
 
 def _results(home: Path, digest: str, cache: dict[str, list[ResultRecord]]) -> list[ResultRecord]:
     if digest not in cache:
-        cache[digest] = results_for(home, digest)
+        # Read without the release key: the page shows what is recorded, and the trail verdict (with the key)
+        # says whether the heads are signed; a keyed read would refuse the page over an unsigned head.
+        cache[digest] = results_for(ResultsLog(home), digest)
     return cache[digest]
 
 
@@ -324,12 +322,11 @@ def _regressions(audit: list[AuditRecord], index: _StoreIndex, home: Path, cache
     return out
 
 
-def gather(home: Path, *, model: str | None = None, tolerance_pct: float = DEFAULT_TOLERANCE_PCT,
-           settings: Settings) -> ReportData:
-    """Everything the report shows for the workspace at `home` (one model's, with `model`); `settings` reach
-    the signature adapter (`trtpipe.release.report_trust`)."""
-    home = Path(home)
-    index = _StoreIndex(home)
+def gather(workspace: Workspace, *, model: str | None = None, tolerance_pct: float = DEFAULT_TOLERANCE_PCT) -> ReportData:
+    """Everything the report shows for the workspace (one model's, with `model`); its settings reach the trail
+    verdict and the signature adapter (`trtpipe.release.report_trust`)."""
+    home, settings = workspace.root, workspace.settings
+    index = _StoreIndex(workspace)
     min_runs = settings.min_bench_runs()
     # The same judgement `channels --verify` renders (its default key, the registry's copies).
     verdict = trail_verdict(home, release_key(settings), settings, registry=True)
@@ -357,7 +354,7 @@ def gather(home: Path, *, model: str | None = None, tolerance_pct: float = DEFAU
             model=p.model, target=p.target, channel=p.channel, digest=p.digest, version=labels.get(p.digest), ref=p.ref,
             set_at=p.set_at, set_by=p.set_by, previous=previous, history_depth=len(p.history),
             last_action=last.action if last else None, last_reason=last.reason if last else None,
-            gates=evaluated, gates_source=source, trust=artifact_trust(home, p.digest, index.entry(p.digest), p.channel, settings),
+            gates=evaluated, gates_source=source, trust=artifact_trust(workspace, p.digest, index.entry(p.digest), p.channel),
         ))
     return ReportData(
         generated_at=_now(), home=str(home), model=model, min_runs=min_runs, channels=channels, audit=audit_section,

@@ -1,6 +1,6 @@
 """What the release report says about an artifact's signature and provenance: one small adapter.
 
-The report asks `artifact_trust(home, digest, entry, channel, settings)` for each channel's artifact and
+The report asks `artifact_trust(workspace, digest, entry, channel)` for each channel's artifact and
 shows the answer; it reads no signature itself. The answer comes from the signing work (issue 18): the
 entry's kept signature bundles are verified again over its files against the trust policy the settings
 name (TRTPIPE_POLICY), under that channel's rule (`trtpipe.release.trust.judge_entry`), and the kept
@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from trtpipe.settings import Settings
+from trtpipe.workspace import Workspace
 
 # "signed" only when a signature verified against a key of the policy (and `signer` names that key); a
 # signature nothing could check is "unverified", one no key of the policy made is "untrusted", and junk
@@ -90,20 +90,19 @@ def _provenance(home: Path, digest: str, channel: str, policy: Any) -> tuple[Pro
                        f"{policy.source} trusts for channel {channel!r}")
 
 
-def artifact_trust(home: Path, digest: str, entry: Any | None, channel: str,
-                   settings: Settings) -> ArtifactTrust:
+def artifact_trust(workspace: Workspace, digest: str, entry: Any | None, channel: str) -> ArtifactTrust:
     """The signature and provenance status of the artifact `digest` in `channel` (`entry`: its store entry,
-    None when this workspace's store does not hold it), judged under the workspace's own policy, else the one
-    `settings` name."""
+    None when the workspace's store does not hold it), judged under the workspace's own policy, else the one
+    its settings name."""
     if entry is None:
         return ArtifactTrust(signature="unknown", signature_detail="artifact not in this store: its signature cannot be checked over its files",
                              provenance="unknown", provenance_detail="artifact not in this store")
     from trtpipe.release.workspace_policy import policy_for
 
     # The workspace's own policy when it has one (what its promotes and serves run under), else TRTPIPE_POLICY.
-    policy = policy_for(Path(home), None, settings.policy, no_policy=False,
-                        command="report", settings=settings)
-    signature, signer, signature_detail = _signature(Path(home), entry, channel, policy)
-    provenance, provenance_detail = _provenance(Path(home), digest, channel, policy)
+    home = workspace.root
+    policy = policy_for(workspace, None, no_policy=False, command="report")
+    signature, signer, signature_detail = _signature(home, entry, channel, policy)
+    provenance, provenance_detail = _provenance(home, digest, channel, policy)
     return ArtifactTrust(signature=signature, signer=signer, signature_detail=signature_detail,
                          provenance=provenance, provenance_detail=provenance_detail)

@@ -8,7 +8,7 @@ stray file beside them fails verification), and no file kind is skipped: model-s
 files (.gitignore, .git/ ...) by default, which would leave such a file unsigned, so both sides use a
 hashing config that ignores nothing and follows no symlink.
 
-Key-based signing (an EC P-256 PEM key, `trtpipe.release.keys`) runs offline. Keyless sigstore signing
+Key-based signing (an EC P-256 PEM key, `trtpipe.signing_keys`) runs offline. Keyless sigstore signing
 (`--sign sigstore`: an OIDC identity, Fulcio and Rekor) needs those services; where they cannot be reached
 it fails with one line saying so (`sign_keyless`).
 
@@ -30,7 +30,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from trtpipe.errors import InvalidInput, MissingCapability
-from trtpipe.release.keys import PrivateKey, PublicKey, sign_bytes, verify_bytes
+from trtpipe.signing_keys import PrivateKey, PublicKey, sign_bytes, verify_bytes
 
 # model-signing 1.1.1 writes sigstore bundles v0.3 (its _signing/sign_sigstore_pb.py).
 SIGNATURE_ARTIFACT_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"

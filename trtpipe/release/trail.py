@@ -14,8 +14,7 @@ A channel promoted through a registry is shared: its trail is the registry's cop
 from, and the workspace trail keeps only what happened here (refusals, conflicts, repairs).
 `trail_verdict` is the one judgement of all of it: `channels --verify` and the release page render it.
 
-`release_key` adapts the release key (`trtpipe.release.keys`) to what signs the trail's and result
-logs' heads (`trtpipe.chained.HeadKey`).
+The trail's and result logs' heads are signed and checked with the release key (`trtpipe.signing_keys.release_key`).
 """
 
 from __future__ import annotations
@@ -27,46 +26,13 @@ from pathlib import Path
 from trtpipe.errors import IntegrityError, NotFound, TrtpipeError, UsageError
 from trtpipe.release.audit import TRAIL_WIDE, AuditRecord, append_audit, read_audit, trail_log
 from trtpipe.release.channels import ChannelPointer, ChannelScope, ChannelStore, PointerTarget, now_iso
-from trtpipe.release.keys import PrivateKey, PublicKey, load_public_key, load_signing_key, sign_bytes, verify_bytes
 from trtpipe.release.shared_trail import SharedChannel, Standing, channel_tag, shared_channels, standing, trail_tag
 from trtpipe.settings import Settings
+from trtpipe.signing_keys import ReleaseKey
 from trtpipe.store.remote import ChannelMirror, RemoteCache
 
 ChannelId = tuple[str, str, str]  # model, target, channel
 MOVES = ("promote", "force-promote", "rollback")
-
-
-@dataclass(frozen=True)
-class ReleaseKey:
-    """The release key as a head signer (a private key) or checker (a public key file)."""
-
-    key: PrivateKey | PublicKey
-
-    @property
-    def key_id(self) -> str:
-        return self.key.key_id
-
-    @property
-    def can_sign(self) -> bool:
-        return isinstance(self.key, PrivateKey)
-
-    def sign(self, data: bytes) -> bytes:
-        assert isinstance(self.key, PrivateKey)
-        return sign_bytes(self.key, data)
-
-    def verify(self, data: bytes, signature: bytes) -> bool:
-        public = self.key.public if isinstance(self.key, PrivateKey) else self.key
-        return verify_bytes(public, data, signature)
-
-
-def release_key(settings: Settings | None, public_key: Path | None = None) -> ReleaseKey | None:
-    """The key heads are signed or checked with: a public key file given to check with, else the
-    TRTPIPE_SIGNING_KEY setting (the private key; its public half checks), else none."""
-    if public_key is not None:
-        return ReleaseKey(load_public_key(public_key))
-    if settings is not None and settings.signing_key:
-        return ReleaseKey(load_signing_key(settings.signing_key))
-    return None
 
 
 # --------------------------------------------------------------------------- replay

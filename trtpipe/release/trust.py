@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from trtpipe.errors import IntegrityError, InvalidInput, Untrusted
-from trtpipe.release.keys import PrivateKey
 from trtpipe.release.policy import TrustPolicy, Verdict
 from trtpipe.release.signing import (
     DSSE_MEDIA_TYPE,
@@ -38,7 +37,9 @@ from trtpipe.release.signing import (
     signed_view,
 )
 from trtpipe.settings import Settings
+from trtpipe.signing_keys import PrivateKey
 from trtpipe.store import referrers, signatures
+from trtpipe.workspace import Workspace
 
 Note = Callable[[str], None]
 KEYLESS = "sigstore"
@@ -85,7 +86,7 @@ def record_refusal(home: Path, *, settings: Settings, action: str, subject: str,
     this workspace."""
     from trtpipe.release.audit import append_audit
     from trtpipe.release.channels import now_iso
-    from trtpipe.release.trail import release_key
+    from trtpipe.signing_keys import release_key
     from trtpipe.results import current_user
 
     append_audit(home, key=release_key(settings), at=now_iso(), who=current_user(settings), action="refused",
@@ -153,10 +154,11 @@ def signed_tags(envelopes: list[bytes], keys: dict[str, Any], artifact_digest: s
     return tuple(sorted(found)) if found is not None else None
 
 
-def sign_pushed(remote: Any, pushed: Any, entry: Any, key: PrivateKey | str, *, store_root: Path,
+def sign_pushed(workspace: Workspace, remote: Any, pushed: Any, entry: Any, key: PrivateKey | str, *,
                 provenance: dict[str, Any] | None, bundle: bytes | None = None) -> Signed:
     """Sign the pushed `entry` (or take the `bundle` signed before the push), attach signature and provenance
-    to the pushed manifest, keep both locally."""
+    to the pushed manifest, keep both in the workspace's store."""
+    store_root = workspace.root
     client, repository = remote.client, remote.base.repository
     subject = client.get_manifest(repository, pushed.oci_digest)
     if subject is None:
@@ -186,7 +188,7 @@ def sign_pushed(remote: Any, pushed: Any, entry: Any, key: PrivateKey | str, *, 
 def signing_key(sign: str | None, settings: Settings) -> PrivateKey | str | None:
     """The key to sign with: `sign` (a key file, or 'sigstore' for keyless), else the settings' signing key; a
     PrivateKey, the string KEYLESS, or None (do not sign)."""
-    from trtpipe.release.keys import load_signing_key, signing_key_source
+    from trtpipe.signing_keys import load_signing_key, signing_key_source
 
     source = signing_key_source(sign, settings.signing_key)
     if source is None:
@@ -196,7 +198,7 @@ def signing_key(sign: str | None, settings: Settings) -> PrivateKey | str | None
     return load_signing_key(source)
 
 
-def push_signer(key: PrivateKey | str, *, store_root: Path) -> Callable[[Any, Any, Any], str]:
+def push_signer(workspace: Workspace, key: PrivateKey | str) -> Callable[[Any, Any, Any], str]:
     """The runner's signer of what a build pushes (`trtpipe.pipeline.PushSigner`): `sign_pushed` with `key`.
 
     The provenance is the entry's own inputs (the build record of this run is written when the run ends, after
@@ -204,8 +206,7 @@ def push_signer(key: PrivateKey | str, *, store_root: Path) -> Callable[[Any, An
     from trtpipe.release.provenance import statement
 
     def sign(remote: Any, pushed: Any, entry: Any) -> str:
-        signed = sign_pushed(remote, pushed, entry, key, store_root=store_root,
-                             provenance=statement(entry, store_root))
+        signed = sign_pushed(workspace, remote, pushed, entry, key, provenance=statement(workspace, entry))
         return f"signed by key {(signed.key_id or 'sigstore (keyless)')[:16]}"
 
     return sign
@@ -405,7 +406,8 @@ def channel_tag_binding_problem(registry: Any, home: Path, cid: tuple[str, str, 
     signed trail put back together with the tag (the trail's freshness, checked by `channels --verify`)."""
     from trtpipe.errors import TrtpipeError
     from trtpipe.release.shared_trail import SharedChannel, as_records, read_registry
-    from trtpipe.release.trail import ReleaseKey, replay
+    from trtpipe.release.trail import replay
+    from trtpipe.signing_keys import ReleaseKey
 
     shared = SharedChannel(Path(home), *cid)
     if registry is None or not hasattr(registry, "get_channel_trail"):
@@ -480,12 +482,11 @@ class PullGate:
     A pull by a channel tag is judged by that channel's rule; a pull by a version tag under a policy also
     needs the tag to be one the signed provenance names (`tag_problem`)."""
 
-    def __init__(self, policy: TrustPolicy | None, *, store_root: Path, home: Path, note: Note | None = None,
-                 settings: Settings) -> None:
+    def __init__(self, workspace: Workspace, policy: TrustPolicy | None, *, note: Note | None = None) -> None:
         self.policy = policy
-        self.settings = settings  # the caller's: a refusal is signed and attributed as they say
-        self.store_root = Path(store_root)
-        self.home = Path(home)
+        self.settings = workspace.settings  # the caller's: a refusal is signed and attributed as they say
+        self.store_root = workspace.root
+        self.home = workspace.root
         self.note = note
 
     def __call__(self, registry: Any, remote: Any, staged: Path, raw: bytes) -> None:
@@ -598,10 +599,11 @@ def store_root_of(artifact: FolderArtifact, default: Path) -> Path:
 # --------------------------------------------------------------------------- build
 
 
-def pulled_checker(policy: TrustPolicy, *, store_root: Path, home: Path,
-                   settings: Settings) -> Callable[[Any], tuple[bool, str]]:
-    """The runner's judge of entries that came from a registry: usable only when their signatures satisfy
-    the policy's default rule (a refusal is audited, and the stage is rebuilt)."""
+def pulled_checker(workspace: Workspace, policy: TrustPolicy) -> Callable[[Any], tuple[bool, str]]:
+    """The runner's judge of entries that came from a registry into the workspace's store: usable only when
+    their signatures satisfy the policy's default rule (a refusal is audited, and the stage is rebuilt)."""
+    store_root = home = workspace.root
+    settings = workspace.settings
 
     def check(entry: Any) -> tuple[bool, str]:
         origin = pulled_from(entry, store_root)
@@ -634,12 +636,13 @@ class VerifiedFolder:
         return bool(self.judgement.verified)
 
 
-def require_trusted_folder(folder: Path, policy: TrustPolicy, *, home: Path, action: str,
-                           channel: str | None = None, settings: Settings) -> VerifiedFolder:
+def require_trusted_folder(workspace: Workspace, folder: Path, policy: TrustPolicy, *, action: str,
+                           channel: str | None = None) -> VerifiedFolder:
     """`require_trusted` for an artifact given as a folder (serve), over the WHOLE folder: every file in it
     must be one its manifest.json lists (which the signature covers), so a file or model folder added to a
-    copy of a signed repository is refused, named. A folder that is no stored artifact carries no signature,
-    so a policy that requires one refuses it."""
+    copy of a signed repository is refused, named (audited in the workspace). A folder that is no stored
+    artifact carries no signature, so a policy that requires one refuses it."""
+    home, settings = workspace.root, workspace.settings
     artifact = artifact_at(folder)
     if artifact is None:
         if not policy.requires_signature(channel):
@@ -670,18 +673,17 @@ def require_trusted_folder(folder: Path, policy: TrustPolicy, *, home: Path, act
     return VerifiedFolder(judgement, artifact.digest, listed)
 
 
-def require_trusted_digest(home: Path, digest: str, policy: TrustPolicy, channel: str, *, model: str = "-",
-                           target: str = "-", action: str = "promote", settings: Settings) -> Judgement | None:
+def require_trusted_digest(workspace: Workspace, digest: str, policy: TrustPolicy, channel: str, *, model: str = "-",
+                           target: str = "-", action: str = "promote") -> Judgement | None:
     """A move into `channel` (`action`: promote, rollback): when its rule requires a signature, the artifact
-    must be in the local store (a signature is checked over the files) and signed by a key the rule trusts."""
+    must be in the workspace's store (a signature is checked over the files) and signed by a key the rule trusts."""
     from trtpipe.errors import NotFound
-    from trtpipe.store.local import Store
 
     if not policy.requires_signature(channel):
         return None
-    store = Store.open(home)
+    home, settings = workspace.root, workspace.settings
     try:
-        entry = store.find(digest)
+        entry = workspace.store.find(digest)
     except NotFound:
         entry = None
     if entry is None or entry.digest != digest:
@@ -699,18 +701,19 @@ def require_trusted_digest(home: Path, digest: str, policy: TrustPolicy, channel
 # --------------------------------------------------------------------------- provenance
 
 
-def show_provenance(ref: str, store: Any, home: Path, policy: TrustPolicy | None, settings: Any) -> dict[str, Any]:
-    """{subject, signature (who signed it, checked against the policy's keys), signed_by, statement} of a
-    stored artifact (`store` given) or a registry reference (`store` None)."""
+def show_provenance(workspace: Workspace, ref: str, policy: TrustPolicy | None) -> dict[str, Any]:
+    """{subject, signature (who signed it, checked against the policy's keys), signed_by, statement} of an
+    artifact in the workspace's store (`ref` a kind/key, key prefix or digest) or a registry reference (`ref`
+    a URL: SCHEME://...)."""
     from trtpipe.release.provenance import statement as make_statement
     from trtpipe.release.signing import open_envelope
 
     keys = dict(policy.keys) if policy is not None else {}
-    if store is None:
+    if "://" in ref:
         from trtpipe.stages import weight_file_rule
         from trtpipe.store.remote import open_remote_for_ref
 
-        remote = open_remote_for_ref(ref, settings, weight_file_rule())
+        remote = open_remote_for_ref(ref, workspace.settings, weight_file_rule())
         found = remote.resolve(ref)
         fetched = fetch_signatures(remote.client, found.ref.repository, found.oci_digest)
         subject = f"{found.ref} ({found.kind}/{found.key[:16]}, {found.artifact_digest})"
@@ -720,13 +723,13 @@ def show_provenance(ref: str, store: Any, home: Path, policy: TrustPolicy | None
         envelopes = fetched.provenance
         digest = found.artifact_digest
     else:
-        entry = store.find(ref)
+        entry = workspace.store.find(ref)
         subject = f"{entry.kind}/{entry.key} ({entry.digest})"
-        record = signatures.read_record(store.root, entry.digest) or {}
+        record = signatures.read_record(workspace.root, entry.digest) or {}
         digest = entry.digest
         if not record.get("provenance"):
             return {"subject": subject, "signature": "unsigned: computed now from the store (not pushed with a key)",
-                    "signed_by": None, "verified": False, "statement": make_statement(entry, store.root)}
+                    "signed_by": None, "verified": False, "statement": make_statement(workspace, entry)}
         envelopes = [str(record["provenance"]).encode("utf-8")]
     opened, unreadable = [], []
     for body in envelopes:  # an envelope anyone attached that does not parse is skipped, not fatal

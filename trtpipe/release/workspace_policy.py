@@ -27,6 +27,7 @@ from trtpipe.errors import IntegrityError, UsageError
 if TYPE_CHECKING:
     from trtpipe.release.policy import TrustPolicy
     from trtpipe.settings import Settings
+    from trtpipe.workspace import Workspace
 
 # Light at import (no YAML, pydantic or cryptography): every build asks `may_have_policy`, and a warm build
 # without a policy must stay as light as it was; the rest imports what it needs when it runs.
@@ -78,16 +79,21 @@ class PolicySet:
     audit_seq: int
 
 
-def set_policy(home: Path, source: Path, *, who: str, at: str, key: Any = None) -> PolicySet:
-    """Validate `source`, record its copy's digest in the trail, then write the copy (keys first, the policy
-    file last and atomically: a crash leaves the old copy or the new one, and a copy that is not the one the
-    trail records is refused until `policy set` runs again)."""
+def set_policy(workspace: Workspace, source: Path) -> PolicySet:
+    """Validate `source`, record its copy's digest in the workspace's trail (signed with its release key, by its
+    user), then write the copy (keys first, the policy file last and atomically: a crash leaves the old copy or
+    the new one, and a copy that is not the one the trail records is refused until `policy set` runs again)."""
     import yaml
 
     from trtpipe.atomic import write_text_atomically
     from trtpipe.release.audit import append_audit
+    from trtpipe.release.channels import now_iso
     from trtpipe.release.policy import load_policy
+    from trtpipe.results import current_user
+    from trtpipe.signing_keys import release_key
 
+    home, settings = workspace.root, workspace.settings
+    who, at, key = current_user(settings), now_iso(), release_key(settings)
     policy = load_policy(source)
     keys_dir = policy_dir(home) / "keys"
     body = canonical(policy)
@@ -125,7 +131,7 @@ def _recorded_digest(home: Path) -> str | None:
 def workspace_policy(home: Path) -> TrustPolicy | None:
     """The workspace's policy (None: it has none); IntegrityError when the copy is not what the trail records."""
     from trtpipe.release.policy import load_policy
-    from trtpipe.release.small_file import read_small_file
+    from trtpipe.small_file import read_small_file
 
     path = policy_file(home)
     recorded = _recorded_digest(home)
@@ -146,12 +152,14 @@ def workspace_policy(home: Path) -> TrustPolicy | None:
     return load_policy(path)
 
 
-def policy_for(home: Path, explicit: Path | None, setting: Path | None, *, no_policy: bool, command: str,
-               settings: Settings) -> TrustPolicy | None:
+def policy_for(workspace: Workspace, explicit: Path | None, *, no_policy: bool, command: str) -> TrustPolicy | None:
     """The policy `command` runs under: the workspace's when it has one (a --policy or TRTPIPE_POLICY naming
-    another policy is refused), else --policy, else TRTPIPE_POLICY, else none; `no_policy`: none, recorded."""
+    another policy is refused), else `explicit` (--policy), else the settings' TRTPIPE_POLICY, else none;
+    `no_policy`: none, recorded in the workspace's trail."""
     from trtpipe.release.policy import load_policy, policy_from
 
+    home, settings = workspace.root, workspace.settings
+    setting = settings.policy
     if no_policy:
         if explicit is not None and str(explicit) != "":
             raise UsageError("--policy and --no-policy contradict each other", fix="give one of them")
@@ -175,7 +183,7 @@ def policy_for(home: Path, explicit: Path | None, setting: Path | None, *, no_po
 def _record_no_policy(home: Path, command: str, setting: Path | None, settings: Settings) -> None:
     from trtpipe.release.audit import append_audit
     from trtpipe.release.channels import now_iso
-    from trtpipe.release.trail import release_key
+    from trtpipe.signing_keys import release_key
     from trtpipe.results import current_user
 
     recorded = _recorded_digest(home)

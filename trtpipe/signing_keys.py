@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from trtpipe.errors import InvalidInput
+from trtpipe.settings import Settings
 
 _CURVE = ec.SECP256R1
 _PEM_START = "-----BEGIN"
@@ -96,7 +97,7 @@ def public_pem(public: ec.EllipticCurvePublicKey) -> bytes:
 
 def _read(path: Path, what: str) -> bytes:
     # Bounded and regular files only: a FIFO named as a key would hang the command, /dev/zero exhaust memory.
-    from trtpipe.release.small_file import read_small_file
+    from trtpipe.small_file import read_small_file
 
     if not path.exists() and not path.is_symlink():
         raise InvalidInput(f"{path}: no such {what} file", fix=f"name an existing PEM file; {_GENERATE}")
@@ -192,3 +193,41 @@ def write_key_pair(key: PrivateKey, private_path: Path, public_path: Path) -> No
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
     public_path.write_bytes(key.public_pem())
+
+
+# --------------------------------------------------------------------------- the release key of a log head
+# Here, beside the keys, so that the results log and the workspace (which sign their heads with it) need not
+# reach up into the release package for it.
+
+
+@dataclass(frozen=True)
+class ReleaseKey:
+    """The release key as a head signer (a private key) or checker (a public key file): a `trtpipe.chained.HeadKey`."""
+
+    key: PrivateKey | PublicKey
+
+    @property
+    def key_id(self) -> str:
+        return self.key.key_id
+
+    @property
+    def can_sign(self) -> bool:
+        return isinstance(self.key, PrivateKey)
+
+    def sign(self, data: bytes) -> bytes:
+        assert isinstance(self.key, PrivateKey)
+        return sign_bytes(self.key, data)
+
+    def verify(self, data: bytes, signature: bytes) -> bool:
+        public = self.key.public if isinstance(self.key, PrivateKey) else self.key
+        return verify_bytes(public, data, signature)
+
+
+def release_key(settings: Settings | None, public_key: Path | None = None) -> ReleaseKey | None:
+    """The key heads are signed or checked with: a public key file given to check with, else the
+    TRTPIPE_SIGNING_KEY setting (the private key; its public half checks), else none."""
+    if public_key is not None:
+        return ReleaseKey(load_public_key(public_key))
+    if settings is not None and settings.signing_key:
+        return ReleaseKey(load_signing_key(settings.signing_key))
+    return None
