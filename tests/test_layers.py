@@ -189,13 +189,12 @@ def test_the_layout_neutral_modules_name_no_layout(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- backends are looked up, not named
-# Issue 24: a backend is a type (trtpipe.toolchain: its class and its BackendFacts; trtpipe.stages.BACKEND_STAGES:
-# its plan and stages). The spec, resolve, the runner, the memo, parity, serving, bench, the store, release and the
-# matrix ask those registries; none names a backend. Its own files (toolchain, stages, trtllm_build/, engine/,
-# llm_api/, migrate, model_semantics' per-backend table (which must name every registered backend), the llmapi
-# layout's writer) and the CLI may.
+# Issue 24: a backend is a type (trtpipe.toolchain: its class and its BackendFacts; trtpipe.stages builds its plan
+# and stages from those facts). The spec, resolve, the stages, the runner, the memo, parity, serving, bench, the
+# store, release and the matrix ask the registry; none names a backend. Its own files (toolchain, trtllm_build/,
+# engine/, llm_api/, migrate, the llmapi layout's writer) and the CLI may (model_semantics is keyed by runtime).
 BACKEND_NAMES = {"trtllm-build", "llm-api", "reference"}
-BACKEND_NEUTRAL = ("spec.py", "resolve.py", "hostcheck.py", "pipeline.py", "runner.py", "shared_cache.py", "build_session.py", "serve_session.py", "stage_plan.py", "warm.py", "checkpoint/afresh.py", "bench", "store",
+BACKEND_NEUTRAL = ("spec.py", "resolve.py", "hostcheck.py", "stages", "pipeline.py", "runner.py", "shared_cache.py", "build_session.py", "serve_session.py", "stage_plan.py", "warm.py", "checkpoint/afresh.py", "bench", "store",
                    "release", "matrix")
 
 
