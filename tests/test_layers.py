@@ -25,10 +25,15 @@ or package (trtpipe/serving/). Layers, low -> high; a unit may import its own la
                                                                 results), the first argument of the release
                                                                 area's entry points
     4  checkpoint, engine, reference, serving                   what the stages call, and serving their output
-    5  stages, pipeline, runner, shared_cache, warm             the declared stages, the build (resolve ->
-                                                                plan), the runner that executes a plan, the
-                                                                remote cache as a build uses it, and the
-                                                                warm path that reuses a build's resolution
+    5  stages, pipeline, runner, shared_cache, warm,            the declared stages, the build (resolve ->
+       run_hooks, run_record, run_report, dry_run,              plan), the runner that executes a plan, the
+       stage_build, stage_leases, input_check,                  remote cache as a build uses it, the warm
+       integrity_watch, pulled_trust                            path that reuses a build's resolution, and
+                                                                the runner's parts: its hooks (printer,
+                                                                record), its report, the dry run, one
+                                                                stage's build, its leases, its input and
+                                                                integrity checks, the trust gate as it
+                                                                judges pulled entries
     6  bench, release, repair, matrix, build_session,           what works on built and served artifacts, the
        serve_session                                            matrix, which runs the runner on Ray workers,
                                                                 a build as the CLI asks for it (trust, memo),
@@ -58,7 +63,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("resolve", "plan", "hostcheck", "migrate"),
     ("store", "results", "build_record", "build_report", "stage_plan", "workspace"),
     ("checkpoint", "engine", "reference", "serving"),
-    ("stages", "pipeline", "runner", "shared_cache", "warm"),
+    ("stages", "pipeline", "runner", "shared_cache", "warm", "run_hooks", "run_record", "run_report", "dry_run",
+     "stage_build", "stage_leases", "input_check", "integrity_watch", "pulled_trust"),
     ("bench", "release", "repair", "matrix", "build_session", "serve_session"),
     ("commands", "cli"),
 )
@@ -194,7 +200,10 @@ def test_the_layout_neutral_modules_name_no_layout(tmp_path: Path) -> None:
 # store, release and the matrix ask the registry; none names a backend. Its own files (toolchain, trtllm_build/,
 # engine/, llm_api/, migrate, the llmapi layout's writer) and the CLI may (model_semantics is keyed by runtime).
 BACKEND_NAMES = {"trtllm-build", "llm-api", "reference"}
-BACKEND_NEUTRAL = ("spec.py", "resolve.py", "hostcheck.py", "stages", "pipeline.py", "runner.py", "shared_cache.py", "build_session.py", "serve_session.py", "stage_plan.py", "warm.py", "checkpoint/afresh.py", "bench", "store",
+BACKEND_NEUTRAL = ("spec.py", "resolve.py", "hostcheck.py", "stages", "pipeline.py", "runner.py", "run_hooks.py",
+                   "run_record.py", "run_report.py", "dry_run.py", "stage_build.py", "stage_leases.py",
+                   "input_check.py", "integrity_watch.py", "pulled_trust.py", "shared_cache.py", "build_session.py",
+                   "serve_session.py", "stage_plan.py", "warm.py", "checkpoint/afresh.py", "bench", "store",
                    "release", "matrix")
 
 

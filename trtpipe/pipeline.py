@@ -28,7 +28,12 @@ from trtpipe.build_report import BuildReport, StageReport
 from trtpipe.errors import UsageError
 from trtpipe.plan import memory_plan
 from trtpipe.resolve import ResolvedSpec, resolve
-from trtpipe.runner import BuildInterrupted, PulledCheck, PushSigner, Runner
+from trtpipe.build_report import StagePrinter
+from trtpipe.pulled_trust import PulledCheck, PulledTrust
+from trtpipe.run_hooks import Hooks, PrinterHook, RunHooks, StageCallback
+from trtpipe.run_record import RecordWriter
+from trtpipe.runner import BuildInterrupted, Runner
+from trtpipe.shared_cache import PushSigner, SharedCache
 from trtpipe.spec_loader import load_spec
 from trtpipe.stages import BACKEND_STAGES, STORED_STAGE_NAMES, BackendStages, StageContext, weight_file_rule
 from trtpipe.store.local import Store
@@ -92,7 +97,7 @@ def _resolve_step(runner: Runner, spec_path: Path, done: _Resolution, *, force: 
     else:
         backend = BACKEND_STAGES[resolved.backend_kind]
     runner.force = forced_stages(force, backend, resolved.backend_kind)
-    runner.stage_names = tuple(s.name for s in backend.stages)
+    runner.steps.stage_names = tuple(s.name for s in backend.stages)
     done.resolved, done.backend = resolved, backend
     spec, report = resolved.spec, runner.report
     report.name = spec.artifact_name
@@ -106,15 +111,15 @@ def _resolve_step(runner: Runner, spec_path: Path, done: _Resolution, *, force: 
         runner.note(f"    note: {note}", style="yellow")  # e.g. a preview line's unverified fields
 
 
-def _plan_step(runner: Runner, done: _Resolution) -> None:
+def _plan_step(runner: Runner, done: _Resolution, *, progress: bool) -> None:
     assert done.resolved is not None and done.backend is not None
-    runner.current = "plan"
+    runner.begin("plan")
     started = time.monotonic()
     plan = memory_plan(done.resolved)
     done.memory_plan = plan.model_dump(mode="json")
     done.ctx = StageContext(resolved=done.resolved, build_plan=done.backend.plan(done.resolved),
-                            digests=runner.store.digests, store_root=runner.store.root, progress=runner.progress,
-                            dry_run=runner.dry_run)
+                            digests=runner.store.digests, store_root=runner.store.root, progress=progress,
+                            dry_run=runner.report.dry_run)
     runner.add(StageReport(name="plan", outcome="ran", seconds=time.monotonic() - started,
                            detail="fits" if plan.fits else "does NOT fit the target"))
 
@@ -134,13 +139,21 @@ def _run(
                          remote=str(remote) if remote is not None else None,
                          remote_mode=remote_use.mode if remote is not None else None)
     done = _Resolution()
-    runner = Runner(store, report, record=done.record, dry_run=dry_run, force=force, verify=verify, progress=progress,
-                    remote=remote, remote_use=remote_use, pulled_check=pulled_check, sign_push=sign_push,
-                    on_stage=on_stage, stage_names=STORED_STAGE_NAMES)
+    # What watches the run: the terminal (a dry run prints whole keys), the live progress, the record (a dry
+    # run writes none).
+    watchers: list[RunHooks] = [PrinterHook(StagePrinter(progress, full_keys=dry_run))]
+    if on_stage is not None:
+        watchers.append(StageCallback(on_stage))
+    if not dry_run:
+        watchers.append(RecordWriter(store.root, done.record))
+    hooks = Hooks(watchers)
+    cache = SharedCache(remote, remote_use, sign_push=sign_push, note=hooks.note, report=report)
+    runner = Runner(store, report, hooks=hooks, cache=cache, trust=PulledTrust(store, pulled_check), force=force,
+                    verify=verify, stage_names=STORED_STAGE_NAMES)
     with runner.running():
         _resolve_step(runner, spec_path, done, force=force, need_weights=(not dry_run) if need_weights is None
                       else need_weights, choose=choose, configs=configs)
-        _plan_step(runner, done)
+        _plan_step(runner, done, progress=progress)
         assert done.backend is not None
         runner.run_stages(done.backend.stages, done.ctx)
     return report, done

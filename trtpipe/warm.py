@@ -224,6 +224,8 @@ def warm_build(spec_path: Path | str, store: Store, *, progress: bool, configs: 
     runner as a resolving build's plan is, each stage a hit of the entry the memo names (resolve and plan
     shown as hits), with its record written. None otherwise (having said why when there was a memo): the
     caller runs the normal build."""
+    from trtpipe.run_hooks import HeldLines, Hooks, PrinterHook
+    from trtpipe.run_record import RecordWriter
     from trtpipe.runner import PlanStale, Runner
 
     started = time.monotonic()
@@ -246,10 +248,11 @@ def warm_build(spec_path: Path | str, store: Store, *, progress: bool, configs: 
         PlannedStage(name=stage["name"], kind=stage["kind"], reads=(), key=stage["key"], digest=stage["digest"],
                      serves=stage["serves"])
         for stage in result["stages"]))
-    runner = Runner(store, report, record=record, progress=progress)
+    # Its lines are held until the memo's plan is known to hold: a stale one says only why.
+    runner = Runner(store, report, hooks=Hooks([HeldLines(PrinterHook(printer)), RecordWriter(store.root, record)]))
     checked = time.monotonic()
     try:
-        with runner.running(), runner.holding_lines():
+        with runner.running():
             runner.add(StageReport(name="resolve", outcome="hit", seconds=checked - started,
                                    detail=f"{result['details']['resolve']}; inputs unchanged, last resolution reused"))
             runner.add(StageReport(name="plan", outcome="hit", seconds=0.0,
