@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -67,3 +68,50 @@ def test_a_quiet_printer_prints_nothing(capsys: pytest.CaptureFixture[str]) -> N
     hook.on_note("note", None)
     hook.on_done(_report("ok", repository="/r"))
     assert capsys.readouterr().err == ""
+
+
+# --------------------------------------------------------------------------- how a run ends (trtpipe.run_report)
+class _NoStore:
+    """A store that holds nothing (what `ending` asks of one: its root, its digest cache, peek)."""
+
+    root = Path("/nonexistent-store")
+    digests = None
+
+    def peek(self, kind: str, key: str) -> None:
+        return None
+
+
+def test_a_failed_step_is_reported_the_steps_after_it_skipped_and_the_hooks_told() -> None:
+    from trtpipe.errors import TrtpipeError
+    from trtpipe.run_report import RunReport
+
+    heard = Recorder()
+    report = BuildReport(spec_path="spec.yaml")
+    steps = RunReport(report, Hooks([heard]), stage_names=("checkpoint", "engine", "publish"))
+    with pytest.raises(TrtpipeError, match="no such model"):
+        with steps.ending(_NoStore()):  # type: ignore[arg-type]
+            steps.add(StageReport(name="resolve", outcome="ran"))
+            steps.current = "plan"
+            steps.current = "checkpoint"
+            raise TrtpipeError("no such model")
+    assert report.status == "failed" and report.error is not None and "no such model" in report.error
+    assert [(s.name, s.outcome) for s in report.stages] == [
+        ("resolve", "ran"), ("checkpoint", "failed"), ("engine", "skipped"), ("publish", "skipped")]
+    assert report.stage("engine").detail == "checkpoint failed"  # type: ignore[union-attr]
+    assert heard.heard == [("stage", "resolve"), ("done", "failed")]
+
+
+def test_an_interrupt_names_what_was_stored_and_raises_the_report() -> None:
+    from trtpipe.run_report import BuildInterrupted, RunReport
+
+    report = BuildReport(spec_path="spec.yaml")
+    steps = RunReport(report, Hooks([]), stage_names=("checkpoint", "engine"))
+    with pytest.raises(BuildInterrupted) as raised:
+        with steps.ending(_NoStore()):  # type: ignore[arg-type]
+            steps.current = "engine"
+            steps.stored("checkpoint", "sha256:" + "1" * 64)
+            steps.storing = ("engine", "k" * 64)  # the store has no entry of it: not named
+            raise KeyboardInterrupt
+    assert raised.value.report is report and report.status == "interrupted"
+    assert report.message == f"interrupted: nothing half-written; stored: checkpoint sha256:{'1' * 64}"
+    assert [(s.name, s.outcome) for s in report.stages] == [("engine", "failed")]

@@ -107,7 +107,7 @@ class RunReport:
         try:
             yield
         except TrtpipeError as err:
-            self.failed(err, time.monotonic() - started)
+            self._failed(err, time.monotonic() - started)
             raise
         except PlanStale:
             raise
@@ -117,28 +117,28 @@ class RunReport:
             # SQLite names no file: its one here is the store's digest cache.
             where = getattr(store.digests, "db_path", None) if "sqlite3" in type(exc).__module__ else None
             err = disk_full_error(exc, where or store.root, stage=self.current)
-            self.failed(err, time.monotonic() - started)
+            self._failed(err, time.monotonic() - started)
             raise err from None
         except KeyboardInterrupt:
             self._kept_on_interrupt(store)
-            self.interrupted(time.monotonic() - started)
+            self._interrupted(time.monotonic() - started)
             raise BuildInterrupted(self.report) from None
-        self.finished(time.monotonic() - started)
+        self._finished(time.monotonic() - started)
 
-    def finished(self, seconds: float) -> None:
+    def _finished(self, seconds: float) -> None:
         if self.report.dry_run:
             self.report.status = "dry-run"
         self.report.seconds = seconds
         self.hooks.on_done(self.report)
 
-    def failed(self, err: TrtpipeError, seconds: float) -> None:
+    def _failed(self, err: TrtpipeError, seconds: float) -> None:
         self.report.status = "failed"
         self.report.error = err.one_line()
         self._end(f"{self.current} failed", err.one_line(), seconds)
         if self.report.message:  # the record could not be written: the error line says so too
             err.message = f"{err.message}; {self.report.message}"
 
-    def interrupted(self, seconds: float) -> None:
+    def _interrupted(self, seconds: float) -> None:
         self.report.status = "interrupted"
         self.report.message = "interrupted: nothing half-written" + (
             f"; stored: {', '.join(self.report.kept())}" if self.report.artifacts else "; nothing was stored")
