@@ -1,7 +1,8 @@
 """What a build reports: one line per stage while it runs (stderr) and the report it returns (`--json`).
 
-The runner (trtpipe.pipeline) and the warm path (trtpipe.warm) both report through these, so a build
-that reuses its last resolution prints exactly what a resolving build prints. Nothing here imports
+The runner (trtpipe.runner: its report assembled by trtpipe.run_report, its lines printed by
+trtpipe.run_hooks.PrinterHook) reports through these for the resolving build and the warm path (trtpipe.warm)
+alike, so a build that reuses its last resolution prints exactly what a resolving build prints. Nothing here imports
 more than pydantic; rich loads only to print on a terminal.
 """
 
