@@ -28,7 +28,7 @@ from trtpipe.run_report import BuildInterrupted, PlanStale, RunReport, StageResu
 from trtpipe.shared_cache import SharedCache
 from trtpipe.stage_build import build_into
 from trtpipe.stage_leases import Leases
-from trtpipe.stage_plan import InputRef, NoKey, PlannedStage, StagePlan, entry_dirs, plan_stages
+from trtpipe.stage_plan import InputRef, NoKey, PlannedStage, StagePlan, entry_dirs, plan_stages, run_key
 from trtpipe.store.remote import RemoteUse
 
 if TYPE_CHECKING:
@@ -108,15 +108,10 @@ class Runner:
         if planned.stage is None:  # a memo's plan: the entry it names, or stale
             self._stored_stage(planned, planned.key or "", None)
             return
-        # The plan's key stands when nothing it was keyed with can still change (no input, or every input's
-        # digest known); else the stage is keyed on what this run reused or built.
-        settled = planned.keyed and all(ref.digest is not None for ref in planned.read.values())
-        key = planned.stage_key if settled else None
-        if key is None:
-            try:
-                key = planned.stage.key(self.ctx, self._inputs(planned))
-            except NoKey as why:  # a build resolves with the weights, so every stage has its inputs
-                raise TrtpipeError(f"{planned.name}: {why.reason}", fix="report this spec") from None
+        try:
+            key = run_key(planned, self.ctx, self._inputs(planned))
+        except NoKey as why:  # a build resolves with the weights, so every stage has its inputs
+            raise TrtpipeError(f"{planned.name}: {why.reason}", fix="report this spec") from None
         for _attempt in range(2):
             try:
                 self._stored_stage(planned, key.key, key)

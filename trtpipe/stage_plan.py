@@ -152,4 +152,15 @@ def plan_stages(
     return StagePlan(stages=tuple(planned))
 
 
-__all__ = ["EntryDir", "InputRef", "Lookup", "NoKey", "PlannedStage", "StagePlan", "entry_dirs", "plan_stages"]
+def run_key(planned: PlannedStage, ctx: Any, inputs: Mapping[str, InputRef]) -> StageKey:
+    """The key a run stores a planned stage under: the plan's when nothing it was keyed with can still change (no
+    input, or every input's digest known), else the stage keyed on `inputs`, what the run reused or built (NoKey:
+    it cannot be keyed)."""
+    settled = planned.keyed and all(ref.digest is not None for ref in planned.read.values())
+    if settled and planned.stage_key is not None:
+        return planned.stage_key
+    return planned.stage.key(ctx, dict(inputs))
+
+
+__all__ = ["EntryDir", "InputRef", "Lookup", "NoKey", "PlannedStage", "StagePlan", "entry_dirs", "plan_stages",
+           "run_key"]
