@@ -278,13 +278,14 @@ def test_only_results_of_exactly_the_repository_digest_count(isolated_home, stor
 
 def test_a_forced_local_promotion_loads_no_trust_and_no_registry_client(isolated_home, store_entry) -> None:
     """Without a trust policy, a promotion on the local store loads neither the trust area (model signing, OCI
-    referrers) nor the OCI client: trust loads only when a policy is set."""
+    referrers) nor the OCI client: trust loads only when a policy is set. Nor the spec (its toolchain and
+    quantization tables): the artifact's recorded gates are read with trtpipe.release.gate_models."""
     entry = store_entry(isolated_home, "a" * 64)
     script = (
         "import sys\nfrom trtpipe.cli import main\n"
         "code = main(['promote', sys.argv[1], '--to', 'prod', '--force', '--reason', 'hotfix INC-7', '--json'])\n"
         "names = ('trtpipe.release.trust', 'trtpipe.release.signing', 'trtpipe.store.oci', 'trtpipe.store.referrers',\n"
-        "         'model_signing', 'requests')\n"
+        "         'model_signing', 'requests', 'trtpipe.spec', 'trtpipe.spec_loader', 'trtpipe.toolchain')\n"
         "print('LOADED=' + ','.join(n for n in names if n in sys.modules), file=sys.stderr)\nsys.exit(code)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))

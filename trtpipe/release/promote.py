@@ -49,6 +49,7 @@ from trtpipe.chained import GENESIS
 from trtpipe.errors import Conflict, GateRefused, IntegrityError, NotFound, TrtpipeError, UsageError
 from trtpipe.release.audit import AuditRecord, append_audit, read_audit
 from trtpipe.release.channels import ChannelPointer, ChannelScope, ChannelStore, check_name, now_iso
+from trtpipe.release.gate_models import ChannelGates
 from trtpipe.release.gates import GateResult, evaluate_gates
 from trtpipe.release.shared_trail import SharedChannel, Standing, channel_tag, require_consistent, shared_channel, \
     shared_channels, standing
@@ -59,7 +60,6 @@ from trtpipe.release.policy import TrustPolicy
 from trtpipe.results import ResultRecord, ResultsLog, current_user, normalize_digest
 from trtpipe.settings import Settings
 from trtpipe.signing_keys import ReleaseKey, release_key
-from trtpipe.spec import ChannelGates
 from trtpipe.store.remote import RemoteCache, is_remote_url, open_remote_for_ref
 from trtpipe.workspace import Workspace
 
