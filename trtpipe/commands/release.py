@@ -42,20 +42,17 @@ def promote_command(
 ) -> None:
     """Point a channel at an artifact whose recorded results pass the channel's gates (and whose signature
     satisfies the trust policy, where it requires one for the channel)."""
-    from trtpipe.release.promote import UNSET, promote
+    from trtpipe.release.promote import PromoteRequest, promote
 
-    if force and not (reason and reason.strip()):
-        raise UsageError("--force needs --reason", fix='say why, e.g. --force --reason "hotfix for incident 123, smoke run by hand"')
+    request = PromoteRequest(ref=ref, to=to, force=force, reason=reason, spec=spec, model=model, target=target,
+                             expect_from=expect_from, dry_run=dry_run)
     workspace = open_workspace(store)
     trust = load_policy_option(policy, workspace, no_policy=no_policy, command="promote")
     if no_policy:  # promote reads TRTPIPE_POLICY for hand-recorded results when given no policy: none means none
         from dataclasses import replace
 
         workspace = workspace.with_settings(replace(workspace.settings, policy=None))
-    outcome = promote(
-        workspace, ref, to, force=force, reason=reason, spec_path=spec, model=model, target=target,
-        expect_from=UNSET if expect_from is None else expect_from, policy=trust, dry_run=dry_run,
-    )
+    outcome = promote(workspace, request, policy=trust)
     if as_json:
         _print_json(outcome.as_dict())
     else:
