@@ -346,11 +346,8 @@ def cache_push_command(
 ) -> None:
     """Push a stored artifact to a remote cache (files individually, verified on pull); with a release key,
     sign it and attach its provenance (OCI referrers of the pushed manifest)."""
-    from trtpipe.stages import weight_file_rule
-    from trtpipe.store.remote import open_remote
-
     workspace = open_workspace(store)
-    remote = open_remote(to, workspace.settings, weight_file_rule()) if to else workspace.remote
+    remote = workspace.cache_at(to) if to else workspace.remote
     if remote is None:
         raise UsageError("no remote to push to", fix="pass --to oci://HOST/REPOSITORY or set TRTPIPE_STORE=oci://HOST/REPOSITORY")
     key = signing_key_option(sign, workspace.settings)  # a bad key fails before anything is pushed
@@ -401,8 +398,7 @@ def cache_pull_command(
 
     workspace = open_workspace(store)
     trust = load_policy_option(policy, workspace, no_policy=no_policy, command="cache pull")
-    remote = open_gated(ref, PullGate(workspace, trust, note=lambda text: typer.echo(text, err=True)),
-                        settings=workspace.settings)
+    remote = open_gated(workspace, ref, PullGate(workspace, trust, note=lambda text: typer.echo(text, err=True)))
     found = remote.resolve(ref)
     with _byte_progress(f"pull {found.kind}/{found.key[:12]}", found.size, quiet=as_json) as advance:
         entry = remote.pull(found, workspace.store, progress=advance)

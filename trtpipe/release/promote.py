@@ -65,7 +65,7 @@ from trtpipe.release.policy import TrustPolicy
 from trtpipe.results import ResultRecord, ResultsLog, current_user, normalize_digest
 from trtpipe.settings import Settings
 from trtpipe.signing_keys import ReleaseKey, release_key
-from trtpipe.store.remote import RemoteCache, is_remote_url, open_remote_for_ref
+from trtpipe.store.remote import RemoteCache, is_remote_url
 from trtpipe.workspace import Workspace
 
 EMPTY = "none"  # --expect-from none: the channel must be empty
@@ -213,9 +213,7 @@ def resolve_artifact(workspace: Workspace, ref: str, *, model: str | None = None
     """REF: a remote reference (`oci://host/repo:tag|@digest`), a local `kind/key` in the workspace's store, key
     prefix, or artifact digest."""
     if is_remote_url(ref):
-        from trtpipe.stages import weight_file_rule
-
-        remote = open_remote_for_ref(ref, workspace.settings, weight_file_rule())
+        remote = workspace.remote_for(ref)
         described = remote.describe(ref)
         m, t = _scope_from(described.manifest, model, target, ref)
         return ResolvedArtifact(digest=described.artifact_digest, model=m, target=t, ref=described.pinned,
@@ -695,10 +693,8 @@ def rollback(workspace: Workspace, channel: str, *, model: str | None = None, ta
                                fix="look at the channel's audit trail and roll back again if still wanted") from None
         record = append_audit(home, key=key, **fields)
         if tag is not None:
-            from trtpipe.stages import weight_file_rule
-
             _move_tag_or_abort(home, key, record, lambda: move_channel_tag(  # type: ignore[arg-type]
-                open_remote_for_ref(previous.ref, settings, weight_file_rule()), previous.ref, now.model, now.target, channel))
+                workspace.remote_for(previous.ref), previous.ref, now.model, now.target, channel))
         channels.write(apply(now, record))
         return record
 
