@@ -11,12 +11,14 @@ or package (trtpipe/serving/). Layers, low -> high; a unit may import its own la
                                                                 small_file: reading a key or policy file)
     1  toolchain, gpu, quant, spec, spec_loader, trtllm_build,  the tables and the spec (trtllm_build: the
        config_json, model_folder, llm_api, installation,        trtllm-build backend's flag and rule tables;
-       model_semantics, spec_schema                             config_json: a model config's bounds;
+       model_semantics, spec_schema, release.gate_models        config_json: a model config's bounds;
                                                                 model_folder: confinement, tokenizer check;
                                                                 llm_api: the LLM-API backend's TorchLlmArgs;
                                                                 installation: what --version reports;
                                                                 model_semantics: what a config's fields compute;
-                                                                spec_schema: the spec's JSON Schema)
+                                                                spec_schema: the spec's JSON Schema;
+                                                                release.gate_models: the release gates the spec's
+                                                                `release:` section declares, a unit of its own)
     2  resolve, plan, hostcheck, migrate                        every rule, the memory plan, the host check, the
                                                                 trtllm-build -> llm-api migration report
     3  store, results, build_record, build_report, stage_plan,  where artifacts, results, records and build
@@ -45,6 +47,9 @@ So serving never imports the stages or the runner, the store never imports a sta
 the trtllm-build rule tables from below instead of from the engine. serving sits beside the stage
 implementations (not above the runner, as issue 13's first sketch had it): the publish stage calls its
 repository writer, and serving itself imports only lower layers (the reference runtime, results, store).
+
+A module named in SUBUNITS is a unit of its own, apart from its package: `release.gate_models` holds the gate
+models the spec embeds, so the spec (layer 1) imports it without importing the release area (layer 6).
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "settings", "atomic", "versions", "names", "datafiles", "hostfacts", "disk", "chained", "shipped",
      "signing_keys", "small_file"),
     ("toolchain", "gpu", "quant", "spec", "spec_loader", "trtllm_build", "config_json", "model_folder", "llm_api",
-     "installation", "model_semantics", "spec_schema"),
+     "installation", "model_semantics", "spec_schema", "release.gate_models"),
     ("resolve", "plan", "hostcheck", "migrate"),
     ("store", "results", "build_record", "build_report", "stage_plan", "workspace"),
     ("checkpoint", "engine", "reference", "serving"),
@@ -69,16 +74,23 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("commands", "cli"),
 )
 LAYER = {unit: index for index, units in enumerate(LAYERS) for unit in units}
+# Modules that are units of their own, apart from their package (see the docstring).
+SUBUNITS = ("release.gate_models",)
 
 
 def _unit(module: str) -> str | None:
-    """`trtpipe.serving.smoke` -> `serving`; None for the package itself."""
+    """`trtpipe.serving.smoke` -> `serving`, `trtpipe.release.gate_models` -> `release.gate_models`; None for the
+    package itself."""
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 and parts[0] == "trtpipe" else None
+    if len(parts) < 2 or parts[0] != "trtpipe":
+        return None
+    dotted = ".".join(parts[1:])
+    return next((sub for sub in SUBUNITS if dotted == sub or dotted.startswith(sub + ".")), parts[1])
 
 
 def _source_unit(path: Path, package: Path) -> str:
-    return path.relative_to(package).parts[0].removesuffix(".py")
+    parts = path.relative_to(package).with_suffix("").parts
+    return _unit(".".join(("trtpipe", *parts))) or parts[0]
 
 
 def imports(package: Path = PACKAGE) -> dict[str, set[tuple[str, str]]]:
@@ -93,9 +105,11 @@ def imports(package: Path = PACKAGE) -> dict[str, set[tuple[str, str]]]:
             if isinstance(node, ast.Import):
                 modules = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                # `from trtpipe import quant` imports the unit `quant`
-                modules = ([f"{node.module}.{alias.name}" for alias in node.names] if node.module == "trtpipe"
-                           else [node.module])
+                # `from trtpipe import quant` imports the unit `quant`; `from trtpipe.release import gate_models`
+                # the unit `release.gate_models`
+                modules = [f"{node.module}.{alias.name}"
+                           if node.module == "trtpipe" or _unit(f"{node.module}.{alias.name}") in SUBUNITS
+                           else node.module for alias in node.names]
             else:
                 continue
             for module in modules:
@@ -154,6 +168,23 @@ def test_the_checks_catch_a_lazy_upward_import_and_a_cycle(tmp_path: Path) -> No
     (package / "engine" / "rules.py").write_text("from trtpipe import resolve\n")
     assert upward_imports(package) == ["resolve.py:2: resolve (layer 2) imports engine (layer 4)"]
     assert cycles(package) == [["engine", "resolve", "engine"]]
+
+
+def test_the_gate_models_are_a_unit_below_the_spec(tmp_path: Path) -> None:
+    """The spec imports the release area's gate models, not the release area: a spec that imports the gates' judge,
+    or gate models that import the release area back, are upward imports; the gate models themselves are not."""
+    package = tmp_path / "trtpipe"
+    (package / "release").mkdir(parents=True)
+    (package / "spec.py").write_text("from trtpipe.release.gate_models import ReleaseSection\n"
+                                     "from trtpipe.release import gate_models\n"
+                                     "def judge():\n    from trtpipe.release.gates import evaluate_gates\n")
+    (package / "release" / "gate_models.py").write_text("from trtpipe.release import promote\n")
+    (package / "release" / "gates.py").write_text("from trtpipe.release.gate_models import ChannelGates\n")
+    assert upward_imports(package) == [
+        "release/gate_models.py:1: release.gate_models (layer 1) imports release (layer 6)",
+        "spec.py:4: spec (layer 1) imports release (layer 6)",
+    ]
+    assert {target for target, _ in imports(package)["release"]} == {"release.gate_models"}
 
 
 # --------------------------------------------------------------------------- layouts are looked up, not named

@@ -67,7 +67,7 @@ def build(workspace: Workspace, request: BuildRequest, *, trust: TrustPolicy | N
         from trtpipe.release.trust import PullGate, open_gated, pulled_checker
 
         if remote_url is not None:  # every pull from it judged by the trust gate it is opened with
-            remote = open_gated(remote_url, PullGate(workspace, trust, note=note), settings=settings)
+            remote = open_gated(workspace, remote_url, PullGate(workspace, trust, note=note))
         if trust is not None:
             pulled_check = pulled_checker(workspace, trust)
     sign_push = _push_signer(workspace, remote_url) if remote_url is not None and use.pushes else None

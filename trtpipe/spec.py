@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from trtpipe import quant
 from trtpipe.names import name_fix, name_problem
+from trtpipe.release.gate_models import ReleaseSection
 from trtpipe.toolchain import BACKEND_KINDS, backend_facts, default_backend
 
 CPU_REFERENCE = "cpu-reference"
@@ -226,28 +227,6 @@ class TritonSection(StrictModel):
     enable_chunked_context: bool = False
     enable_kv_cache_reuse: bool = False
     max_queue_delay_microseconds: int = Field(default=0, ge=0, le=MAX_QUEUE_DELAY_US)
-
-
-class BenchGate(StrictModel):
-    """SLOs a bench result must meet (milliseconds)."""
-
-    ttft_p99_ms: float | None = Field(default=None, gt=0)
-    tpot_p99_ms: float | None = Field(default=None, gt=0)
-    e2e_p99_ms: float | None = Field(default=None, gt=0)
-    min_output_tokens_per_s: float | None = Field(default=None, gt=0)
-
-
-class ChannelGates(StrictModel):
-    """What promotion into one channel requires."""
-
-    smoke: bool = True
-    parity: bool = False
-    bench: BenchGate | None = None
-    max_regression_pct: float | None = Field(default=None, ge=0, le=100)
-
-
-class ReleaseSection(StrictModel):
-    gates: dict[str, ChannelGates] = Field(default_factory=dict)
 
 
 class BuildSpec(StrictModel):

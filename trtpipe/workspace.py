@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from trtpipe.results import ResultsLog
     from trtpipe.store.local import Store
     from trtpipe.store.manifest import WeightFiles
-    from trtpipe.store.remote import RemoteCache
+    from trtpipe.store.remote import PullGate, RemoteCache
 
 
 class Workspace:
@@ -78,13 +78,29 @@ class Workspace:
     def remote(self) -> RemoteCache | None:
         """The remote cache --store or $TRTPIPE_STORE names, or None."""
         if self._remote is None and self.remote_url is not None:
-            from trtpipe.store.remote import open_remote
-
-            if self._weights is None:
-                raise InternalError(f"the workspace at {self.root} was opened without the weight-file rule its remote "
-                                    f"cache {self.remote_url} needs", fix="report this bug")
-            self._remote = open_remote(self.remote_url, self.settings, self._weights())
+            self._remote = self.cache_at(self.remote_url)
         return self._remote
+
+    def cache_at(self, url: str) -> RemoteCache:
+        """The remote cache `url` names (a repository: one naming a tag or digest in it is refused), opened with this
+        workspace's settings and weight-file rule (`cache push --to URL`)."""
+        from trtpipe.store.remote import open_remote
+
+        return open_remote(url, self.settings, self._weight_files(url))
+
+    def remote_for(self, ref: str, *, gate: PullGate | None = None) -> RemoteCache:
+        """The remote cache that holds what `ref` names (oci://HOST/REPO:TAG|@DIGEST, or the cache itself), opened
+        with this workspace's settings (credentials, insecure hosts) and weight-file rule, every pull judged by
+        `gate` (the trust gate, `trtpipe.release.trust.PullGate`; None: verified against its digests only)."""
+        from trtpipe.store.remote import open_remote_for_ref
+
+        return open_remote_for_ref(ref, self.settings, self._weight_files(ref), gate=gate)
+
+    def _weight_files(self, url: str) -> WeightFiles:
+        if self._weights is None:
+            raise InternalError(f"the workspace at {self.root} was opened without the weight-file rule its remote "
+                                f"cache {url} needs", fix="report this bug")
+        return self._weights()
 
     @property
     def results(self) -> ResultsLog:

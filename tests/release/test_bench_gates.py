@@ -27,7 +27,7 @@ import pytest
 from trtpipe.errors import GateRefused
 from trtpipe.release.audit import read_audit
 from trtpipe.release.bench_stats import bound_rank, mann_whitney_counts, shift
-from trtpipe.release.promote import promote
+from trtpipe.release.promote import PromoteRequest, promote
 from trtpipe.results import ResultsLog
 from trtpipe.settings import Settings
 from trtpipe.workspace import Workspace
@@ -61,11 +61,11 @@ def rerun(home: Path, store_entry: Any, seed: int, slowdown: float) -> tuple[str
     for digest in (incumbent, candidate):
         ResultsLog(home).record(digest, "smoke", True, {})
     record_runs(home, incumbent, rng, TRUE_TTFT_MS, 3)
-    assert promote(Workspace(home, settings=Settings.from_env()), incumbent, "prod").action == "promote"
+    assert promote(Workspace(home, settings=Settings.from_env()), PromoteRequest(ref=incumbent, to="prod")).action == "promote"
     record_runs(home, candidate, rng, TRUE_TTFT_MS * slowdown, 3)
     runs = 3
     while True:
-        outcome = promote(Workspace(home, settings=Settings.from_env()), candidate, "prod", dry_run=True)
+        outcome = promote(Workspace(home, settings=Settings.from_env()), PromoteRequest(ref=candidate, to="prod", dry_run=True))
         gate = next(g for g in outcome.gates if g.gate == "regression.ttft_p99_ms")
         if outcome.action == "would-promote" or gate.status == "failed" or runs >= CAP:
             break
@@ -83,7 +83,7 @@ def test_an_equal_candidate_passes_at_least_19_of_20_seeded_reruns(isolated_home
         action, runs, digests, _ = rerun(home, store_entry, seed, 1.0)
         verdicts.append(action)
         if action == "would-promote":  # the real promotion agrees with its dry run
-            assert promote(Workspace(home, settings=Settings.from_env()), digests["candidate"], "prod").action == "promote"
+            assert promote(Workspace(home, settings=Settings.from_env()), PromoteRequest(ref=digests["candidate"], to="prod")).action == "promote"
     assert verdicts.count("would-promote") >= 19, verdicts
 
 
@@ -96,7 +96,7 @@ def test_a_3x_slower_candidate_is_refused_in_20_of_20_and_benching_again_cannot_
         refusals = len([r for r in read_audit(home) if r.action == "refused"])
         assert refusals == 0  # dry runs record nothing
         with pytest.raises(GateRefused):
-            promote(Workspace(home, settings=Settings.from_env()), digests["candidate"], "prod")
+            promote(Workspace(home, settings=Settings.from_env()), PromoteRequest(ref=digests["candidate"], to="prod"))
         assert len([r for r in read_audit(home) if r.action == "refused"]) == 1
         # Bench again after the refusal: 3 more runs as noisy as ever, and one lucky run as fast as the incumbent's
         # best. Every run counts, so the new ones join the old; none of them is "the" result.
@@ -104,7 +104,7 @@ def test_a_3x_slower_candidate_is_refused_in_20_of_20_and_benching_again_cannot_
         ResultsLog(home).record(digests["candidate"], "bench", True, {"ttft_p99_ms": TRUE_TTFT_MS * math.exp(-SIGMA)},
                                 gpu_class="cpu-reference")
         with pytest.raises(GateRefused):
-            promote(Workspace(home, settings=Settings.from_env()), digests["candidate"], "prod")
+            promote(Workspace(home, settings=Settings.from_env()), PromoteRequest(ref=digests["candidate"], to="prod"))
 
 
 def test_too_few_runs_is_a_refusal_that_says_how_many_more(isolated_home, store_entry, cli) -> None:

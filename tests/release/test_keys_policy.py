@@ -174,13 +174,13 @@ def test_a_remote_without_the_pull_hook_is_refused_only_under_a_policy(tmp_path,
     _pair(tmp_path, "release")
     policy = load_policy(_policy(tmp_path, "keys: {release: release.pub}\n"))
     settings = Settings.from_env()
-    unjudged = PullGate(Workspace(tmp_path, settings=settings), None)
-    assert isinstance(open_gated("folder:///x", unjudged, settings=settings), Plain)  # no policy: nothing to enforce
+    workspace = Workspace(tmp_path, settings=settings, weights=weight_file_rule)
+    unjudged = PullGate(workspace, None)
+    assert isinstance(open_gated(workspace, "folder:///x", unjudged), Plain)  # no policy: nothing to enforce
     with pytest.raises(Untrusted) as info:
-        open_gated("folder:///x", PullGate(Workspace(tmp_path, settings=settings), policy),
-                   settings=settings)
+        open_gated(workspace, "folder:///x", PullGate(workspace, policy))
     assert "folder:///x cannot verify signatures" in str(info.value)
-    gate = PullGate(Workspace(tmp_path, settings=settings), policy)
-    assert open_gated("oci://127.0.0.1:1/cache", gate, settings=settings).gate is gate
-    assert open_gated("oci://127.0.0.1:1/cache:tag", gate, settings=settings).gate is gate
+    gate = PullGate(workspace, policy)
+    assert open_gated(workspace, "oci://127.0.0.1:1/cache", gate).gate is gate
+    assert open_gated(workspace, "oci://127.0.0.1:1/cache:tag", gate).gate is gate
     assert remotes.open_remote("oci://127.0.0.1:1/cache", settings, weight_file_rule()).gate is None

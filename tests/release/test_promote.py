@@ -278,13 +278,14 @@ def test_only_results_of_exactly_the_repository_digest_count(isolated_home, stor
 
 def test_a_forced_local_promotion_loads_no_trust_and_no_registry_client(isolated_home, store_entry) -> None:
     """Without a trust policy, a promotion on the local store loads neither the trust area (model signing, OCI
-    referrers) nor the OCI client: trust loads only when a policy is set."""
+    referrers) nor the OCI client: trust loads only when a policy is set. Nor the spec (its toolchain and
+    quantization tables): the artifact's recorded gates are read with trtpipe.release.gate_models."""
     entry = store_entry(isolated_home, "a" * 64)
     script = (
         "import sys\nfrom trtpipe.cli import main\n"
         "code = main(['promote', sys.argv[1], '--to', 'prod', '--force', '--reason', 'hotfix INC-7', '--json'])\n"
         "names = ('trtpipe.release.trust', 'trtpipe.release.signing', 'trtpipe.store.oci', 'trtpipe.store.referrers',\n"
-        "         'model_signing', 'requests')\n"
+        "         'model_signing', 'requests', 'trtpipe.spec', 'trtpipe.spec_loader', 'trtpipe.toolchain')\n"
         "print('LOADED=' + ','.join(n for n in names if n in sys.modules), file=sys.stderr)\nsys.exit(code)\n"
     )
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
@@ -294,3 +295,60 @@ def test_a_forced_local_promotion_loads_no_trust_and_no_registry_client(isolated
     assert json.loads(done.stdout)["to_digest"] == entry.digest
     assert done.stderr.strip().splitlines()[-1] == "LOADED=", done.stderr[-800:]
     assert prod_digest(isolated_home) == entry.digest
+
+
+@pytest.mark.parametrize(("options", "said"), [
+    (dict(to="prod/eu"), "--to: channel 'prod/eu' is not a plain name"),
+    (dict(to="prod", force=True, reason="  "), "--force needs --reason"),
+    (dict(to="prod", model="tiny llama"), "--model: model 'tiny llama' is not a plain name"),
+    (dict(to="prod", target="../h100"), "--target: target '../h100' is not a plain name"),
+    (dict(to="prod", expect_from="sha256:abc"), "--expect-from: 'sha256:abc' is not an artifact digest"),
+])
+def test_the_request_names_the_option_it_refuses(options, said) -> None:
+    from trtpipe.errors import UsageError
+    from trtpipe.release.promote import PromoteRequest
+
+    with pytest.raises(UsageError) as info:
+        PromoteRequest(ref="engine/abc", **options)
+    assert info.value.one_line().startswith(said) and info.value.exit_code == 2
+
+
+def test_the_request_says_which_digest_the_channel_must_hold() -> None:
+    from trtpipe.release.promote import PromoteRequest
+
+    now, given = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    assert PromoteRequest(ref="r", to="prod").expected(now) == now  # not given: what the channel holds now
+    assert PromoteRequest(ref="r", to="prod", expect_from="none").expected(now) is None  # must be empty
+    assert PromoteRequest(ref="r", to="prod", expect_from="2" * 64).expected(now) == given  # a bare digest normalized
+
+
+def test_a_bad_option_is_refused_before_the_workspace_is_touched(isolated_home, store_entry, cli) -> None:
+    entry = store_entry(isolated_home, "b" * 16)
+    code, _, err = cli("promote", entry.digest, "--to", "prod/eu")
+    assert code == 2 and "--to: channel 'prod/eu' is not a plain name" in err
+    code, _, err = cli("promote", entry.digest, "--to", "prod", "--expect-from", "yesterday")
+    assert code == 2 and "--expect-from: 'yesterday' is not an artifact digest" in err
+    assert read_audit(isolated_home) == [] and prod_digest(isolated_home) is None
+
+
+def test_the_library_takes_the_request_and_returns_the_outcome_the_cli_prints(isolated_home, store_entry, cli) -> None:
+    from trtpipe.release.promote import PromoteRequest, PromotionOutcome, promote
+    from trtpipe.settings import Settings
+    from trtpipe.workspace import Workspace
+
+    first, second = store_entry(isolated_home, "c" * 16, seed="c"), store_entry(isolated_home, "d" * 16, seed="d")
+    for entry in (first, second):
+        ResultsLog(isolated_home).record(entry.digest, "smoke", True, {})
+    workspace = Workspace(isolated_home, settings=Settings.from_env())
+    done = promote(workspace, PromoteRequest(ref=first.digest, to="prod"))
+    assert isinstance(done, PromotionOutcome) and done.action == "promote" and done.audit is not None
+    assert prod_digest(isolated_home) == first.digest
+    # A stale --expect-from is a conflict through the library as through the CLI.
+    from trtpipe.errors import Conflict
+
+    with pytest.raises(Conflict):
+        promote(workspace, PromoteRequest(ref=second.digest, to="prod", expect_from="none"))
+    code, out, _ = cli("promote", second.digest, "--to", "prod", "--expect-from", first.digest, "--dry-run", "--json")
+    dry = promote(workspace, PromoteRequest(ref=second.digest, to="prod", expect_from=first.digest, dry_run=True))
+    assert code == 0 and json.loads(out) == dry.as_dict() and dry.action == "would-promote"
+    assert prod_digest(isolated_home) == first.digest

@@ -42,20 +42,17 @@ def promote_command(
 ) -> None:
     """Point a channel at an artifact whose recorded results pass the channel's gates (and whose signature
     satisfies the trust policy, where it requires one for the channel)."""
-    from trtpipe.release.promote import UNSET, promote
+    from trtpipe.release.promote import PromoteRequest, promote
 
-    if force and not (reason and reason.strip()):
-        raise UsageError("--force needs --reason", fix='say why, e.g. --force --reason "hotfix for incident 123, smoke run by hand"')
+    request = PromoteRequest(ref=ref, to=to, force=force, reason=reason, spec=spec, model=model, target=target,
+                             expect_from=expect_from, dry_run=dry_run)
     workspace = open_workspace(store)
     trust = load_policy_option(policy, workspace, no_policy=no_policy, command="promote")
     if no_policy:  # promote reads TRTPIPE_POLICY for hand-recorded results when given no policy: none means none
         from dataclasses import replace
 
         workspace = workspace.with_settings(replace(workspace.settings, policy=None))
-    outcome = promote(
-        workspace, ref, to, force=force, reason=reason, spec_path=spec, model=model, target=target,
-        expect_from=UNSET if expect_from is None else expect_from, policy=trust, dry_run=dry_run,
-    )
+    outcome = promote(workspace, request, policy=trust)
     if as_json:
         _print_json(outcome.as_dict())
     else:
@@ -349,11 +346,8 @@ def cache_push_command(
 ) -> None:
     """Push a stored artifact to a remote cache (files individually, verified on pull); with a release key,
     sign it and attach its provenance (OCI referrers of the pushed manifest)."""
-    from trtpipe.stages import weight_file_rule
-    from trtpipe.store.remote import open_remote
-
     workspace = open_workspace(store)
-    remote = open_remote(to, workspace.settings, weight_file_rule()) if to else workspace.remote
+    remote = workspace.cache_at(to) if to else workspace.remote
     if remote is None:
         raise UsageError("no remote to push to", fix="pass --to oci://HOST/REPOSITORY or set TRTPIPE_STORE=oci://HOST/REPOSITORY")
     key = signing_key_option(sign, workspace.settings)  # a bad key fails before anything is pushed
@@ -404,8 +398,7 @@ def cache_pull_command(
 
     workspace = open_workspace(store)
     trust = load_policy_option(policy, workspace, no_policy=no_policy, command="cache pull")
-    remote = open_gated(ref, PullGate(workspace, trust, note=lambda text: typer.echo(text, err=True)),
-                        settings=workspace.settings)
+    remote = open_gated(workspace, ref, PullGate(workspace, trust, note=lambda text: typer.echo(text, err=True)))
     found = remote.resolve(ref)
     with _byte_progress(f"pull {found.kind}/{found.key[:12]}", found.size, quiet=as_json) as advance:
         entry = remote.pull(found, workspace.store, progress=advance)

@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict
 
 from trtpipe.release.bench_stats import ALPHA, PROJECTED_STEPS, Shift, median, runs_to_decide, shift
 from trtpipe.results import ResultRecord
-from trtpipe.spec import CPU_REFERENCE, ChannelGates
+from trtpipe.release.gate_models import CPU_REFERENCE, ChannelGates
 
 DEFAULT_MIN_RUNS = 3
 

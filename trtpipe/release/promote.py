@@ -33,6 +33,10 @@ channel still holds the expected digest, a `conflict` when it does not), then th
 the pointer is written from the adopted trail. Refusals and conflicts stay in the workspace trail.
 
 `dry_run`: everything up to the verdicts (catching up read only), nothing written or recorded.
+
+The command is request -> function -> outcome, as `trtpipe.build_session` is: the CLI parses its options into a
+`PromoteRequest` (each refusal names its option: `--to: ...`), loads the trust policy, calls
+`promote(workspace, request, policy=...)` once and renders the `PromotionOutcome`; tests call it as the CLI does.
 """
 
 from __future__ import annotations
@@ -43,12 +47,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator, model_validator
 
 from trtpipe.chained import GENESIS
 from trtpipe.errors import Conflict, GateRefused, IntegrityError, NotFound, TrtpipeError, UsageError
+from trtpipe.names import name_fix, name_problem
 from trtpipe.release.audit import AuditRecord, append_audit, read_audit
 from trtpipe.release.channels import ChannelPointer, ChannelScope, ChannelStore, check_name, now_iso
+from trtpipe.release.gate_models import ChannelGates
 from trtpipe.release.gates import GateResult, evaluate_gates
 from trtpipe.release.shared_trail import SharedChannel, Standing, channel_tag, require_consistent, shared_channel, \
     shared_channels, standing
@@ -59,11 +65,68 @@ from trtpipe.release.policy import TrustPolicy
 from trtpipe.results import ResultRecord, ResultsLog, current_user, normalize_digest
 from trtpipe.settings import Settings
 from trtpipe.signing_keys import ReleaseKey, release_key
-from trtpipe.spec import ChannelGates
-from trtpipe.store.remote import RemoteCache, is_remote_url, open_remote_for_ref
+from trtpipe.store.remote import RemoteCache, is_remote_url
 from trtpipe.workspace import Workspace
 
-UNSET = "__unset__"
+EMPTY = "none"  # --expect-from none: the channel must be empty
+
+
+def _plain(option: str, what: str, value: str) -> str:
+    """`value`, or a UsageError naming `option` when it is not a plain name (trtpipe.names' one rule)."""
+    problem = name_problem(what, value)
+    if problem:
+        raise UsageError(f"{option}: {problem}", fix=name_fix(what))
+    return value
+
+
+class PromoteRequest(BaseModel):
+    """`trtpipe promote REF --to CHANNEL [--force --reason WHY] [--spec SPEC] [--model M] [--target T]
+    [--expect-from DIGEST|none] [--dry-run]`, every value checked; a refusal is a UsageError naming its option
+    (raised as is through pydantic, which wraps only ValueError)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ref: str  # oci://HOST/REPO:TAG|@DIGEST, a stored kind/key, key prefix or sha256 digest
+    to: str  # the channel
+    force: bool = False
+    reason: str | None = None  # why (required with force; recorded)
+    spec: Path | None = None  # a build spec whose name and release.gates must be the artifact's
+    model: str | None = None  # only what the artifact does not record; refused when it contradicts it
+    target: str | None = None
+    expect_from: str | None = None  # the digest the channel must be at (EMPTY: empty); None: what it is at now
+    dry_run: bool = False  # judge the gates; change and record nothing
+
+    @field_validator("to")
+    @classmethod
+    def _channel(cls, value: str) -> str:
+        return _plain("--to", "channel", value)
+
+    @field_validator("model", "target")
+    @classmethod
+    def _scope(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else _plain(f"--{info.field_name}", info.field_name, value)
+
+    @field_validator("expect_from")
+    @classmethod
+    def _expected(cls, value: str | None) -> str | None:
+        if value is None or value in ("", EMPTY):
+            return None if value is None else EMPTY
+        try:
+            return normalize_digest(value)
+        except UsageError as err:
+            raise UsageError(f"--expect-from: {err.message}", fix=f"{err.fix}, or {EMPTY} for an empty channel") from None
+
+    @model_validator(mode="after")
+    def _reasoned(self) -> PromoteRequest:
+        if self.force and not (self.reason and self.reason.strip()):
+            raise UsageError("--force needs --reason", fix='say why, e.g. "hotfix for incident 123, smoke run by hand"')
+        return self
+
+    def expected(self, seen_from: str | None) -> str | None:
+        """The digest the channel must hold when the move is made: `expect_from`'s, else the one seen now."""
+        if self.expect_from is None:
+            return seen_from
+        return None if self.expect_from == EMPTY else self.expect_from
 
 
 @dataclass
@@ -78,8 +141,11 @@ class ResolvedArtifact:
     remote: RemoteCache | None = None  # the remote `ref` lives in (its channel tags move with the channel)
 
 
-@dataclass
-class PromotionOutcome:
+class PromotionOutcome(BaseModel):
+    """What `promote` did (or, with dry_run, would do); `as_dict` is `trtpipe promote --json`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     channel: str
     model: str
     target: str
@@ -147,9 +213,7 @@ def resolve_artifact(workspace: Workspace, ref: str, *, model: str | None = None
     """REF: a remote reference (`oci://host/repo:tag|@digest`), a local `kind/key` in the workspace's store, key
     prefix, or artifact digest."""
     if is_remote_url(ref):
-        from trtpipe.stages import weight_file_rule
-
-        remote = open_remote_for_ref(ref, workspace.settings, weight_file_rule())
+        remote = workspace.remote_for(ref)
         described = remote.describe(ref)
         m, t = _scope_from(described.manifest, model, target, ref)
         return ResolvedArtifact(digest=described.artifact_digest, model=m, target=t, ref=described.pinned,
@@ -372,35 +436,20 @@ def _move_shared(home: Path, shared: SharedChannel, remote: RemoteCache, key: Re
     return record
 
 
-def promote(
-    workspace: Workspace,
-    ref: str,
-    channel: str,
-    *,
-    force: bool = False,
-    reason: str | None = None,
-    spec_path: Path | None = None,
-    model: str | None = None,
-    target: str | None = None,
-    expect_from: str | None = UNSET,
-    policy: TrustPolicy | None = None,
-    dry_run: bool = False,
-) -> PromotionOutcome:
-    """Point `channel` (of the artifact's model and target) at REF's digest if its gates pass (and, when
-    the trust policy requires it for `channel`, its signature: not even a forced promotion skips that).
-    The workspace's settings sign, attribute and bound the move (its release key, user, TRTPIPE_POLICY when
-    no `policy` is given, the bench-run minimum). `dry_run`: judge the gates as a promotion would, and change
-    and record nothing."""
-    check_name("channel", channel)
-    if force and not (reason and reason.strip()):
-        raise UsageError("a forced promotion needs a reason", fix='say why, e.g. "hotfix for incident 123, smoke run by hand"')
+def promote(workspace: Workspace, request: PromoteRequest, *, policy: TrustPolicy | None = None) -> PromotionOutcome:
+    """Point the request's channel (of the artifact's model and target) at its REF's digest if its gates pass
+    (and, when the trust policy requires it for the channel, its signature: not even a forced promotion skips
+    that). The workspace's settings sign, attribute and bound the move (its release key, user, TRTPIPE_POLICY
+    when no `policy` is given, the bench-run minimum). `dry_run`: judge the gates as a promotion would, and
+    change and record nothing."""
+    channel, force, reason, dry_run = request.to, request.force, request.reason, request.dry_run
     home, settings = workspace.root, workspace.settings
-    art = resolve_artifact(workspace, ref, model=model, target=target)
+    art = resolve_artifact(workspace, request.ref, model=request.model, target=request.target)
     if policy is not None:  # trust (model signing, the OCI referrers) loads only when a policy is set
         from trtpipe.release.trust import require_trusted_digest
 
         require_trusted_digest(workspace, art.digest, policy, channel, model=art.model, target=art.target)
-    gates, gates_source = load_gates(spec_path, art.manifest, channel)
+    gates, gates_source = load_gates(request.spec, art.manifest, channel)
     min_runs = settings.min_bench_runs()
     channels = ChannelStore(home)
     scope = ChannelScope(model=art.model, target=art.target)
@@ -427,7 +476,7 @@ def promote(
             else:
                 before = settle_shared(home, shared, found, remote, who=who, key=key, settings=settings)  # type: ignore[arg-type]
     seen_from = before.digest if before else None
-    expected = seen_from if expect_from == UNSET else (None if expect_from in (None, "", "none") else normalize_digest(expect_from))
+    expected = request.expected(seen_from)
     hand_allowed, policy_source = _hand_allowed(policy, settings, channel)
     try:
         results = workspace.results
@@ -465,6 +514,13 @@ def promote(
             f"for {channel} do not count: unsigned_results; record or import results with TRTPIPE_SIGNING_KEY set)")})
             for g in gate_results]
     failed = [g for g in gate_results if not g.passed]
+
+    def outcome(action: str, from_digest: str | None, audit: AuditRecord | None = None, *, tag: str | None = None,
+                trail: str | None = None) -> PromotionOutcome:
+        return PromotionOutcome(channel=channel, model=art.model, target=art.target, from_digest=from_digest,
+                                to_digest=art.digest, action=action, gates=gate_results, gates_source=gates_source,
+                                audit=audit, tag=tag, trail=trail, dry_run=dry_run)
+
     trail_where = f"{remote.url}:{shared.tag}" if shared is not None and remote is not None else None
     tag = channel_tag(art.model, art.target, channel) if art.remote is not None and art.ref is not None else None
     if dry_run:
@@ -474,8 +530,7 @@ def promote(
             action = "would-refuse"
         else:
             action = "would-force-promote" if force or hand_used else "would-promote"
-        return PromotionOutcome(channel, art.model, art.target, seen_from, art.digest, action, gate_results, gates_source,
-                                None, tag, trail_where, dry_run=True)
+        return outcome(action, seen_from, tag=tag, trail=trail_where)
     common = dict(channel=channel, model=art.model, target=art.target, ref=art.ref,
                   gates=[g.model_dump() for g in gate_results], gates_source=gates_source)
 
@@ -503,8 +558,7 @@ def promote(
                 verdicts=[g.model_dump() for g in gate_results], fix=_refusal_fix(failed),
             )
         if now_digest == art.digest:
-            return PromotionOutcome(channel, art.model, art.target, now_digest, art.digest, "unchanged", gate_results, gates_source,
-                                    None, trail=trail_where)
+            return outcome("unchanged", now_digest, trail=trail_where)
         forced = force or bool(hand_used)
         action = "force-promote" if forced else "promote"
         if hand_used and not force:
@@ -520,8 +574,7 @@ def promote(
                                       seed=_seed(home, shared, found))  # type: ignore[arg-type]
             except _ChannelMoved as moved:
                 raise conflict(moved.now.digest if moved.now else None) from None
-            return PromotionOutcome(channel, art.model, art.target, now_digest, art.digest, action, gate_results, gates_source,
-                                    record, tag, trail_where)
+            return outcome(action, now_digest, record, tag=tag, trail=trail_where)
         # The trail first (fsynced): a crash from here on leaves the pointer behind the trail, which the
         # next promote or rollback of this channel completes; never a moved pointer without its record.
         record = append_audit(home, key=key, **fields)
@@ -529,7 +582,7 @@ def promote(
             _move_tag_or_abort(home, key, record, lambda: move_channel_tag(art.remote, art.ref, art.model,  # type: ignore[arg-type]
                                                                            art.target, channel))
         channels.write(apply(now, record))
-    return PromotionOutcome(channel, art.model, art.target, now_digest, art.digest, action, gate_results, gates_source, record, tag)
+    return outcome(action, now_digest, record, tag=tag)
 
 
 def _record_fields(fields: dict[str, Any]) -> dict[str, Any]:
@@ -640,10 +693,8 @@ def rollback(workspace: Workspace, channel: str, *, model: str | None = None, ta
                                fix="look at the channel's audit trail and roll back again if still wanted") from None
         record = append_audit(home, key=key, **fields)
         if tag is not None:
-            from trtpipe.stages import weight_file_rule
-
             _move_tag_or_abort(home, key, record, lambda: move_channel_tag(  # type: ignore[arg-type]
-                open_remote_for_ref(previous.ref, settings, weight_file_rule()), previous.ref, now.model, now.target, channel))
+                workspace.remote_for(previous.ref), previous.ref, now.model, now.target, channel))
         channels.write(apply(now, record))
         return record
 

@@ -31,13 +31,13 @@ from trtpipe.build_record import BuildRecord, read_records
 from trtpipe.errors import TrtpipeError
 from trtpipe.release.audit import AuditRecord, read_audit
 from trtpipe.release.channels import ChannelPointer, ChannelStore
+from trtpipe.release.gate_models import ChannelGates
 from trtpipe.release.gates import DEFAULT_MIN_RUNS, LATENCY_METRICS, THROUGHPUT_METRIC, GateResult, bench_metric, evaluate_gates
 from trtpipe.release.trail import TrailVerdict, replay, trail_verdict
 from trtpipe.release.promote import load_gates, results_for
 from trtpipe.release.report_trust import ArtifactTrust, artifact_trust
 from trtpipe.results import ResultRecord, ResultsLog
 from trtpipe.signing_keys import release_key
-from trtpipe.spec import ChannelGates
 from trtpipe.workspace import Workspace
 
 DEFAULT_TOLERANCE_PCT = 10.0

@@ -539,18 +539,18 @@ class PullGate:
                                  provenance=found.provenance[0].decode("utf-8", "replace") if found.provenance else None)
 
 
-def open_gated(url: str, gate: PullGate, *, settings: Settings) -> Any:
-    """The remote `url` names (a cache or a full reference in one), every pull judged by `gate`. A kind of remote
-    whose pulls cannot be judged (it keeps no signatures) is refused when a policy is set: its pulls would pass
-    unverified; without a policy there is nothing to enforce."""
-    from trtpipe.stages import weight_file_rule
-    from trtpipe.store.remote import judges_pulls, open_remote_for_ref
+def open_gated(workspace: Workspace, url: str, gate: PullGate) -> Any:
+    """The remote `url` names (a cache or a full reference in one), opened by the workspace (its settings and
+    weight-file rule), every pull judged by `gate`. A kind of remote whose pulls cannot be judged (it keeps no
+    signatures) is refused when a policy is set: its pulls would pass unverified; without a policy there is
+    nothing to enforce."""
+    from trtpipe.store.remote import judges_pulls
 
     if gate.policy is not None and not judges_pulls(url):
         raise Untrusted(f"{url} cannot verify signatures on pull, and trust policy {gate.policy.source} is set",
                         subject=url, missing=["signature verification on pull"],
                         fix="use an oci:// remote, or run without a trust policy")
-    return open_remote_for_ref(url, settings, weight_file_rule(), gate=gate)
+    return workspace.remote_for(url, gate=gate)
 
 
 # --------------------------------------------------------------------------- a folder as an artifact
@@ -710,10 +710,7 @@ def show_provenance(workspace: Workspace, ref: str, policy: TrustPolicy | None) 
 
     keys = dict(policy.keys) if policy is not None else {}
     if "://" in ref:
-        from trtpipe.stages import weight_file_rule
-        from trtpipe.store.remote import open_remote_for_ref
-
-        remote = open_remote_for_ref(ref, workspace.settings, weight_file_rule())
+        remote = workspace.remote_for(ref)
         found = remote.resolve(ref)
         fetched = fetch_signatures(remote.client, found.ref.repository, found.oci_digest)
         subject = f"{found.ref} ({found.kind}/{found.key[:16]}, {found.artifact_digest})"
