@@ -23,7 +23,7 @@ from trtpipe.engine.executors.base import timed_out as timed_out_error
 from trtpipe.engine.executors.local import CONVERSION_ENV
 from trtpipe.errors import InvalidInput, MissingCapability
 from trtpipe.shipped import configs_dir, package_dir
-from trtpipe.spec import DEFAULT_TIMEOUT_S
+from trtpipe.backend_options import DEFAULT_TIMEOUT_S
 
 CHECKPOINT_MOUNT = "/trtpipe/checkpoint"
 ENGINE_MOUNT = "/trtpipe/engine"

@@ -24,7 +24,7 @@ from trtpipe.engine.executors.base import (
 from trtpipe.errors import MissingCapability
 from trtpipe.gpu import probe_host
 from trtpipe.shipped import package_dir
-from trtpipe.spec import DEFAULT_TIMEOUT_S
+from trtpipe.backend_options import DEFAULT_TIMEOUT_S
 from trtpipe.versions import TENSORRT_DISTRIBUTIONS, TRTLLM_DISTRIBUTIONS, installed_version, versions_match
 
 # What a conversion process gets in its environment on every executor: Hugging Face offline (the
