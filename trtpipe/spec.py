@@ -297,6 +297,20 @@ class BuildSpec(StrictModel):
         assert self.model.config is not None
         return self.model.config.parent.name
 
+    def serving_settings(self) -> dict[str, Any]:
+        """What the spec sets that shapes its published repository (part of the repository's key). The runtime
+        knobs keep the names the key has always given them (the earlier triton section's), so a trtllm-build or
+        reference repository keeps its key across the spec's change of shape."""
+        runtime = self.runtime
+        return {
+            "streaming": runtime.streaming,
+            "kv_cache_free_gpu_mem_fraction": runtime.kv_cache_free_fraction,
+            "batch_scheduler_policy": runtime.scheduler_policy.value,
+            "enable_chunked_context": runtime.chunked_prefill,
+            "enable_kv_cache_reuse": runtime.kv_cache_reuse,
+            **self.backend.serving_settings(),
+        }
+
     @property
     def backend_kind(self) -> str:
         """The backend that builds this spec (its section's `kind`)."""

@@ -2,10 +2,13 @@
 
 The shape comes from the spec's own models (trtpipe.spec, every section `extra="forbid"`, so a misplaced or
 misspelt key is flagged where it stands). What the models check with a validator against a table is added as the
-table's values: `backend` (trtpipe.toolchain), `quantization.algo` and `quantization.kv_cache` (trtpipe.quant) and
+table's values: `quantization.algo` and `quantization.kv_cache` (trtpipe.quant) and
 `toolchain` (build_configs/toolchains.yaml, previews included) as enums; `target.gpu` as examples only (the catalog's
 names and cpu-reference), because trtpipe also takes a GPU's aliases and product names in any case. The schema
 checks shape, not the rules that need the model or the catalog's facts: `trtpipe spec-check` applies those.
+`backend` is one section per backend, told apart by `kind` (a discriminator: an editor completes the fields of the
+kind written and flags another backend's); it is optional, as in the spec (its target's default backend). A spec in
+the earlier shape (engine:, triton:) still loads (trtpipe.spec_shape) but is not offered here.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from typing import Any
 
 from trtpipe import quant
 from trtpipe.spec import CPU_REFERENCE, BuildSpec
-from trtpipe.toolchain import BACKEND_KINDS
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -29,7 +31,7 @@ def spec_schema(*, gpus: list[str], toolchains: list[str]) -> dict[str, Any]:
     schema = BuildSpec.model_json_schema()
     defs = schema["$defs"]
     props = schema["properties"]
-    props["backend"] = {**props["backend"], **_nullable_enum(list(BACKEND_KINDS))}
+    schema["required"] = [name for name in schema.get("required", []) if name != "backend"]
     props["toolchain"] = {**props["toolchain"], **_nullable_enum(list(toolchains))}
     quantization = defs["QuantizationSection"]["properties"]
     quantization["algo"] = {**quantization["algo"], "enum": list(quant.FORMATS)}

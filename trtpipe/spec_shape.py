@@ -81,7 +81,7 @@ class Upgraded:
 
     def note(self, file: str) -> str:
         """The one line a build prints about a spec in the earlier shape."""
-        moved = sorted({(old, new) for new, old in self.written_as.items() if _is_move(old, new)},
+        moved = sorted({(old, new) for new, old in self.written_as.items() if is_move(old, new)},
                        key=lambda pair: self.positions.get(pair[1], (0, 0)))
         parts = [f"{dotted(old)} -> {dotted(new)}" for old, new in moved]
         parts += [f"{dotted(old)} dropped (unused by this backend)" for old in self.dropped]
@@ -89,7 +89,7 @@ class Upgraded:
                 "(trtpipe migrate SPEC prints the mapping)")
 
 
-def _is_move(old: FieldPath, new: FieldPath) -> bool:
+def is_move(old: FieldPath, new: FieldPath) -> bool:
     return old in MOVES and MOVES[old] == new or (old == BACKEND_NAME and new == BACKEND_KIND)
 
 
@@ -104,7 +104,7 @@ def shown_path(path: FieldPath, written_as: dict[FieldPath, FieldPath]) -> Field
 
 def in_earlier_names(text: str, written_as: dict[FieldPath, FieldPath]) -> str:
     """`text` with today's dotted field names replaced by the names the user wrote them under."""
-    names = {dotted(new): dotted(old) for new, old in written_as.items() if _is_move(old, new)}
+    names = {dotted(new): dotted(old) for new, old in written_as.items() if is_move(old, new)}
     if not names:
         return text
     pattern = re.compile(r"(?<![\w.])(" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))

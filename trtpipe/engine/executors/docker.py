@@ -395,7 +395,7 @@ class DockerExecutor:
                 pass
         code = int(status.get("StatusCode", 1)) if isinstance(status, dict) else int(status)
         if timed_out:
-            field = "engine.conversion_timeout" if what == "checkpoint conversion" else "engine.timeout"
+            field = "backend.conversion_timeout" if what == "checkpoint conversion" else "backend.build_timeout"
             raise timed_out_error(f"{what} (docker, {spec.image_tag})", self.timeout_s, log, spec_field=field)
         if oom or code != 0:
             reason = "OOM-killed" if oom else None
