@@ -17,6 +17,7 @@ from typing import Any
 
 from trtpipe import quant
 from trtpipe.spec import CPU_REFERENCE, BuildSpec
+from trtpipe.toolchain import BACKEND_KINDS, backend_facts
 
 SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -25,12 +26,26 @@ def _nullable_enum(values: list[str]) -> dict[str, Any]:
     return {"anyOf": [{"type": "string", "enum": values}, {"type": "null"}]}
 
 
+def _backend_section(union: dict[str, Any]) -> dict[str, Any]:
+    """The backend union as JSON Schema can check it: a section that names its `kind` is that backend's (and only
+    its fields are allowed); one without `kind` is the target's default backend's, an engine backend on either
+    target (the spec fills `kind` in). pydantic's `oneOf` would refuse a section without `kind` that fits two."""
+    members = union["oneOf"]
+    defaults = [{"$ref": union["discriminator"]["mapping"][kind]}
+                for kind in BACKEND_KINDS if backend_facts(kind).default_on is not None]
+    return {key: union[key] for key in ("title", "description", "discriminator")} | {"anyOf": [
+        *({"allOf": [member], "required": ["kind"]} for member in members),
+        *({"allOf": [member], "not": {"required": ["kind"]}} for member in defaults),
+    ]}
+
+
 def spec_schema(*, gpus: list[str], toolchains: list[str]) -> dict[str, Any]:
     """The JSON Schema of a build spec, with `gpus` (the catalog's names) as target.gpu's examples and
     `toolchains` (every pinned line's name) as toolchain's values."""
     schema = BuildSpec.model_json_schema()
     defs = schema["$defs"]
     props = schema["properties"]
+    props["backend"] = _backend_section(props["backend"])
     schema["required"] = [name for name in schema.get("required", []) if name != "backend"]
     props["toolchain"] = {**props["toolchain"], **_nullable_enum(list(toolchains))}
     quantization = defs["QuantizationSection"]["properties"]

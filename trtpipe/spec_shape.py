@@ -103,8 +103,11 @@ def shown_path(path: FieldPath, written_as: dict[FieldPath, FieldPath]) -> Field
 
 
 def in_earlier_names(text: str, written_as: dict[FieldPath, FieldPath]) -> str:
-    """`text` with today's dotted field names replaced by the names the user wrote them under."""
-    names = {dotted(new): dotted(old) for new, old in written_as.items() if is_move(old, new)}
+    """`text` with today's dotted field names replaced by their earlier names, for the earlier sections the user
+    wrote (a spec with an `engine:` section reads of engine.max_seq_len, written or not)."""
+    sections = {old[0] for old in written_as.values()}
+    names = {dotted(new): dotted(old) for old, new in MOVES.items() if old[0] in sections}
+    names |= {dotted(new): dotted(old) for new, old in written_as.items() if is_move(old, new)}
     if not names:
         return text
     pattern = re.compile(r"(?<![\w.])(" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
