@@ -193,5 +193,5 @@ def test_doctor_advises_the_spec_field_not_a_flag_that_never_existed(tmp_path: P
     import json
 
     (diagnosis,) = json.loads(capsys.readouterr().out)["diagnoses"]
-    assert "engine.timeout" in diagnosis["fix"] and "--timeout" not in diagnosis["fix"]
+    assert "backend.build_timeout" in diagnosis["fix"] and "--timeout" not in diagnosis["fix"]
     assert not any(check_invocation(i) for i in QUOTED_COMMAND.findall(diagnosis["fix"]))

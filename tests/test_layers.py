@@ -11,7 +11,9 @@ or package (trtpipe/serving/). Layers, low -> high; a unit may import its own la
                                                                 small_file: reading a key or policy file)
     1  toolchain, gpu, quant, spec, spec_loader, trtllm_build,  the tables and the spec (trtllm_build: the
        config_json, model_folder, llm_api, installation,        trtllm-build backend's flag and rule tables;
-       model_semantics, spec_schema, release.gate_models        config_json: a model config's bounds;
+       model_semantics, spec_schema, backend_options,           config_json: a model config's bounds;
+       spec_shape, release.gate_models                          backend_options: each backend's spec section;
+                                                                spec_shape: the spec's earlier shape, upgraded;
                                                                 model_folder: confinement, tokenizer check;
                                                                 llm_api: the LLM-API backend's TorchLlmArgs;
                                                                 installation: what --version reports;
@@ -64,7 +66,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "settings", "atomic", "versions", "names", "datafiles", "hostfacts", "disk", "chained", "shipped",
      "signing_keys", "small_file"),
     ("toolchain", "gpu", "quant", "spec", "spec_loader", "trtllm_build", "config_json", "model_folder", "llm_api",
-     "installation", "model_semantics", "spec_schema", "release.gate_models"),
+     "installation", "model_semantics", "spec_schema", "backend_options", "spec_shape", "release.gate_models"),
     ("resolve", "plan", "hostcheck", "migrate"),
     ("store", "results", "build_record", "build_report", "stage_plan", "workspace"),
     ("checkpoint", "engine", "reference", "serving"),

@@ -4,10 +4,12 @@ The same spec is resolved twice, as written (or with backend trtllm-build where 
 llm-api, by the one rules pass (trtpipe.resolve); nothing is built. The report lists:
 - `maps`: every spec setting that carries over, what trtllm-build made of it and the LLM() argument it becomes
   (trtpipe.llm_api.derive's mapping, each with its reason);
-- `no_equivalent`: settings the LLM-API backend has none for, with why; `blocking` when the spec sets one away
-  from its default (resolve refuses it with backend llm-api: remove it first). The trtllm-build plugin settings
-  the build profile chose are listed here too: the PyTorch backend compiles no engine and picks kernels at run time;
-- `not_used`: settings kept but without effect on llm-api;
+- `no_equivalent`: the settings of the spec's backend section that the llm-api section has no place for
+  (trtpipe.backend_options.LlmApiOptions.not_offered), with why; `blocking` when the spec writes one (the llm-api
+  section refuses it: remove it first). The trtllm-build plugin settings the build profile chose are listed here
+  too: the PyTorch backend compiles no engine and picks kernels at run time;
+- `shape`: for a spec written in the earlier shape (engine:, triton:, backend: NAME), where each of its fields
+  lives today (trtpipe.spec_shape);
 - `refused`: the one-line reason when the llm-api spec is refused for something else (a quantization the PyTorch
   backend does not run on that GPU, say), with the field to change.
 """
@@ -20,10 +22,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from trtpipe import spec_shape
+from trtpipe.backend_options import LlmApiOptions
 from trtpipe.errors import TrtpipeError
-from trtpipe.llm_api.derive import NO_EQUIVALENT, NOT_USED, default_of, set_without_equivalent
 from trtpipe.resolve import resolve
-from trtpipe.spec_loader import LoadedSpec, load_spec
+from trtpipe.spec import BuildSpec
+from trtpipe.spec_loader import LoadedSpec, format_field, load_spec
 
 
 class MappedSetting(BaseModel):
@@ -38,7 +42,14 @@ class UnmappedSetting(BaseModel):
     spec_field: str
     value: Any
     reason: str
-    blocking: bool = Field(description="Set away from its default: resolve refuses it with backend llm-api.")
+    blocking: bool = Field(description="Written in the spec: the llm-api backend section refuses it.")
+
+
+class ShapeMove(BaseModel):
+    """A field of a spec in the earlier shape and where it lives today."""
+
+    earlier: str
+    today: str
 
 
 class MigrationReport(BaseModel):
@@ -51,7 +62,7 @@ class MigrationReport(BaseModel):
     verdict: Literal["ready", "needs changes", "refused"]
     maps: list[MappedSetting] = Field(default_factory=list)
     no_equivalent: list[UnmappedSetting] = Field(default_factory=list)
-    not_used: list[UnmappedSetting] = Field(default_factory=list)
+    shape: list[ShapeMove] = Field(default_factory=list)
     refused: str | None = None
     llm_args: dict[str, Any] | None = None
     serving: str | None = None
@@ -60,29 +71,50 @@ class MigrationReport(BaseModel):
 
 # The trtllm-build setting each LLM() argument's spec field was rendered as (for the side-by-side column).
 _TRTLLM_BUILD_FIELD = {
-    "engine.max_batch_size": "--max_batch_size",
-    "engine.max_input_len": "--max_input_len",
-    "engine.max_seq_len": "--max_seq_len",
-    "engine.max_beam_width": "--max_beam_width",
-    "engine.max_num_tokens": "--max_num_tokens",
-    "engine.profile": "--max_num_tokens (the profile's)",
-    "engine.tokens_per_block": "--tokens_per_block",
+    "limits.max_batch_size": "--max_batch_size",
+    "limits.max_input_len": "--max_input_len",
+    "limits.max_seq_len": "--max_seq_len",
+    "limits.max_beam_width": "--max_beam_width",
+    "limits.max_num_tokens": "--max_num_tokens",
+    "limits.profile": "--max_num_tokens (the profile's)",
+    "limits.tokens_per_block": "--tokens_per_block",
     "target.tp": "checkpoint tp (rank files)",
     "target.pp": "checkpoint pp (rank files)",
     "model.dtype": "checkpoint dtype",
     "quantization.kv_cache": "checkpoint kv_cache_quant_algo",
-    "triton.kv_cache_free_gpu_mem_fraction": "tensorrt_llm config.pbtxt kv_cache_free_gpu_mem_fraction",
-    "triton.enable_kv_cache_reuse": "tensorrt_llm config.pbtxt enable_kv_cache_reuse",
-    "triton.enable_chunked_context": "tensorrt_llm config.pbtxt enable_chunked_context",
-    "triton.batch_scheduler_policy": "tensorrt_llm config.pbtxt batch_scheduler_policy",
+    "runtime.kv_cache_free_fraction": "tensorrt_llm config.pbtxt kv_cache_free_gpu_mem_fraction",
+    "runtime.kv_cache_reuse": "tensorrt_llm config.pbtxt enable_kv_cache_reuse",
+    "runtime.chunked_prefill": "tensorrt_llm config.pbtxt enable_chunked_context",
+    "runtime.scheduler_policy": "tensorrt_llm config.pbtxt batch_scheduler_policy",
     "model.trust_remote_code": "conversion's trust_remote_code",
 }
 
 
-def _value_of(loaded: LoadedSpec, dotted: str) -> Any:
-    section, name = dotted.split(".")
-    value = getattr(getattr(loaded.spec, section), name)
-    return getattr(value, "value", value)
+def without_equivalent(loaded: LoadedSpec) -> list[UnmappedSetting]:
+    """The settings of the spec's backend section that the llm-api section has no place for (one row per field of
+    a nested section), as the user wrote them; `blocking` when written (in the earlier shape: when it would not be
+    dropped, trtpipe.spec_shape)."""
+    options = loaded.spec.backend
+    rows: list[UnmappedSetting] = []
+    for name, why in LlmApiOptions.not_offered.items():
+        if name not in type(options).model_fields:
+            continue
+        value = getattr(options, name)
+        fields = ([((name, key), getattr(value, key), type(value).model_fields[key]) for key in type(value).model_fields]
+                  if isinstance(value, BaseModel) else [((name,), value, type(options).model_fields[name])])
+        for path, leaf, info in fields:
+            written = loaded.position(("backend", *path)) is not None
+            if ("backend", *path) in loaded.written_as:  # the earlier shape: it loads without what holds its default
+                written = ("backend", *path) not in spec_shape.UNUSED_ELSEWHERE and \
+                    leaf != info.get_default(call_default_factory=True)
+            rows.append(UnmappedSetting(spec_field=loaded.shown(("backend", *path)), value=leaf, blocking=written,
+                                        reason=why if written else why + " (not written: nothing to do)"))
+    return rows
+
+
+def _llm_api_variant(spec: BuildSpec) -> BuildSpec:
+    """The spec with an llm-api backend section (what carries over: the conversion timeout)."""
+    return spec.model_copy(update={"backend": LlmApiOptions(conversion_timeout=spec.backend.conversion_timeout)})
 
 
 def migration_plan(spec_path: Path, configs: Path | None = None) -> MigrationReport:
@@ -100,34 +132,20 @@ def migration_plan(spec_path: Path, configs: Path | None = None) -> MigrationRep
     if from_backend in ("trtllm-build", "reference"):
         engine_config = current.engine_config()
 
-    for path, value, why in set_without_equivalent(spec):
-        report.no_equivalent.append(UnmappedSetting(spec_field=".".join(map(str, path)), value=value, reason=why,
-                                                    blocking=True))
-    blocking = {u.spec_field for u in report.no_equivalent}
-    for path, why in NO_EQUIVALENT.items():
-        dotted = ".".join(map(str, path))
-        if dotted not in blocking:
-            report.no_equivalent.append(UnmappedSetting(spec_field=dotted, value=_value_of(loaded, dotted),
-                                                        reason=why + " (at its default: nothing to do)", blocking=False))
+    report.shape = [ShapeMove(earlier=format_field(old), today=format_field(new))
+                    for new, old in loaded.written_as.items() if spec_shape.is_move(old, new)]
+    report.no_equivalent += without_equivalent(loaded)
     if engine_config is not None and engine_config.plugin_config:
         chosen = ", ".join(f"{k}={v}" for k, v in sorted(engine_config.plugin_config.items())
                            if k != "tokens_per_block")  # that one maps (kv_cache_config.tokens_per_block)
         report.no_equivalent.append(UnmappedSetting(
-            spec_field="engine.profile", value=spec.engine.profile.value, blocking=False,
-            reason=f"the trtllm-build plugin settings the {spec.engine.profile.value} profile chose ({chosen}): the "
+            spec_field=loaded.shown(("limits", "profile")), value=spec.limits.profile.value, blocking=False,
+            reason=f"the trtllm-build plugin settings the {spec.limits.profile.value} profile chose ({chosen}): the "
                    "PyTorch backend compiles no engine and picks its kernels at run time; the profile still sets "
                    "max_num_tokens"))
-    for path, why in NOT_USED.items():
-        dotted = ".".join(map(str, path))
-        report.not_used.append(UnmappedSetting(spec_field=dotted, value=_value_of(loaded, dotted), reason=why,
-                                               blocking=False))
-
-    # Resolve the llm-api variant with the blocking settings put back to their defaults, so the mapping is shown
-    # even for a spec that must change first; a refusal for any other reason is the report's `refused`.
-    variant = spec.model_copy(update={"backend": "llm-api"})
-    for path, _, _ in set_without_equivalent(spec):
-        section = getattr(variant, str(path[0])).model_copy(update={str(path[1]): default_of(spec, path)})
-        variant = variant.model_copy(update={str(path[0]): section})
+    # Resolve the llm-api variant without the settings it has no place for, so the mapping is shown even for a
+    # spec that must change first; a refusal for any other reason is the report's `refused`.
+    variant = _llm_api_variant(spec)
     try:
         target = resolve(dataclasses.replace(loaded, spec=variant), need_weights=False, configs=configs)
     except TrtpipeError as err:

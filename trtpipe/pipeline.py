@@ -107,8 +107,8 @@ def _resolve_step(runner: Runner, spec_path: Path, done: _Resolution, *, force: 
     runner.add(StageReport(name="resolve", outcome="ran", seconds=time.monotonic() - started,
                            detail=f"{spec.artifact_name} -> {spec.target.gpu} ({resolved.toolchain.name}, "
                                   f"{resolved.backend_kind})"))
-    for note in resolved.llm_api.notes if resolved.llm_api is not None else ():
-        runner.note(f"    note: {note}", style="yellow")  # e.g. a preview line's unverified fields
+    for note in resolved.notes:  # e.g. the spec's earlier shape, a preview line's unverified fields
+        runner.note(f"    note: {note}", style="yellow")
 
 
 def _plan_step(runner: Runner, done: _Resolution, *, progress: bool) -> None:

@@ -305,12 +305,12 @@ def _suggestions(inputs: PlanInputs, figures: Figures, gpu: GpuInfo | None, conf
         block = inputs.tokens_per_block
         seq = (figures.kv_tokens // inputs.max_batch_size) // block * block
         if inputs.max_input_len < seq < inputs.max_seq_len:
-            add(f"shorten engine.max_seq_len to {seq}", {"engine.max_seq_len": seq}, dataclasses.replace(inputs, max_seq_len=seq))
+            add(f"shorten limits.max_seq_len to {seq}", {"limits.max_seq_len": seq}, dataclasses.replace(inputs, max_seq_len=seq))
         if 1 <= figures.sequences_at_max_seq_len < inputs.max_batch_size:
             batch = figures.sequences_at_max_seq_len
             add(
-                f"lower engine.max_batch_size to {batch}",
-                {"engine.max_batch_size": batch},
+                f"lower limits.max_batch_size to {batch}",
+                {"limits.max_batch_size": batch},
                 dataclasses.replace(inputs, max_batch_size=batch),
             )
     current = quant.FORMATS[inputs.algo]
@@ -346,7 +346,7 @@ def _suggestions(inputs: PlanInputs, figures: Figures, gpu: GpuInfo | None, conf
 
 
 def _windows(resolved: ResolvedSpec) -> tuple[int, ...] | None:
-    windows = model_semantics.attention_windows(resolved.model_config, resolved.spec.engine.max_seq_len)
+    windows = model_semantics.attention_windows(resolved.model_config, resolved.spec.limits.max_seq_len)
     return tuple(windows) if windows is not None else None
 
 
@@ -377,12 +377,12 @@ def memory_plan(resolved: ResolvedSpec) -> MemoryPlan:
         pp=spec.target.pp,
         memory_bytes=memory_bytes,
         bandwidth_gbs=bandwidth,
-        max_batch_size=spec.engine.max_batch_size,
-        max_seq_len=spec.engine.max_seq_len,
-        max_input_len=spec.engine.max_input_len,
+        max_batch_size=spec.limits.max_batch_size,
+        max_seq_len=spec.limits.max_seq_len,
+        max_input_len=spec.limits.max_input_len,
         max_num_tokens=effective_max_num_tokens(resolved),
-        kv_fraction=spec.triton.kv_cache_free_gpu_mem_fraction,
-        tokens_per_block=spec.engine.tokens_per_block,
+        kv_fraction=spec.runtime.kv_cache_free_fraction,
+        tokens_per_block=spec.limits.tokens_per_block,
         attention_windows=_windows(resolved),
     )
     figures = compute(inputs)

@@ -99,6 +99,13 @@ class ResolvedSpec:
         return self._engine_config[1]
 
     @property
+    def notes(self) -> list[str]:
+        """What a build and spec-check say about the spec beside its facts: the earlier shape it is written in
+        (trtpipe.spec_shape), and the LLM-API plan's notes."""
+        shape = [self.loaded.shape_note] if self.loaded is not None and self.loaded.shape_note else []
+        return shape + (list(self.llm_api.notes) if self.llm_api is not None else [])
+
+    @property
     def backend_kind(self) -> str:
         return self.backend.kind if self.backend is not None else self.spec.backend_kind
 
@@ -356,7 +363,7 @@ def _check_toolchain(loaded: LoadedSpec, configs: Path) -> tuple[Toolchain, Back
     backend = toolchain.backend(kind)
     if backend is None:
         offered = ", ".join(b.kind for b in toolchain.backends) or "none"
-        where = ("backend",) if spec.backend is not None else ("toolchain",)
+        where = ("backend", "kind") if loaded.position(("backend", "kind")) is not None else ("toolchain",)
         removed = toolchain.removed_backends.get(kind)
         if removed:
             raise loaded.error(
@@ -563,24 +570,25 @@ def _check_semantics(loaded: LoadedSpec, config_field: tuple[str, ...], config: 
 def _check_engine(loaded: LoadedSpec, config: dict[str, Any], gpu: GpuInfo | None,
                   toolchain: Toolchain, configs: Path) -> EngineConfig | None:
     spec = loaded.spec
-    engine, triton = spec.engine, spec.triton
-    if triton.max_batch_size is not None and triton.max_batch_size > engine.max_batch_size:
+    limits = spec.limits
+    triton = getattr(spec.backend, "triton", None)  # an engine backend's Triton options
+    if triton is not None and triton.max_batch_size is not None and triton.max_batch_size > limits.max_batch_size:
         raise loaded.error(
-            ("triton", "max_batch_size"),
-            f"{triton.max_batch_size} exceeds the engine's max_batch_size {engine.max_batch_size}",
-            f"lower it to at most {engine.max_batch_size} or raise engine.max_batch_size",
+            ("backend", "triton", "max_batch_size"),
+            f"{triton.max_batch_size} exceeds the engine's max_batch_size {limits.max_batch_size}",
+            f"lower it to at most {limits.max_batch_size} or raise limits.max_batch_size",
         )
     max_positions = config.get("max_position_embeddings")
-    if isinstance(max_positions, int) and engine.max_seq_len > max_positions and not config.get("rope_scaling"):
+    if isinstance(max_positions, int) and limits.max_seq_len > max_positions and not config.get("rope_scaling"):
         raise loaded.error(
-            ("engine", "max_seq_len"),
-            f"{engine.max_seq_len} exceeds the model's max_position_embeddings {max_positions}",
+            ("limits", "max_seq_len"),
+            f"{limits.max_seq_len} exceeds the model's max_position_embeddings {max_positions}",
             f"lower max_seq_len to at most {max_positions}",
         )
     if backend_facts(spec.backend_kind).derives != "engine-config":
         return None  # the LLM() arguments and their rules: _check_llm_api
     # The complete trtllm-build configuration, with the pinned trtllm-build's own rules, the in-flight
-    # batching requirements, engine.plugins against the flag table and max_num_tokens: derived here once,
+    # batching requirements, backend.plugins against the flag table and max_num_tokens: derived here once,
     # so a spec that resolves has an engine plan (trtpipe.engine.plan renders the same derivation).
     try:
         return derive_engine_config(spec, toolchain, gpu, config, configs=configs)

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from trtpipe import quant
 from trtpipe.names import name_fix, name_problem
+from trtpipe.backend_options import StrictSection
 from trtpipe.release.gate_models import ReleaseSection
-from trtpipe.toolchain import BACKEND_KINDS, backend_facts, default_backend
+from trtpipe.toolchain import BACKEND_CLASSES, backend_facts, default_backend
 
 CPU_REFERENCE = "cpu-reference"
 # The most GPUs one spec may target (target.gpu_count, and so tp * pp).
@@ -24,18 +25,10 @@ MAX_GPUS = 512
 # torch.manual_seed takes seeds in [-2**63, 2**64 - 1] (torch/random.py, manual_seed's docstring); the
 # calibration seed is passed to it, so a larger one would fail at conversion.
 MAX_SEED = 2**64 - 1
-# Triton's model configuration holds dynamic_batching.max_queue_delay_microseconds as a uint64
-# (triton-inference-server/common protobuf/model_config.proto:1139 @83adf7cf, ModelDynamicBatching):
-# a larger number in config.pbtxt is refused when Triton parses the model configuration.
-MAX_QUEUE_DELAY_US = 2**64 - 1
-DEFAULT_TIMEOUT_S = 4 * 3600.0
-MAX_TIMEOUT_S = 7 * 24 * 3600.0
-
-
-class StrictModel(BaseModel):
-    """Base for every spec section: unknown keys are refused, values are validated on assignment."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+# The backend section: one options model per registered backend (trtpipe.toolchain), chosen by `kind`.
+BackendSection = Annotated[Union[tuple(cls.options for cls in BACKEND_CLASSES.values())],  # noqa: UP007
+                           Field(discriminator="kind")]
+StrictModel = StrictSection
 
 
 class Dtype(str, Enum):
@@ -185,7 +178,9 @@ class QuantizationSection(StrictModel):
         return value
 
 
-class EngineSection(StrictModel):
+class LimitsSection(StrictModel):
+    """What the artifact is sized for, whichever backend builds it."""
+
     max_batch_size: int = Field(default=8, ge=1, le=4096)
     max_input_len: int = Field(default=1024, ge=1)
     max_seq_len: int = Field(default=2048, ge=2)
@@ -193,18 +188,9 @@ class EngineSection(StrictModel):
     max_beam_width: int = Field(default=1, ge=1, le=16)
     tokens_per_block: int = Field(default=32, ge=8, le=1024)
     profile: Profile = Profile.throughput
-    plugins: dict[str, str | bool | None] = Field(
-        default_factory=dict,
-        description="Explicit trtllm-build plugin overrides, e.g. {gemm_plugin: auto, use_fused_mlp: true}.",
-    )
-    timeout: float = Field(default=DEFAULT_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S,
-                           description="Seconds the engine build (trtllm-build) may run before it is stopped.")
-    conversion_timeout: float = Field(
-        default=DEFAULT_TIMEOUT_S, gt=0, le=MAX_TIMEOUT_S,
-        description="Seconds the checkpoint conversion may run in the engine's executor before it is stopped.")
 
     @model_validator(mode="after")
-    def _limits_consistent(self) -> EngineSection:
+    def _limits_consistent(self) -> LimitsSection:
         if self.max_input_len > self.max_seq_len:
             raise ValueError(
                 f"max_input_len {self.max_input_len} > max_seq_len {self.max_seq_len}; "
@@ -213,41 +199,54 @@ class EngineSection(StrictModel):
         return self
 
 
-class TritonSection(StrictModel):
+class RuntimeSection(StrictModel):
+    """How the served model schedules and caches, in backend-neutral names (each backend maps them: the
+    inflight_batcher_llm parameters, or the LLM() arguments)."""
+
     streaming: bool | None = Field(
         default=None,
-        description="Deploy decoupled, so clients may stream. Default: true, except on the llm-api backend, where "
-                    "it is false as in upstream's llmapi model.yaml (triton_config.decoupled: False).")
-    tensorrt_llm_instance_count: int = Field(default=1, ge=1, le=64)
-    preprocessing_instance_count: int = Field(default=1, ge=1, le=64)
-    postprocessing_instance_count: int = Field(default=1, ge=1, le=64)
-    max_batch_size: int | None = Field(default=None, ge=1, description="Defaults to engine.max_batch_size.")
-    kv_cache_free_gpu_mem_fraction: float = Field(default=0.9, gt=0.0, le=1.0)
-    batch_scheduler_policy: BatchSchedulerPolicy = BatchSchedulerPolicy.max_utilization
-    enable_chunked_context: bool = False
-    enable_kv_cache_reuse: bool = False
-    max_queue_delay_microseconds: int = Field(default=0, ge=0, le=MAX_QUEUE_DELAY_US)
+        description="Deploy decoupled, so clients may stream. Default: the backend's upstream layout's (true, "
+                    "except on llm-api, whose upstream model.yaml has triton_config.decoupled: False).")
+    kv_cache_free_fraction: float = Field(default=0.9, gt=0.0, le=1.0,
+                                          description="Share of free GPU memory the KV cache takes.")
+    scheduler_policy: BatchSchedulerPolicy = BatchSchedulerPolicy.max_utilization
+    chunked_prefill: bool = Field(default=False, description="Split long prompts over steps.")
+    kv_cache_reuse: bool = Field(default=False, description="Reuse KV cache blocks across requests.")
 
 
 class BuildSpec(StrictModel):
-    """One build: model, target, quantization, engine limits, serving options, toolchain."""
+    """One build: model, target, quantization, limits, runtime knobs, the backend's own section, toolchain."""
 
     name: str | None = Field(default=None, description="Artifact name; defaults to the model directory name.")
     model: ModelSection
     target: TargetSection = Field(default_factory=TargetSection)
     quantization: QuantizationSection = Field(default_factory=QuantizationSection)
-    engine: EngineSection = Field(default_factory=EngineSection)
-    triton: TritonSection = Field(default_factory=TritonSection)
+    limits: LimitsSection = Field(default_factory=LimitsSection)
+    runtime: RuntimeSection = Field(default_factory=RuntimeSection)
+    backend: BackendSection = Field(
+        description="How the artifact is built and served, and that backend's own settings: `kind` is "
+                    "trtllm-build, llm-api (TensorRT-LLM's PyTorch backend behind Triton's llmapi model; on "
+                    "cpu-reference the reference runtime serves it) or reference; default: reference for target "
+                    "cpu-reference, else trtllm-build. The toolchain must offer it.")
     toolchain: str | None = Field(default=None, description="A name from build_configs/toolchains.yaml.")
-    backend: str | None = Field(
-        default=None,
-        description="How the artifact is built and served: trtllm-build, llm-api (TensorRT-LLM's PyTorch backend "
-                    "behind Triton's llmapi model; on cpu-reference the reference runtime serves it) or reference; "
-                    "default: reference for target cpu-reference, else trtllm-build. The toolchain must offer it.")
     allow_preview: bool = Field(
         default=False,
         description="Opt in to a preview toolchain (a TensorRT-LLM pre-release, named in full in `toolchain`).")
     release: ReleaseSection = Field(default_factory=ReleaseSection)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _backend_kind_default(cls, data: Any) -> Any:
+        # A spec that names no backend (or gives its section without `kind`) builds with its target's default.
+        if not isinstance(data, dict):
+            return data
+        backend = data.get("backend")
+        if backend is None or (isinstance(backend, dict) and "kind" not in backend):
+            target = data.get("target")
+            gpu = target.get("gpu", CPU_REFERENCE) if isinstance(target, dict) else CPU_REFERENCE
+            kind = default_backend("cpu" if gpu == CPU_REFERENCE else "gpu")
+            data = {**data, "backend": {**(backend or {}), "kind": kind}}
+        return data
 
     @field_validator("name")
     @classmethod
@@ -259,18 +258,11 @@ class BuildSpec(StrictModel):
             raise ValueError(f"{problem}; {name_fix('artifact name')}")
         return value
 
-    @field_validator("backend")
-    @classmethod
-    def _known_backend(cls, value: str | None) -> str | None:
-        if value is not None and value not in BACKEND_KINDS:
-            raise ValueError(f"{value!r} is not a backend; use one of: {', '.join(BACKEND_KINDS)}")
-        return value
-
     @model_validator(mode="after")
     def _streaming_default(self) -> BuildSpec:
         # The default follows the backend's upstream layout (trtpipe.toolchain.BackendFacts.streams_by_default).
-        if self.triton.streaming is None:
-            self.triton.streaming = backend_facts(self.backend_kind).streams_by_default
+        if self.runtime.streaming is None:
+            self.runtime.streaming = backend_facts(self.backend_kind).streams_by_default
         return self
 
     @property
@@ -284,9 +276,21 @@ class BuildSpec(StrictModel):
         assert self.model.config is not None
         return self.model.config.parent.name
 
+    def serving_settings(self) -> dict[str, Any]:
+        """What the spec sets that shapes its published repository (part of the repository's key). The runtime
+        knobs keep the names the key has always given them (the earlier triton section's), so a trtllm-build or
+        reference repository keeps its key across the spec's change of shape."""
+        runtime = self.runtime
+        return {
+            "streaming": runtime.streaming,
+            "kv_cache_free_gpu_mem_fraction": runtime.kv_cache_free_fraction,
+            "batch_scheduler_policy": runtime.scheduler_policy.value,
+            "enable_chunked_context": runtime.chunked_prefill,
+            "enable_kv_cache_reuse": runtime.kv_cache_reuse,
+            **self.backend.serving_settings(),
+        }
+
     @property
     def backend_kind(self) -> str:
-        """The backend that builds this spec: `backend`, else the target's default."""
-        if self.backend is not None:
-            return self.backend
-        return default_backend("cpu" if self.target.is_cpu_reference else "gpu")
+        """The backend that builds this spec (its section's `kind`)."""
+        return self.backend.kind

@@ -28,8 +28,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from trtpipe import spec_shape
 from trtpipe.errors import SpecError
 from trtpipe.spec import BuildSpec
+from trtpipe.toolchain import BACKEND_CLASSES
 
 FieldPath = tuple[str | int, ...]
 Position = tuple[int, int]
@@ -47,7 +49,7 @@ MAX_PATH_BYTES = 4095
 
 
 def format_field(field_path: FieldPath) -> str:
-    """('engine', 'plugins', 'x') -> 'engine.plugins.x'; list indexes as [i]; a key that is not a plain word
+    """('backend', 'plugins', 'x') -> 'backend.plugins.x'; list indexes as [i]; a key that is not a plain word
     (a user's map key with a space, a slash or a newline) as ['its repr'], so the field stays on one line."""
     text = ""
     for part in field_path:
@@ -71,6 +73,13 @@ class LoadedSpec:
     # Each path field as written, made absolute against the spec's folder but with symlinks NOT followed (the
     # spec's values are resolved): whether a file is "in the model folder" is a question about this path.
     written_paths: dict[FieldPath, Path] = field(default_factory=dict)
+    # A spec in the earlier shape (trtpipe.spec_shape): today's path -> the path it was written as, and the note.
+    written_as: dict[FieldPath, FieldPath] = field(default_factory=dict)
+    shape_note: str | None = None
+
+    def shown(self, field_path: FieldPath) -> str:
+        """A field as the user wrote it (its earlier name in a spec of the earlier shape)."""
+        return format_field(spec_shape.shown_path(tuple(field_path), self.written_as))
 
     def position(self, field_path: FieldPath) -> Position | None:
         """(line, col), 1-based, of the key `field_path` in the file; None if it was not written."""
@@ -89,12 +98,15 @@ class LoadedSpec:
     def error(self, field_path: FieldPath, message: str, fix: str | None = None) -> SpecError:
         """A SpecError citing `field_path` (or its nearest written ancestor) in this spec file."""
         (line, col), _ = self.nearest_position(field_path)
+        if self.written_as:
+            message = spec_shape.in_earlier_names(message, self.written_as)
+            fix = spec_shape.in_earlier_names(fix, self.written_as) if fix is not None else None
         return SpecError(
             message,
             file=self.display_path or str(self.path),
             line=line,
             col=col,
-            field=format_field(tuple(field_path)) or None,
+            field=self.shown(field_path) or None,
             fix=fix,
         )
 
@@ -267,10 +279,20 @@ def _unwrap(annotation: Any) -> list[Any]:
     return [annotation]
 
 
-def model_at(field_path: FieldPath, root: type[BaseModel] = BuildSpec) -> type[BaseModel] | None:
-    """The pydantic model class that holds the keys at `field_path` (None if not a model)."""
+def backend_options_of(data: Any) -> type[BaseModel] | None:
+    """The options model of the backend section the spec data names (its `kind`), if it names a registered one."""
+    backend = data.get("backend") if isinstance(data, dict) else None
+    kind = backend.get("kind") if isinstance(backend, dict) else None
+    return BACKEND_CLASSES[kind].options if isinstance(kind, str) and kind in BACKEND_CLASSES else None
+
+
+def model_at(field_path: FieldPath, root: type[BaseModel] = BuildSpec, data: Any = None) -> type[BaseModel] | None:
+    """The pydantic model class that holds the keys at `field_path` (None if not a model). Under `backend`, the
+    member of the backend union that the spec `data` selects."""
     current: Any = root
     index = 0
+    if root is BuildSpec and field_path[:1] == ("backend",):
+        current, index = backend_options_of(data), 1
     while index < len(field_path):
         part = field_path[index]
         if not (isinstance(current, type) and issubclass(current, BaseModel)):
@@ -318,7 +340,7 @@ def _present_prefix(data: Any, loc: FieldPath) -> FieldPath:
 
 def _field_in_message(section: FieldPath, message: str, data: Any) -> FieldPath:
     """A section-level (model validator) error names its fields; cite the first one written in the YAML."""
-    model = model_at(section)
+    model = model_at(section, data=data)
     if model is None:
         return section
     node = data
@@ -336,8 +358,10 @@ def _field_in_message(section: FieldPath, message: str, data: Any) -> FieldPath:
     return section + (best[1],) if best else section
 
 
-def _describe(error: dict[str, Any], field_path: FieldPath) -> tuple[str, str]:
-    """(what is wrong, how to fix it) for one pydantic error."""
+def _describe(error: dict[str, Any], field_path: FieldPath, data: Any = None,
+              written: FieldPath | None = None) -> tuple[str, str]:
+    """(what is wrong, how to fix it) for one pydantic error; `written`: the field as the user wrote it."""
+    written = field_path if written is None else written
     kind = error["type"]
     ctx = error.get("ctx") or {}
     value = error.get("input")
@@ -345,14 +369,25 @@ def _describe(error: dict[str, Any], field_path: FieldPath) -> tuple[str, str]:
     name = str(field_path[-1]) if field_path else "spec"
     if kind == "missing":
         return "required field is missing", f"add `{name}:` here"
-    if len(field_path) == 3 and field_path[:2] == ("engine", "plugins") and kind != "extra_forbidden":
+    if len(field_path) == 3 and field_path[:2] == ("backend", "plugins") and kind != "extra_forbidden":
         return (
             f"plugin override {name!r} has a {type(value).__name__} value",
             "write text (enable, disable, auto or a dtype such as float16), true/false, or null",
         )
+    if kind == "union_tag_invalid":
+        return (f"{ctx.get('tag')!r} is not a backend",
+                f"use one of: {', '.join(BACKEND_CLASSES)}")
     if kind == "extra_forbidden":
-        model = model_at(field_path[:-1])
+        if len(field_path) == 2 and field_path[0] == "backend" and backend_options_of(data) is not None:
+            not_offered = spec_shape.not_offered_line(data["backend"]["kind"], name, format_field(written), value)
+            if not_offered is not None:
+                return not_offered
+        model = model_at(field_path[:-1], data=data)
         valid = list(model.model_fields) if model else []
+        if len(field_path) == 1:  # the earlier shape's sections still load (trtpipe.spec_shape)
+            valid += list(spec_shape.EARLIER_SECTIONS)
+        if len(written) == 2 and written[0] in spec_shape.EARLIER_SECTIONS:  # a typo in an earlier section
+            valid = spec_shape.earlier_keys(str(written[0]))
         close = difflib.get_close_matches(str(name), valid, n=1, cutoff=0.6)
         if close:
             return f"unknown key {name!r}", f"did you mean {close[0]!r}?"
@@ -399,31 +434,45 @@ def _describe(error: dict[str, Any], field_path: FieldPath) -> tuple[str, str]:
     return error["msg"], "fix the value (see trtpipe/spec.py for the allowed values)"
 
 
+def _without_tag(loc: FieldPath) -> FieldPath:
+    """A pydantic loc under the backend union names the member's tag (('backend', 'llm-api', 'x')): drop it."""
+    if len(loc) > 1 and loc[0] == "backend" and loc[1] in BACKEND_CLASSES:
+        return (loc[0],) + loc[2:]
+    return loc
+
+
 def spec_error_from_validation(
-    exc: ValidationError, data: Any, positions: dict[FieldPath, Position], file: str
+    exc: ValidationError, data: Any, positions: dict[FieldPath, Position], file: str,
+    written_as: dict[FieldPath, FieldPath] | None = None,
 ) -> SpecError:
-    """The first (in file order) pydantic error as one positioned SpecError."""
+    """The first (in file order) pydantic error as one positioned SpecError; `written_as` (a spec in the earlier
+    shape, trtpipe.spec_shape): the fields are shown as the user wrote them."""
+    written_as = written_as or {}
     candidates: list[tuple[Position, int, FieldPath, str, str]] = []
     seen: set[FieldPath] = set()
     for order, error in enumerate(exc.errors()):
-        loc: FieldPath = tuple(error["loc"])
+        loc: FieldPath = _without_tag(tuple(error["loc"]))
         kind = error["type"]
         if kind == "missing":
             field_path = _present_prefix(data, loc[:-1]) + (loc[-1],) if loc else ()
         else:
             field_path = _present_prefix(data, loc)
-            if kind == "value_error" and field_path == loc[: len(field_path)] and model_at(field_path) is not None:
+            if (kind == "value_error" and field_path == loc[: len(field_path)]
+                    and model_at(field_path, data=data) is not None):
                 field_path = _field_in_message(field_path, str(error.get("msg", "")), data)
         if field_path in seen:
             continue
         seen.add(field_path)
-        what, fix = _describe(error, field_path)
+        written = spec_shape.shown_path(field_path, written_as)
+        what, fix = _describe(error, field_path, data, written)
+        if written_as:
+            what, fix = spec_shape.in_earlier_names(what, written_as), spec_shape.in_earlier_names(fix, written_as)
         probe = field_path
         position = None
         while probe and position is None:
             position = positions.get(probe)
             probe = probe[:-1]
-        candidates.append((position or (1, 1), order, field_path, what, fix))
+        candidates.append((position or (1, 1), order, written, what, fix))
     candidates.sort(key=lambda c: (c[0], c[1]))
     (line, col), _, field_path, what, fix = candidates[0]
     more = len(candidates) - 1
@@ -546,20 +595,25 @@ def load_spec(path: Path | str) -> LoadedSpec:
             file=display,
             line=1,
             col=1,
-            fix="write sections as `model:`, `target:`, `engine:` ... at the start of lines",
+            fix="write sections as `model:`, `target:`, `limits:` ... at the start of lines",
         )
     bad_keys = [k for k in data if not isinstance(k, str)]
     if bad_keys:
         raise SpecError(
             f"key {bad_keys[0]!r} is not text", file=display, line=1, col=1, fix="section names are words like `model`"
         )
+    upgraded = spec_shape.upgrade(data, positions, display)
+    written_as: dict[FieldPath, FieldPath] = {}
+    if upgraded is not None:
+        data, positions, written_as = upgraded.data, upgraded.positions, upgraded.written_as
     try:
         spec = BuildSpec.model_validate(data)
     except ValidationError as exc:
-        raise spec_error_from_validation(exc, data, positions, display) from None
-    loaded = LoadedSpec(spec=spec, path=path.resolve(), display_path=display, positions=positions)
+        raise spec_error_from_validation(exc, data, positions, display, written_as) from None
+    loaded = LoadedSpec(spec=spec, path=path.resolve(), display_path=display, positions=positions,
+                        written_as=written_as, shape_note=upgraded.note(display) if upgraded is not None else None)
     try:
         _anchor_paths(loaded, path.resolve().parent)
     except ValidationError as exc:  # validate_assignment re-checks a resolved path
-        raise spec_error_from_validation(exc, data, positions, display) from None
+        raise spec_error_from_validation(exc, data, positions, display, written_as) from None
     return loaded

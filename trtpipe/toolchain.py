@@ -14,6 +14,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from trtpipe.backend_options import BackendOptions, LlmApiOptions, ReferenceOptions, TrtllmBuildOptions
 from trtpipe.datafiles import load_table
 from trtpipe.errors import TrtpipeError
 # Re-exported: tests and older callers import it from here; trtpipe.shipped owns the answer.
@@ -64,6 +65,8 @@ class TrtllmBuildBackend(BaseModel):
         runs_on="gpu", derives="engine-config", artifact="trtllm-checkpoint", streams_by_default=True,
         kv_cache_needs_catalog_precision=True, layout="inflight_batcher_llm", runtime="tensorrt-engine",
         default_on="gpu")
+    # Its section of the build spec (`backend: {kind: trtllm-build, ...}`).
+    options: ClassVar[type[BackendOptions]] = TrtllmBuildOptions
 
     kind: Literal["trtllm-build"] = "trtllm-build"
     flags: str = Field(description="The trtllm-build flag table: build_configs/trtllm_build_flags/<flags>.yaml.")
@@ -78,6 +81,7 @@ class ReferenceBackend(BaseModel):
         runs_on="cpu", derives="engine-config", artifact="trtllm-checkpoint", streams_by_default=True,
         kv_cache_needs_catalog_precision=True, layout="inflight_batcher_llm", runtime="reference",
         default_on="cpu")
+    options: ClassVar[type[BackendOptions]] = ReferenceOptions
 
     kind: Literal["reference"] = "reference"
 
@@ -96,6 +100,7 @@ class LlmApiBackend(BaseModel):
         runs_on="any", derives="llm-args", artifact="hf-export", streams_by_default=False,
         kv_cache_needs_catalog_precision=False, layout="llmapi",
         runtime="pytorch-llm-api")
+    options: ClassVar[type[BackendOptions]] = LlmApiOptions
 
     kind: Literal["llm-api"] = "llm-api"
     args: str = Field(description="The release's TorchLlmArgs table: build_configs/llm_api_args/<args>.yaml.")

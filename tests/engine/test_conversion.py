@@ -171,7 +171,7 @@ def test_job_spec_converts_exactly_what_the_key_covers(layout, trtpipe_home):
     assert converted["model"]["path"] == str(layout["snapshot"].resolve())
     assert converted["quantization"]["calibration"]["dataset"] == str(layout["dataset"].resolve())
     original = resolved.spec.model_dump(mode="json")
-    for section in ("target", "engine", "toolchain"):
+    for section in ("target", "limits", "runtime", "backend", "toolchain"):
         assert converted[section] == original[section]
     assert {k: v for k, v in converted["quantization"].items() if k != "calibration"} == \
         {k: v for k, v in original["quantization"].items() if k != "calibration"}
@@ -318,7 +318,7 @@ def test_a_silent_container_is_killed_at_the_timeout(tmp_path):
                               client=_StandInClient(container), timeout_s=1, show_progress=False)
     with pytest.raises(TimedOut, match="ran past its limit of 1s") as info:  # a BuildFailed before issue 13
         executor.run_conversion(ConversionJob(job_dir=tmp_path / "j", out_dir=tmp_path / "o"), tmp_path / "c.log")
-    assert info.value.seconds == 1 and "engine.conversion_timeout" in info.value.one_line()
+    assert info.value.seconds == 1 and "backend.conversion_timeout" in info.value.one_line()
     assert killed.is_set() and container.removed
     assert "killed after timeout of 1s" in (tmp_path / "c.log").read_text()
 

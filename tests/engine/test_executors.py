@@ -110,7 +110,7 @@ def test_local_executor_timeout_is_a_timed_out_error_naming_the_spec_field(tmp_p
         executor.run(plan, tmp_path / "ckpt", tmp_path / "engine", tmp_path / "build.log")
     assert info.value.operation == "trtllm-build" and info.value.seconds == 2 and info.value.exit_code == 5
     line = info.value.one_line()
-    assert "ran past its limit of 2s" in line and "engine.timeout" in line and str(tmp_path / "build.log") in line
+    assert "ran past its limit of 2s" in line and "backend.build_timeout" in line and str(tmp_path / "build.log") in line
     assert "killed after timeout" in (tmp_path / "build.log").read_text()
 
 

@@ -103,7 +103,7 @@ def test_every_example_renders_only_known_flags(toolchain, example, profile, tmp
         )
     else:
         resolved = resolve_example(example)
-    resolved.spec.engine.profile = profile
+    resolved.spec.limits.profile = profile
     plan = make_build_plan(with_toolchain(resolved, toolchain))
     argv = plan.render_command("/ckpt", "/engine")
     contract = load_contract(toolchain)

@@ -75,7 +75,7 @@ def test_the_reference_family(tmp_path, llama8b_config):
 
 def test_latency_profile_on_hopper_fp8_uses_low_latency_gemms():
     resolved = resolve_example("llama3-8b-fp8-h100")
-    resolved.spec.engine.profile = "latency"
+    resolved.spec.limits.profile = "latency"
     plan = make_build_plan(resolved)
     assert plan.plugin_config["low_latency_gemm_plugin"] == "fp8"
     assert plan.plugin_config["low_latency_gemm_swiglu_plugin"] == "fp8"
@@ -87,7 +87,7 @@ def test_latency_profile_on_hopper_fp8_uses_low_latency_gemms():
 @pytest.mark.parametrize("profile", ["throughput", "latency"])
 def test_tensor_parallel_llama_fuses_allreduce_and_user_buffers(profile):
     resolved = resolve_example("llama3-70b-fp8-4xh100")
-    resolved.spec.engine.profile = profile
+    resolved.spec.limits.profile = profile
     plan = make_build_plan(resolved)
     assert plan.plugin_config["reduce_fusion"] is True
     assert plan.plugin_config["user_buffer"] is True
@@ -96,7 +96,7 @@ def test_tensor_parallel_llama_fuses_allreduce_and_user_buffers(profile):
 
 def test_latency_profile_on_ampere_has_no_fp8_kernels():
     resolved = resolve_example("llama2-13b-fp16-a100")
-    resolved.spec.engine.profile = "latency"
+    resolved.spec.limits.profile = "latency"
     plan = make_build_plan(resolved)
     assert plan.plugin_config["low_latency_gemm_plugin"] is None
     assert plan.plugin_config["use_fp8_context_fmha"] is False
@@ -156,7 +156,7 @@ def test_override_that_breaks_inflight_batching_is_a_positioned_error(tmp_path, 
     except SpecError as err:
         assert message.split()[0].lower() in err.one_line().lower()
         resolved = resolve_text(tmp_path, text.replace(f"    {key}: {value}\n", "    context_fmha: true\n"))
-        resolved.spec.engine.plugins = {key: {"false": False}.get(value, value)}
+        resolved.spec.backend.plugins = {key: {"false": False}.get(value, value)}
         with pytest.raises(SpecError) as info:
             make_build_plan(resolved)
         assert message in info.value.one_line()

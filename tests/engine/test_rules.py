@@ -171,7 +171,7 @@ def test_a_build_config_file_lifts_the_opt_num_tokens_rule():
 @pytest.mark.parametrize("profile", ["throughput", "latency"])
 def test_every_gpu_example_command_passes_the_pinned_rules(toolchain, example, profile):
     resolved = resolve_example(example)
-    resolved.spec.engine.profile = profile
+    resolved.spec.limits.profile = profile
     plan = make_build_plan(with_toolchain(resolved, toolchain))
     argv = plan.render_command("/ckpt", "/engine")  # raises on any finding
     sim = simulate_command(toolchain, argv, plan.facts())

@@ -18,12 +18,15 @@ def test_positions_are_one_based_line_and_column(tmp_path: Path, models_dir: Pat
     )
     loaded = load_spec(spec)
     assert loaded.position(("model",)) == (2, 1)
-    assert loaded.position(("engine", "max_batch_size")) == (5, 3)
-    assert loaded.position(("triton",)) is None
-    error = loaded.error(("triton", "streaming"), "bad", "fix it")
-    assert isinstance(error, SpecError) and error.one_line() == f"{spec}:1:1: triton.streaming: bad; fix it"
-    error = loaded.error(("engine", "max_seq_len"), "too short", "raise it")
-    assert error.one_line().startswith(f"{spec}:4:1: engine.max_seq_len:")
+    # written in the earlier shape: the position is kept under today's path, the field shown as written
+    assert loaded.position(("limits", "max_batch_size")) == (5, 3)
+    assert loaded.shown(("limits", "max_batch_size")) == "engine.max_batch_size"
+    assert loaded.position(("runtime",)) is None
+    error = loaded.error(("runtime", "streaming"), "bad", "fix it")
+    assert isinstance(error, SpecError) and error.one_line() == f"{spec}:1:1: runtime.streaming: bad; fix it"
+    # not written: cited at its section, written as engine:, under the name the user's shape gives it
+    error = loaded.error(("limits", "max_seq_len"), "too short", "raise limits.max_seq_len")
+    assert error.one_line() == f"{spec}:4:1: engine.max_seq_len: too short; raise engine.max_seq_len"
 
 
 def test_relative_paths_resolve_against_the_spec_folder(tmp_path: Path, hf_dir: Path) -> None:
@@ -82,8 +85,8 @@ def test_examples_resolve_for_planning(examples_dir: Path) -> None:
 def test_tiny_cpu_example_shape(examples_dir: Path) -> None:
     loaded = load_spec(examples_dir / "tiny-cpu.yaml")
     spec = loaded.spec
-    assert spec.target.is_cpu_reference and spec.triton.streaming
-    assert (spec.engine.max_batch_size, spec.engine.max_input_len, spec.engine.max_seq_len) == (4, 256, 512)
+    assert spec.target.is_cpu_reference and spec.runtime.streaming
+    assert (spec.limits.max_batch_size, spec.limits.max_input_len, spec.limits.max_seq_len) == (4, 256, 512)
     assert spec.model.path == (examples_dir / "../../out/tiny-llama").resolve()
 
 

@@ -83,7 +83,7 @@ CASES: dict[str, tuple[str, str]] = {
     "max_num_tokens_below_input": (
         "model:\n  config: {cfg8b}\ntarget:\n  gpu: h100\nengine:\n  max_input_len: 4096\n  max_seq_len: 8192\n"
         "  max_num_tokens: 2048 #<\n",
-        "enable_chunked_context",
+        "runtime.chunked_prefill",
     ),
     "heads_not_divisible_by_tp": ("model:\n  config: {cfg8b}\ntarget:\n  gpu: h100\n  tp: 3 #<\n", "32 attention heads"),
     "gpt_attention_plugin_disabled": (

@@ -46,8 +46,11 @@ def test_every_shipped_example_spec_passes(schema: dict) -> None:
 
 
 @pytest.mark.parametrize(("text", "where", "validator"), [
-    ("engine: {max_batch_sise: 8}\n", ["engine"], "additionalProperties"),
-    ("backend: vllm\n", ["backend"], "anyOf"),
+    ("limits: {max_batch_sise: 8}\n", ["limits"], "additionalProperties"),
+    ("backend: {kind: vllm}\n", ["backend"], "anyOf"),
+    # another backend's field in the llm-api section, a typo in a section without kind
+    ("backend: {kind: llm-api, plugins: {gemm_plugin: auto}}\n", ["backend"], "anyOf"),
+    ("backend: {pluginz: {}}\n", ["backend"], "anyOf"),
     ("quantization: {algo: int3}\n", ["quantization", "algo"], "enum"),
     ("quantization: {kv_cache: int2}\n", ["quantization", "kv_cache"], "enum"),
     ("toolchain: trtllm-9.9.9\n", ["toolchain"], "anyOf"),
@@ -63,6 +66,15 @@ def test_what_trtpipe_refuses_for_its_shape_the_schema_refuses_there(schema: dic
     with pytest.raises(SpecError):
         resolve(load_spec(spec), need_weights=False)
     assert (where, validator) in _errors(schema, yaml.safe_load(spec.read_text()))
+
+
+def test_a_backend_section_passes_both_with_or_without_its_kind(schema: dict, tmp_path: Path) -> None:
+    for text in ("backend: {kind: llm-api}\n", "backend: {plugins: {gemm_plugin: auto}}\n",
+                 "backend: {kind: trtllm-build, triton: {max_queue_delay_microseconds: 100}}\n"):
+        spec = tmp_path / "spec.yaml"
+        spec.write_text(f"model: {{config: {CONFIG}}}\ntarget: {{gpu: h100-sxm}}\n{text}")
+        resolve(load_spec(spec), need_weights=False)
+        assert _errors(schema, yaml.safe_load(spec.read_text())) == [], text
 
 
 def test_the_planning_spec_without_the_bad_line_passes_both(schema: dict, tmp_path: Path) -> None:

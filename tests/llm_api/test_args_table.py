@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from trtpipe.backend_options import LlmApiOptions
 from trtpipe.errors import InvalidInput
 from trtpipe.llm_api.args import check_llm_args, llm_args_problems, load_args_table, tables_dir
 from trtpipe.resolve import resolve
@@ -88,15 +89,15 @@ def test_the_preview_table_refuses_what_it_did_not_read() -> None:
 @pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml") if not p.name.startswith("tiny")))
 def test_every_gpu_example_as_llm_api_derives_arguments_the_table_takes(example: str) -> None:
     loaded = load_spec(EXAMPLES / example)
-    loaded = dataclasses.replace(loaded, spec=loaded.spec.model_copy(update={"backend": "llm-api"}))
+    loaded = dataclasses.replace(loaded, spec=loaded.spec.model_copy(update={"backend": LlmApiOptions()}))
     resolved = resolve(loaded, need_weights=False)
     plan = resolved.llm_api
     assert plan is not None and plan.toolchain == "trtllm-1.2.1"
     assert llm_args_problems(plan.args, load_args_table("trtllm-1.2.1")) == []
     spec = loaded.spec
     assert plan.args["tensor_parallel_size"] == spec.target.tp
-    assert plan.args["max_batch_size"] == spec.engine.max_batch_size
-    assert plan.args["cuda_graph_config"] == {"max_batch_size": spec.engine.max_batch_size, "enable_padding": True}
+    assert plan.args["max_batch_size"] == spec.limits.max_batch_size
+    assert plan.args["cuda_graph_config"] == {"max_batch_size": spec.limits.max_batch_size, "enable_padding": True}
     assert plan.args["kv_cache_config"]["dtype"] == ("fp8" if spec.quantization.kv_cache == "fp8" else "auto")
     assert "model" not in plan.args  # no path in the artifact: the repository writer adds it
     # every argument names the spec field it comes from (or says trtpipe sets it)

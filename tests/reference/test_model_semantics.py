@@ -164,7 +164,7 @@ def test_the_mistral_7b_example_plans_with_its_4096_window() -> None:
     from trtpipe.spec_loader import load_spec
 
     resolved = resolve(load_spec(Path("build_configs/examples/mistral-7b-fp8-h100.yaml")), need_weights=False)
-    assert resolved.spec.engine.max_seq_len == 16384
+    assert resolved.spec.limits.max_seq_len == 16384
     plan = memory_plan(resolved)
     assert plan.attention_window == "4096"
     assert model_semantics.window_parameter(resolved.model_config, 16384) == "4096"

@@ -312,8 +312,8 @@ def test_a_gpu_publish_refuses_a_memory_fraction_the_executor_refuses(tmp_path: 
     """The spec allows kv_cache_free_gpu_mem_fraction 1.0 (the llm-api backend shares it); the C++ backend's
     executor takes only 0 < f < 1, so a GPU publish says so in one line instead of writing a repository that fails."""
     resolved = dataclasses.replace(resolve_example("llama3-8b-int4awq-a100"), tokenizer_dir=tiny_llama_dir)
-    resolved.spec.triton.kv_cache_free_gpu_mem_fraction = 1.0
+    resolved.spec.runtime.kv_cache_free_fraction = 1.0
     engine = _engine(tmp_path / "engine", make_build_plan(resolved))
-    with pytest.raises(InvalidInput, match=r"kv_cache_free_gpu_mem_fraction 1: .*< 1") as raised:
+    with pytest.raises(InvalidInput, match=r"runtime.kv_cache_free_fraction 1: .*< 1") as raised:
         publish_repository(resolved, engine, DIGEST, "engine-key", tmp_path / "repo")
     assert "below 1" in (raised.value.fix or "")

@@ -51,19 +51,19 @@ def parity_reference(resolved: Any, engine_dir: Path, tokenizer_dir: Path) -> Pa
     """What smoke --parity compares with, for `resolved`'s model converted into `engine_dir`: the model's semantics
     that a checkpoint does not carry (trtpipe.model_semantics) and the original model."""
     spec, config = resolved.spec, resolved.model_config
-    windows = model_semantics.attention_windows(config, spec.engine.max_seq_len)
-    thresholds = [w for w in (windows or []) if w < spec.engine.max_seq_len]
+    windows = model_semantics.attention_windows(config, spec.limits.max_seq_len)
+    thresholds = [w for w in (windows or []) if w < spec.limits.max_seq_len]
     rope = config.get("rope_scaling") if isinstance(config.get("rope_scaling"), dict) else {}
     original = rope.get("original_max_position_embeddings")
-    if isinstance(original, int) and original < spec.engine.max_seq_len:
+    if isinstance(original, int) and original < spec.limits.max_seq_len:
         thresholds.append(original)
     hf_dir, skipped = _original_model(resolved)
     unquantized = spec.quantization.algo == "none" and quant.KV_CACHES[spec.quantization.kv_cache].checkpoint_algo is None
     return ParityReference(
         engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, hf_dir=hf_dir, hf_skipped=skipped,
         attention_windows=windows, token_vocab_size=model_semantics.token_vocab_size(config), exact=unquantized,
-        threshold_tokens=max(thresholds) if thresholds else None, max_input_len=spec.engine.max_input_len,
-        max_seq_len=spec.engine.max_seq_len)
+        threshold_tokens=max(thresholds) if thresholds else None, max_input_len=spec.limits.max_input_len,
+        max_seq_len=spec.limits.max_seq_len)
 
 
 @contextlib.contextmanager

@@ -93,9 +93,9 @@ def migrate(
                          for m in report.maps])
         print_table("settings with no llm-api equivalent", ["spec field", "value", "action", "why"],
                     [[u.spec_field, u.value, "REMOVE" if u.blocking else "none", u.reason] for u in report.no_equivalent])
-        if report.not_used:
-            print_table("settings not used by llm-api", ["spec field", "value", "why"],
-                        [[u.spec_field, u.value, u.reason] for u in report.not_used])
+        if report.shape:
+            print_table("the spec's earlier shape: where each field lives now", ["written as", "today"],
+                        [[move.earlier, move.today] for move in report.shape])
         if report.refused:
             typer.echo(f"refused with backend llm-api: {report.refused}")
         if report.serving:
@@ -103,7 +103,8 @@ def migrate(
         for note in report.notes:
             typer.echo(f"note: {note}")
         if report.verdict == "ready":
-            typer.echo("to migrate: add `backend: llm-api` to the spec")
+            typer.echo("to migrate: set `kind: llm-api` in the spec's backend section (and remove what has no "
+                       "equivalent)")
     if report.verdict != "ready":
         raise typer.Exit(1)
 

@@ -146,7 +146,7 @@ def spec_check_command(
         "model_config": str(resolved.config_path),
         "backend": resolved.backend_kind,
     }
-    notes = resolved.llm_api.notes if resolved.llm_api is not None else []
+    notes = resolved.notes
     if as_json:
         print(json.dumps({"valid": True, **facts, "notes": notes}, indent=2))
     else:

@@ -104,7 +104,7 @@ HINTS: tuple[Hint, ...] = (
     Hint(MissingCapability, "sign with a release key file instead: `trtpipe cache push REF --to oci://HOST/REPOSITORY "
                             "--sign KEY`", lambda err: "keyless sigstore" in getattr(err, "message", "")),
     Hint(MissingCapability, "see what this host can do with `trtpipe check --spec SPEC`"),
-    Hint(TimedOut, "raise the executor timeout in the spec (engine.timeout, engine.conversion_timeout), or build on "
+    Hint(TimedOut, "raise the executor timeout in the spec (backend.build_timeout, backend.conversion_timeout), or build on "
                    "a faster GPU host; `trtpipe doctor LOG` reads the build log", _timed_out_building,
          example={"operation": "engine build"}),
     Hint(CheckFailed, "`trtpipe serve REPO --restart on-failure` restarts the server by itself (bounded)",

@@ -23,7 +23,7 @@ exactly those pins:
   trtpipe's converter is not written for (trtpipe.quant.CONVERTER_MODELOPT: trtllm-0.21.0 and trtllm-1.0.0);
   convert_checkpoint checks the installed versions again inside, before it loads the model.
 
-The conversion gets `engine.conversion_timeout` seconds on either executor (the spec's field; default 4 h).
+The conversion gets `backend.conversion_timeout` seconds on either executor (the spec's field; default 4 h).
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def make_job(resolved: Any, out_dir: Path, *, device: str = "cuda", placeholders
 
 def make_conversion_executor(resolved: Any, build_plan: Any, *, progress: bool = True) -> Any:
     name = choose_executor_name(resolved)
-    timeout_s = resolved.spec.engine.conversion_timeout
+    timeout_s = resolved.spec.backend.conversion_timeout
     if name == "local":
         return LocalExecutor(resolved.toolchain, target_sm=build_plan.gpu_sm, show_progress=progress,
                              timeout_s=timeout_s, configs=resolved.configs)

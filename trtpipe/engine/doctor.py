@@ -69,13 +69,13 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         _p(r"TrtGptModelInflightBatching requires GPT attention(?:/Mamba Conv 1d)? plugin with\s+packed input and paged KV cache"),
         "the engine was built without the GPT attention plugin, packed input or a paged KV cache",
         "rebuild with gpt_attention_plugin on, remove_input_padding on and kv_cache_type paged "
-        "(trtpipe plans always enforce these; remove engine.plugins overrides that disable them)",
+        "(trtpipe plans always enforce these; remove backend.plugins overrides that disable them)",
     ),
     KnownFailure(
         "kv-cache-too-small",
         _p(r"maxTokensInPagedKvCache \(\d+\) must be large enough to process at least 1 sequence"),
         "the KV cache memory left after loading the engine cannot hold one sequence of max_seq_len",
-        "raise triton.kv_cache_free_gpu_mem_fraction, lower engine.max_seq_len / max_beam_width, quantize the "
+        "raise runtime.kv_cache_free_fraction, lower limits.max_seq_len / max_beam_width, quantize the "
         "KV cache (quantization.kv_cache: fp8) or use more GPUs (tp)",
     ),
     KnownFailure(
@@ -86,7 +86,7 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
             r"|should not exceed max_num_tokens)"
         ),
         "a request's prompt (plus requested output) is longer than the engine's max_input_len / max_seq_len",
-        "truncate the prompt or rebuild with larger engine.max_input_len and max_seq_len (and max_num_tokens, "
+        "truncate the prompt or rebuild with larger limits.max_input_len and max_seq_len (and max_num_tokens, "
         "or enable chunked context)",
     ),
     KnownFailure(
@@ -100,14 +100,14 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
             r"|cudaErrorMemoryAllocation)"
         ),
         "the GPU ran out of memory (during engine build, weight loading or KV cache allocation)",
-        "free the GPU (nothing else running), lower engine.max_batch_size / max_num_tokens / max_seq_len, "
+        "free the GPU (nothing else running), lower limits.max_batch_size / max_num_tokens / max_seq_len, "
         "quantize (fp8 / int4_awq), or build with more GPUs (tp)",
     ),
     KnownFailure(
         "streaming-needs-decoupled",
         _p(r"Streaming is only supported if model is\s*deployed using decoupled mode"),
         "a streaming request reached a tensorrt_llm model that is not deployed in decoupled mode",
-        "set triton.streaming: true in the spec and republish (decoupled transaction policy), or call without streaming",
+        "set runtime.streaming: true in the spec and republish (decoupled transaction policy), or call without streaming",
     ),
     KnownFailure(
         # tritonserver r24.10 (e0f0734d): src/main.cc:245/257/293 "failed to start {GRPC,HTTP,Metrics} service" with
@@ -140,7 +140,7 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         "build-timeout",
         _p(r"\[trtpipe\] killed after timeout"),
         "the build took longer than the executor's timeout",
-        "raise engine.timeout in the spec (engine.conversion_timeout for a conversion), or build on a "
+        "raise backend.build_timeout in the spec (backend.conversion_timeout for a conversion), or build on a "
         "faster/larger GPU host",
     ),
 )

@@ -265,14 +265,14 @@ class _Checker:
                             f"--{key} {planned}")
                 continue
             found[key] = value
-            given = getattr(spec.engine, key, None)
-            what = f"engine.{key} {planned}" if given is not None else \
-                f"plan's {key} {planned} (the {spec.engine.profile.value} profile's, engine.{key} unset)"
+            given = getattr(spec.limits, key, None)
+            what = f"limits.{key} {planned}" if given is not None else \
+                f"plan's {key} {planned} (the {spec.limits.profile.value} profile's, limits.{key} unset)"
             if planned is not None and value > planned:
                 # The spec's memory plan and serving limits were made for its own limits: an engine that can hold
                 # more than the plan sized for is not the artifact the spec describes.
                 self.refuse(f"build_config.{key}", f"{value} is over the spec's {what}",
-                            f"rebuild with --{key} {planned}, or set engine.{key}: {value} in the spec (its memory "
+                            f"rebuild with --{key} {planned}, or set limits.{key}: {value} in the spec (its memory "
                             "plan then covers it)")
             elif planned is not None and value < planned:
                 self.notes.append(f"build_config.{key} {value} is below the spec's {planned}: the repository serves "

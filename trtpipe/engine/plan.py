@@ -94,7 +94,7 @@ class BuildPlan(BaseModel):
         if problems:
             raise TrtpipeError(
                 f"the build plan does not fit trtllm-build {self.trtllm_version}: {'; '.join(problems)}",
-                fix="fix engine.plugins in the spec or the flag contract table",
+                fix="fix backend.plugins in the spec or the flag contract table",
             )
         # The pinned trtllm-build's own rules: a command it would refuse, or build with other settings
         # than it names, never leaves trtpipe.
@@ -103,7 +103,7 @@ class BuildPlan(BaseModel):
             raise TrtpipeError(
                 "; ".join(f.message for f in findings),
                 fix="the plan must follow trtllm-build's rules (build_configs/trtllm_build_flags/rules.yaml); "
-                "change engine.plugins or report the plan that produced this command",
+                "change backend.plugins or report the plan that produced this command",
             )
         return argv
 
@@ -125,7 +125,7 @@ def make_build_plan(resolved: Any) -> BuildPlan:
         gpu_sm=gpu.sm if gpu is not None else None,
         gpu_product=gpu.product if gpu is not None else None,
         family=config.family,
-        profile=spec.engine.profile.value,
+        profile=spec.limits.profile.value,
         tp=spec.target.tp,
         pp=spec.target.pp,
         dtype=resolved.weight_dtype,

@@ -1,7 +1,7 @@
 """The engine stage: pick the executor for a resolved spec, build, validate.
 
 cpu-reference -> reference; otherwise `target.executor` (auto = local when TensorRT-LLM is
-installed here, else docker). trtllm-build gets `engine.timeout` seconds on either executor (the
+installed here, else docker). trtllm-build gets `backend.build_timeout` seconds on either executor (the
 spec's field; default 4 h). The engine is validated against the plan before it is returned; the
 caller (the store's `building(...)` block) commits only what comes back from here.
 """
@@ -48,11 +48,11 @@ def choose_executor_name(resolved: Any) -> str:
 
 
 def make_executor(resolved: Any, plan: BuildPlan, *, gpus: int | list[str] | None = None) -> Any:
-    """The executor that builds `plan`, with the spec's `engine.timeout`."""
+    """The executor that builds `plan`, with the spec's `backend.build_timeout`."""
     name = choose_executor_name(resolved)
     if name == "reference":
         return ReferenceExecutor(resolved.spec, token_vocab_size=model_semantics.token_vocab_size(resolved.model_config))
-    timeout_s = resolved.spec.engine.timeout
+    timeout_s = resolved.spec.backend.build_timeout
     if name == "local":
         return LocalExecutor(resolved.toolchain, target_sm=plan.gpu_sm, timeout_s=timeout_s)
     return DockerExecutor(resolved.toolchain, gpus=gpus, timeout_s=timeout_s, configs=resolved.configs)

@@ -9,20 +9,21 @@ The mapping (TorchLlmArgs names from build_configs/llm_api_args/<release>.yaml):
   target.tp / target.pp                     -> tensor_parallel_size / pipeline_parallel_size
   model.dtype (resolved)                    -> dtype
   model.trust_remote_code                   -> trust_remote_code
-  engine.max_batch_size, max_input_len,
+  limits.max_batch_size, max_input_len,
   max_seq_len, max_beam_width               -> the fields of the same names
-  engine.max_num_tokens (else the profile's) -> max_num_tokens
-  engine.tokens_per_block                   -> kv_cache_config.tokens_per_block
+  limits.max_num_tokens (else the profile's)  -> max_num_tokens
+  limits.tokens_per_block                   -> kv_cache_config.tokens_per_block
   quantization.kv_cache                     -> kv_cache_config.dtype: "fp8" for fp8, else "auto" (the weights')
-  triton.kv_cache_free_gpu_mem_fraction     -> kv_cache_config.free_gpu_memory_fraction
-  triton.enable_kv_cache_reuse              -> kv_cache_config.enable_block_reuse
-  triton.enable_chunked_context             -> enable_chunked_prefill
-  triton.batch_scheduler_policy             -> scheduler_config.capacity_scheduler_policy
-  (GPU targets)                             -> cuda_graph_config {max_batch_size: engine.max_batch_size,
+  runtime.kv_cache_free_fraction            -> kv_cache_config.free_gpu_memory_fraction
+  runtime.kv_cache_reuse                    -> kv_cache_config.enable_block_reuse
+  runtime.chunked_prefill                   -> enable_chunked_prefill
+  runtime.scheduler_policy                  -> scheduler_config.capacity_scheduler_policy
+  (GPU targets)                             -> cuda_graph_config {max_batch_size: limits.max_batch_size,
                                                enable_padding: true}: decode steps replay CUDA graphs up to the
                                                batch limit, batches padded to the nearest captured size
-Spec settings with no LLM-API equivalent are refused when set away from their defaults (NO_EQUIVALENT), so a spec
-never builds with a setting silently dropped.
+Settings with no LLM-API equivalent (trtllm-build plugins, the engine build timeout, the inflight_batcher_llm
+Triton options) have no place in the llm-api backend section (trtpipe.backend_options.LlmApiOptions): the spec's
+schema refuses them where they are written, so a spec never builds with a setting silently dropped.
 """
 
 from __future__ import annotations
@@ -38,26 +39,6 @@ from trtpipe.spec import BuildSpec
 from trtpipe.trtllm_build.profiles import default_max_num_tokens
 
 FieldPath = tuple[str | int, ...]
-
-# Spec settings the LLM-API backend has no equivalent for, with why; refused away from their default.
-NO_EQUIVALENT: dict[FieldPath, str] = {
-    ("engine", "plugins"): "trtllm-build plugin settings; the PyTorch backend builds no TensorRT engine and has no "
-                           "plugins (its kernels are chosen at run time)",
-    ("triton", "max_batch_size"): "the llmapi model is configured with Triton max_batch_size 0: TensorRT-LLM's own "
-                                  "scheduler batches requests, up to engine.max_batch_size",
-    ("triton", "max_queue_delay_microseconds"): "Triton's dynamic batcher does not run for a max_batch_size 0 model, "
-                                                "so a queue delay has nothing to delay",
-    ("triton", "preprocessing_instance_count"): "the llmapi repository has no preprocessing model: the LLM tokenizes "
-                                                "inside the tensorrt_llm model",
-    ("triton", "postprocessing_instance_count"): "the llmapi repository has no postprocessing model: the LLM "
-                                                 "detokenizes inside the tensorrt_llm model",
-    ("triton", "tensorrt_llm_instance_count"): "one LLM instance owns the model's GPUs (tensor_parallel_size x "
-                                               "pipeline_parallel_size); more Triton instances would load it again",
-}
-# Spec settings kept but not used by the LLM-API backend (they change nothing about what is built or served).
-NOT_USED: dict[FieldPath, str] = {
-    ("engine", "timeout"): "no trtllm-build runs; engine.conversion_timeout still bounds the HF export",
-}
 
 _POLICIES = {"max_utilization": "MAX_UTILIZATION", "guaranteed_no_evict": "GUARANTEED_NO_EVICT"}
 
@@ -103,22 +84,6 @@ class LlmApiPlan:
         }
 
 
-def default_of(spec: BuildSpec, path: FieldPath) -> Any:
-    """The default of the spec field `path` (section, name)."""
-    section = type(getattr(spec, str(path[0])))
-    return section.model_fields[str(path[1])].get_default(call_default_factory=True)
-
-
-def set_without_equivalent(spec: BuildSpec) -> list[tuple[FieldPath, Any, str]]:
-    """The spec's settings with no LLM-API equivalent that are set away from their defaults."""
-    found = []
-    for path, why in NO_EQUIVALENT.items():
-        value = getattr(getattr(spec, str(path[0])), str(path[1]))
-        if value != default_of(spec, path):
-            found.append((path, value, why))
-    return found
-
-
 def _check_quantization(spec: BuildSpec, table: LlmArgsTable, gpu: Any, architecture: str | None) -> None:
     q = spec.quantization
     fmt, kv = quant.FORMATS[q.algo], quant.KV_CACHES[q.kv_cache]
@@ -156,12 +121,9 @@ def derive_llm_args(spec: BuildSpec, toolchain: Any, gpu: Any, model_config: dic
     """The LLM() arguments `spec` implies on `toolchain`'s PyTorch backend (see the module doc), or a violation.
     `args_table`: the TorchLlmArgs table the spec's backend names (its `args`)."""
     table = load_args_table(args_table, configs)
-    for path, value, why in set_without_equivalent(spec):
-        raise LlmApiRuleViolation(path, f"{'.'.join(map(str, path))} = {value!r} has no equivalent with backend "
-                                  f"llm-api: {why}", f"remove {'.'.join(map(str, path))} (or use backend: trtllm-build)")
     archs = model_config.get("architectures") or [None]
     _check_quantization(spec, table, gpu, archs[0])
-    q, engine, triton, target = spec.quantization, spec.engine, spec.triton, spec.target
+    q, limits, runtime, target = spec.quantization, spec.limits, spec.runtime, spec.target
     kv = quant.KV_CACHES[q.kv_cache]
     if kv.checkpoint_algo is None and kv.dtype is not None and kv.dtype != weight_dtype:
         raise LlmApiRuleViolation(
@@ -175,24 +137,24 @@ def derive_llm_args(spec: BuildSpec, toolchain: Any, gpu: Any, model_config: dic
         sources.append(ArgSource(arg, value, spec_field, reason))
         return value
 
-    if engine.max_num_tokens is not None:
-        max_num_tokens = put("max_num_tokens", engine.max_num_tokens, "engine.max_num_tokens", "set in the spec")
+    if limits.max_num_tokens is not None:
+        max_num_tokens = put("max_num_tokens", limits.max_num_tokens, "limits.max_num_tokens", "set in the spec")
     else:
-        tokens, why = default_max_num_tokens(engine.profile.value)  # type: ignore[arg-type]
-        max_num_tokens = put("max_num_tokens", tokens, "engine.profile", why)
+        tokens, why = default_max_num_tokens(limits.profile.value)  # type: ignore[arg-type]
+        max_num_tokens = put("max_num_tokens", tokens, "limits.profile", why)
     kv_config = {
         "dtype": put("kv_cache_config.dtype", "fp8" if kv.checkpoint_algo == "FP8" else "auto",
                      "quantization.kv_cache", "fp8 KV cache" if kv.checkpoint_algo == "FP8"
                      else f"the weights' dtype ({weight_dtype})"),
-        "enable_block_reuse": put("kv_cache_config.enable_block_reuse", triton.enable_kv_cache_reuse,
-                                  "triton.enable_kv_cache_reuse", "KV cache block reuse across requests"),
+        "enable_block_reuse": put("kv_cache_config.enable_block_reuse", runtime.kv_cache_reuse,
+                                  "runtime.kv_cache_reuse", "KV cache block reuse across requests"),
         "free_gpu_memory_fraction": put("kv_cache_config.free_gpu_memory_fraction",
-                                        triton.kv_cache_free_gpu_mem_fraction, "triton.kv_cache_free_gpu_mem_fraction",
+                                        runtime.kv_cache_free_fraction, "runtime.kv_cache_free_fraction",
                                         "share of free GPU memory the KV cache takes"),
-        "tokens_per_block": put("kv_cache_config.tokens_per_block", engine.tokens_per_block,
-                                "engine.tokens_per_block", "tokens per KV cache block"),
+        "tokens_per_block": put("kv_cache_config.tokens_per_block", limits.tokens_per_block,
+                                "limits.tokens_per_block", "tokens per KV cache block"),
     }
-    windows = model_semantics.attention_windows(model_config, engine.max_seq_len)
+    windows = model_semantics.attention_windows(model_config, limits.max_seq_len)
     if windows is not None:  # a checkpoint carries no window: the LLM's KV cache config must (model_semantics)
         kv_config["max_attention_window"] = put(
             "kv_cache_config.max_attention_window", windows, None,
@@ -203,21 +165,21 @@ def derive_llm_args(spec: BuildSpec, toolchain: Any, gpu: Any, model_config: dic
         "dtype": put("dtype", weight_dtype, "model.dtype", "the exported weights' dtype"),
         "trust_remote_code": put("trust_remote_code", spec.model.trust_remote_code, "model.trust_remote_code",
                                  "run the model's own code from its folder"),
-        "max_batch_size": put("max_batch_size", engine.max_batch_size, "engine.max_batch_size", "requests per step"),
-        "max_input_len": put("max_input_len", engine.max_input_len, "engine.max_input_len", "longest prompt"),
-        "max_seq_len": put("max_seq_len", engine.max_seq_len, "engine.max_seq_len", "prompt plus output"),
-        "max_beam_width": put("max_beam_width", engine.max_beam_width, "engine.max_beam_width", "beam search width"),
+        "max_batch_size": put("max_batch_size", limits.max_batch_size, "limits.max_batch_size", "requests per step"),
+        "max_input_len": put("max_input_len", limits.max_input_len, "limits.max_input_len", "longest prompt"),
+        "max_seq_len": put("max_seq_len", limits.max_seq_len, "limits.max_seq_len", "prompt plus output"),
+        "max_beam_width": put("max_beam_width", limits.max_beam_width, "limits.max_beam_width", "beam search width"),
         "max_num_tokens": max_num_tokens,
         "kv_cache_config": kv_config,
-        "enable_chunked_prefill": put("enable_chunked_prefill", triton.enable_chunked_context,
-                                      "triton.enable_chunked_context", "split long prompts over steps"),
+        "enable_chunked_prefill": put("enable_chunked_prefill", runtime.chunked_prefill,
+                                      "runtime.chunked_prefill", "split long prompts over steps"),
         "scheduler_config": {"capacity_scheduler_policy": put(
-            "scheduler_config.capacity_scheduler_policy", _POLICIES[triton.batch_scheduler_policy.value],
-            "triton.batch_scheduler_policy", "how requests are admitted against KV cache capacity")},
+            "scheduler_config.capacity_scheduler_policy", _POLICIES[runtime.scheduler_policy.value],
+            "runtime.scheduler_policy", "how requests are admitted against KV cache capacity")},
     }
     if gpu is not None:
         args["cuda_graph_config"] = {
-            "max_batch_size": put("cuda_graph_config.max_batch_size", engine.max_batch_size, "engine.max_batch_size",
+            "max_batch_size": put("cuda_graph_config.max_batch_size", limits.max_batch_size, "limits.max_batch_size",
                                   "capture decode CUDA graphs up to the batch limit"),
             "enable_padding": put("cuda_graph_config.enable_padding", True, None,
                                   "pad a batch to the nearest captured size, so every decode step replays a graph"),

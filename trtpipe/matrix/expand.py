@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import copy
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from trtpipe import spec_shape
 from trtpipe.errors import SpecError
 from trtpipe.matrix.loader import AXES, AxisValue, MatrixFile
 from trtpipe.names import name_fix, name_problem
@@ -38,6 +39,8 @@ class Cell:
     data: dict[str, Any]  # the build spec, as YAML would give it (paths absolute)
     positions: dict[FieldPath, Position]  # spec field path -> position in the matrix file
     origin: str  # "axes" or "include[N]"
+    # a base in the spec's earlier shape (trtpipe.spec_shape): today's path -> the path it was written as
+    written_as: dict[FieldPath, FieldPath] = field(default_factory=dict)
 
 
 def _deep_merge(into: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
@@ -63,6 +66,9 @@ def _anchored(value: Any, folder: Path) -> Any:
 def _make_cell(matrix: MatrixFile, values: list[AxisValue], origin: str) -> Cell:
     data = copy.deepcopy(matrix.base)
     positions = matrix.base_positions()
+    upgraded = spec_shape.upgrade(data, positions, matrix.display_path)
+    if upgraded is not None:
+        data, positions = upgraded.data, upgraded.positions
     for value in values:
         axis = value.axis
         if axis.section is None:
@@ -81,7 +87,8 @@ def _make_cell(matrix: MatrixFile, values: list[AxisValue], origin: str) -> Cell
     labels = {value.axis.cell_key: value.label for value in values}
     name = "-".join(labels[axis.cell_key] for axis in AXES if axis.cell_key in labels) or matrix.name
     data["name"] = name
-    return Cell(name=name, labels=labels, data=data, positions=positions, origin=origin)
+    return Cell(name=name, labels=labels, data=data, positions=positions, origin=origin,
+                written_as=upgraded.written_as if upgraded is not None else {})
 
 
 def expand(matrix: MatrixFile) -> list[Cell]:
@@ -126,9 +133,10 @@ def load_cell(matrix: MatrixFile, cell: Cell) -> LoadedSpec:
     try:
         spec = BuildSpec.model_validate(cell.data)
     except ValidationError as exc:
-        error = spec_error_from_validation(exc, cell.data, cell.positions, matrix.display_path)
+        error = spec_error_from_validation(exc, cell.data, cell.positions, matrix.display_path, cell.written_as)
         raise in_cell(error, cell.name) from None
-    return LoadedSpec(spec=spec, path=matrix.path, display_path=matrix.display_path, positions=dict(cell.positions))
+    return LoadedSpec(spec=spec, path=matrix.path, display_path=matrix.display_path, positions=dict(cell.positions),
+                      written_as=dict(cell.written_as))
 
 
 def in_cell(error: SpecError, cell: str) -> SpecError:

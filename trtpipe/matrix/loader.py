@@ -8,7 +8,7 @@ axes:                            # each a list; a cell takes one value of every 
   models:        [{label: tiny-llama, path: ../../out/tiny-llama, dtype: float16}]
   targets:       [cpu-reference, {gpu: h100-sxm, tp: 2}]     # text: target.gpu
   quantizations: [none, fp8, {algo: int4_awq, group_size: 64}]  # text: quantization.algo
-  profiles:      [throughput, latency]                     # text: engine.profile; a mapping: engine keys
+  profiles:      [throughput, latency]                     # text: limits.profile; a mapping: limits keys
   toolchains:    [trtllm-1.2.1]                            # text: toolchain
 exclude:                         # drop the cells whose labels match every pair given
   - {target: a100-80gb, quantization: fp8}
@@ -52,7 +52,7 @@ AXES: tuple[Axis, ...] = (
     Axis("models", "model", "model", "path"),
     Axis("targets", "target", "target", "gpu"),
     Axis("quantizations", "quantization", "quantization", "algo"),
-    Axis("profiles", "profile", "engine", "profile"),
+    Axis("profiles", "profile", "limits", "profile"),
     Axis("toolchains", "toolchain", None, "toolchain"),
 )
 AXIS_BY_NAME = {axis.name: axis for axis in AXES}

@@ -559,7 +559,7 @@ class ReferenceModel:
         if beam_width != 1:
             raise UsageError(
                 f"beam_width {beam_width} is not supported by the CPU reference runtime (it runs beam width 1 only)",
-                fix="send beam_width 1, or serve a TensorRT engine built with engine.max_beam_width > 1 for beam search",
+                fix="send beam_width 1, or serve a TensorRT engine built with limits.max_beam_width > 1 for beam search",
             )
         if not math.isfinite(length_penalty):
             raise UsageError(f"length_penalty {length_penalty} is not a finite number", fix="send a finite value")

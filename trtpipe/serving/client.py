@@ -444,7 +444,7 @@ class TritonLLMClient:
         """Token-by-token text deltas (stream=true); needs a decoupled (streaming) deployment."""
         if not self.is_decoupled():
             raise UsageError(f"{self.model} at {self.url} is not decoupled, so it cannot stream",
-                             fix="publish with triton.streaming: true, or call generate()")
+                             fix="publish with runtime.streaming: true, or call generate()")
         for t_received, text, ids, _cum, _lp, final in self._stream_results(prompt, max_tokens, stream=True, **sampling):
             yield StreamChunk(text=text, token_ids=ids, t_received=t_received, is_final=final)
 

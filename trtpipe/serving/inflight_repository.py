@@ -126,21 +126,22 @@ def _bool(value: bool) -> str:
 def template_values(resolved: Any, engine: EngineFacts) -> dict[str, str]:
     """Every template variable, filled explicitly from the spec and the engine."""
     spec = resolved.spec
-    triton = spec.triton
+    triton, runtime = spec.backend.triton, spec.runtime  # an engine backend's Triton options
     reference = spec.target.is_cpu_reference
     batch = triton.max_batch_size if triton.max_batch_size is not None else engine.max_batch_size
     if batch > engine.max_batch_size:
         raise InvalidInput(
-            f"triton.max_batch_size {batch} exceeds the engine's max_batch_size {engine.max_batch_size}",
-            fix=f"set triton.max_batch_size <= {engine.max_batch_size} or rebuild with a larger engine.max_batch_size",
+            f"backend.triton.max_batch_size {batch} exceeds the engine's max_batch_size {engine.max_batch_size}",
+            fix=f"set backend.triton.max_batch_size <= {engine.max_batch_size} or rebuild with a larger "
+                "limits.max_batch_size",
         )
     logits_datatype = _logits_datatype(engine, resolved.configs)
     if not reference:
-        _check_backend_values(triton, resolved.configs)
+        _check_backend_values(runtime, resolved.configs)
     tokens, padded = engine_vocab(resolved, engine)
     return {
         "triton_max_batch_size": str(batch),
-        "decoupled_mode": _bool(triton.streaming),
+        "decoupled_mode": _bool(runtime.streaming),
         "max_queue_delay_microseconds": str(triton.max_queue_delay_microseconds),
         "tensorrt_llm_instance_count": str(triton.tensorrt_llm_instance_count),
         "preprocessing_instance_count": str(triton.preprocessing_instance_count),
@@ -150,10 +151,10 @@ def template_values(resolved: Any, engine: EngineFacts) -> dict[str, str]:
         "batching_strategy": "inflight_fused_batching",
         # cpu-reference: relative to the model folder (the repository may move); GPU: the container mount.
         "engine_dir": "1" if reference else f"{CONTAINER_REPO_MOUNT}/{ENGINE_SUBDIR}",
-        "batch_scheduler_policy": triton.batch_scheduler_policy.value,
-        "kv_cache_free_gpu_mem_fraction": str(triton.kv_cache_free_gpu_mem_fraction),
-        "enable_kv_cache_reuse": _bool(triton.enable_kv_cache_reuse),
-        "enable_chunked_context": _bool(triton.enable_chunked_context),
+        "batch_scheduler_policy": runtime.scheduler_policy.value,
+        "kv_cache_free_gpu_mem_fraction": str(runtime.kv_cache_free_fraction),
+        "enable_kv_cache_reuse": _bool(runtime.kv_cache_reuse),
+        "enable_chunked_context": _bool(runtime.chunked_prefill),
         "exclude_input_in_output": "true",
         "gpu_device_ids": "" if reference else ",".join(str(i) for i in range(engine.world_size)),
         "tokenizer_dir": TOKENIZER_SUBDIR,
@@ -190,17 +191,17 @@ def _logits_datatype(engine: EngineFacts, configs: Path) -> str:
     return declared
 
 
-def _check_backend_values(triton: Any, configs: Path) -> None:
+def _check_backend_values(runtime: Any, configs: Path) -> None:
     """Spec values the C++ backend's executor refuses though the spec allows them (the spec serves both backends)."""
     from trtpipe.serving.parameters import PARAMETER_FILE, load_parameter_table
 
     row = load_parameter_table(configs=configs).row("kv_cache_free_gpu_mem_fraction")
-    fraction = triton.kv_cache_free_gpu_mem_fraction
+    fraction = runtime.kv_cache_free_fraction
     if row is not None and row.range is not None and not row.range.holds(fraction):
         raise InvalidInput(
-            f"triton.kv_cache_free_gpu_mem_fraction {fraction:g}: the tensorrtllm backend's executor accepts only "
+            f"runtime.kv_cache_free_fraction {fraction:g}: the tensorrtllm backend's executor accepts only "
             f"{row.range.text()} (build_configs/{PARAMETER_FILE})",
-            fix="set triton.kv_cache_free_gpu_mem_fraction below 1, e.g. 0.95",
+            fix="set runtime.kv_cache_free_fraction below 1, e.g. 0.95",
         )
 
 
@@ -316,7 +317,7 @@ def build_manifest(
             "dir": ENGINE_SUBDIR,
             "files": engine_files,
         },
-        "streaming": spec.triton.streaming,
+        "streaming": spec.runtime.streaming,
         "triton_max_batch_size": int(values["triton_max_batch_size"]),
         "models": list(templates.MODEL_NAMES),
         "tokenizer_files": tokenizer_files,

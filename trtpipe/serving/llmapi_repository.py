@@ -1,7 +1,7 @@
 """Publish a Triton model repository in TensorRT-LLM's `llmapi` layout for one LLM-API artifact.
 
 Layout written into `out_dir` (facts: build_configs/triton_contracts/llmapi.yaml, `layout`):
-    tensorrt_llm/config.pbtxt       Python backend, max_batch_size 0, decoupled = triton.streaming, every tensor
+    tensorrt_llm/config.pbtxt       Python backend, max_batch_size 0, decoupled = runtime.streaming, every tensor
                                     of the llmapi contract, the identity parameters
     tensorrt_llm/1/model.yaml       `model` (the artifact, below), the artifact's llm_args.json (the LLM() keyword
                                     arguments) and `triton_config` {max_batch_size: 0, decoupled}
@@ -103,7 +103,7 @@ def check_artifact(artifact_dir: Path) -> list[str]:
 
 def template_values(resolved: Any) -> dict[str, str]:
     return {
-        "decoupled_mode": _bool(resolved.spec.triton.streaming),
+        "decoupled_mode": _bool(resolved.spec.runtime.streaming),
         "upstream_model_dir": UPSTREAM_MODEL_DIR,
     }
 
@@ -116,7 +116,7 @@ def model_yaml(resolved: Any, llm_args: dict[str, Any]) -> str:
               "# (TensorRT-LLM's llmapi model.py passes them through update_llm_args_with_extra_dict).\n")
     body = yaml.safe_dump({"model": model}, sort_keys=False)
     body += yaml.safe_dump(dict(sorted(llm_args.items())), sort_keys=True) if llm_args else ""
-    body += yaml.safe_dump({"triton_config": {"max_batch_size": 0, "decoupled": bool(resolved.spec.triton.streaming)}},
+    body += yaml.safe_dump({"triton_config": {"max_batch_size": 0, "decoupled": bool(resolved.spec.runtime.streaming)}},
                            sort_keys=False)
     return header + body
 
@@ -147,7 +147,7 @@ def build_manifest(resolved: Any, artifact_dir: Path, artifact_digest: str, file
             "world_size": tp * pp,
             **_quantization(artifact_dir),
         },
-        "streaming": spec.triton.streaming,
+        "streaming": spec.runtime.streaming,
         "triton_max_batch_size": 0,
         "models": [MODEL],
         "tokenizer_files": [n for n in TOKENIZER_FILES if n in files],

@@ -115,7 +115,7 @@ def check_llmapi(checker: Any) -> None:
         decoupled = config.model_transaction_policy.decoupled
         if "streaming" in manifest and bool(manifest["streaming"]) != decoupled:
             checker.add(MODEL, "model_transaction_policy.decoupled",
-                        f"decoupled is {str(decoupled).lower()} but the manifest says triton.streaming is "
+                        f"decoupled is {str(decoupled).lower()} but the manifest says runtime.streaming is "
                         f"{str(bool(manifest['streaming'])).lower()}; upstream streams only in decoupled mode",
                         f"set model_transaction_policy {{ decoupled: {str(bool(manifest['streaming'])).lower()} }} "
                         f"({REPUBLISH})")

@@ -285,7 +285,7 @@ def run_smoke(
 
         def streaming() -> str:
             if not client.is_decoupled():
-                return "skipped: the deployment is not decoupled (triton.streaming: false)"
+                return "skipped: the deployment is not decoupled (runtime.streaming: false)"
             chunks = list(client.stream(prompts[0], max_tokens, top_k=1))
             if not chunks or not chunks[-1].is_final:
                 raise CheckFailed("the stream ended without a final response", check="stream")

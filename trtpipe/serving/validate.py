@@ -178,12 +178,12 @@ class _Checker:
             decoupled = llm.model_transaction_policy.decoupled
             if streaming and not decoupled:
                 self.add("tensorrt_llm", "model_transaction_policy.decoupled",
-                         "streaming is enabled (triton.streaming) but the model is not decoupled; "
+                         "streaming is enabled (runtime.streaming) but the model is not decoupled; "
                          "TensorRT-LLM refuses streaming requests outside decoupled mode",
-                         "set model_transaction_policy { decoupled: true } (publish again with triton.streaming: true)")
+                         "set model_transaction_policy { decoupled: true } (publish again with runtime.streaming: true)")
             elif decoupled and not streaming:
                 self.add("tensorrt_llm", "model_transaction_policy.decoupled",
-                         "the model is decoupled but the manifest says triton.streaming is false",
+                         "the model is decoupled but the manifest says runtime.streaming is false",
                          "publish again so the config and manifest agree")
         if bls is not None and llm is not None and \
                 bls.model_transaction_policy.decoupled != llm.model_transaction_policy.decoupled:
@@ -238,7 +238,7 @@ class _Checker:
             if config.max_batch_size > engine_batch:
                 self.add(name, "max_batch_size",
                          f"{config.max_batch_size} exceeds the engine's max_batch_size {engine_batch}",
-                         f"set triton.max_batch_size <= {engine_batch} and publish again")
+                         f"set backend.triton.max_batch_size <= {engine_batch} and publish again")
 
     def check_semantics(self) -> None:
         """What the model computes and its checkpoint does not carry (trtpipe.model_semantics), as the manifest

@@ -87,7 +87,7 @@ class PublishStage:
         spec = resolved.spec
         return repository_key(
             engine_digest=artifact_digest,
-            serving={**spec.triton.model_dump(mode="json"), **self.layout.key_serving},
+            serving={**spec.serving_settings(), **self.layout.key_serving},
             tokenizer_digest=tokenizer_digest(ctx.digests, resolved.tokenizer_dir),
             templates_digest=templates_digest(layout=self.layout.name),
             trtpipe_version=trtpipe.__version__,

@@ -2,7 +2,7 @@
 
 `derive_engine_config(spec, toolchain, gpu, model_config)` fixes every limit and every plugin/feature
 setting explicitly (never a version's default) with the reason for each: the in-flight batching
-requirements, the build profile (profiles.py), the spec's `engine.plugins` overrides checked against
+requirements, the build profile (profiles.py), the spec's `backend.plugins` overrides checked against
 the toolchain's flag table (flags.py), then the pinned trtllm-build's own rules (rules.py) replayed on
 the result, and trtpipe's serving rules last. A setting trtllm-build would silently change is planned
 as trtllm-build ends with it (its reason says so); a spec override it would change or refuse, and every
@@ -53,9 +53,9 @@ class EngineConfig:
     limits: dict[str, int | str | None]
     plugin_config: dict[str, str | bool | int | None]
     why: dict[str, str]
-    overrides: list[str]  # engine.plugins keys the spec set
+    overrides: list[str]  # backend.plugins keys the spec set
     facts: BuildFacts
-    spec_keys: dict[str, str] = field(default_factory=dict)  # trtllm-build flag -> the engine.plugins key that set it
+    spec_keys: dict[str, str] = field(default_factory=dict)  # trtllm-build flag -> the backend.plugins key that set it
 
 
 def is_power_of_two(value: int) -> bool:
@@ -72,7 +72,7 @@ def derive_engine_config(spec: BuildSpec, toolchain: Any, gpu: Any, model_config
                          configs: Path | None = None) -> EngineConfig:
     """The complete build configuration of `spec` (see the module doc; `configs`: the build_configs/ folder the
     flag contract is read from, None for the shipped one); raises RuleViolation."""
-    engine = spec.engine
+    spec_limits = spec.limits
     contract = load_contract(flag_table(toolchain), configs)
     family = gpu.architecture if gpu is not None else "reference"
     archs = model_config.get("architectures") or []
@@ -81,14 +81,14 @@ def derive_engine_config(spec: BuildSpec, toolchain: Any, gpu: Any, model_config
     facts = BuildFacts.for_recipe(algo, kv_cache, architecture=architecture, tp_size=spec.target.tp,
                                   sm=gpu.sm if gpu is not None else None)
 
-    tpb = engine.tokens_per_block
+    tpb = spec_limits.tokens_per_block
     if not is_power_of_two(tpb):
-        raise RuleViolation(("engine", "tokens_per_block"), f"tokens_per_block {tpb} is not a power of two",
+        raise RuleViolation(("limits", "tokens_per_block"), f"tokens_per_block {tpb} is not a power of two",
                             "use 16, 32, 64 or 128 (the paged KV cache's block size)")
 
     settings: dict[str, Setting] = {}
     settings.update(inflight_batching_settings(tpb))
-    settings.update(profile_settings(family, engine.profile.value, quant_algo=algo, tp=spec.target.tp,  # type: ignore[arg-type]
+    settings.update(profile_settings(family, spec_limits.profile.value, quant_algo=algo, tp=spec.target.tp,  # type: ignore[arg-type]
                                      architecture=architecture, kv_cache=kv_cache))
     plugin_config: dict[str, str | bool | int | None] = {k: s.value for k, s in settings.items()}
     why = {k: s.why for k, s in settings.items()}
@@ -102,7 +102,7 @@ def derive_engine_config(spec: BuildSpec, toolchain: Any, gpu: Any, model_config
             "(rule opt-num-tokens-with-multiple-profiles); each optimization profile then has its own optimum"
         )
     else:
-        limits["opt_num_tokens"] = min(engine.max_batch_size * engine.max_beam_width, int(limits["max_num_tokens"]))  # type: ignore[arg-type]
+        limits["opt_num_tokens"] = min(spec_limits.max_batch_size * spec_limits.max_beam_width, int(limits["max_num_tokens"]))  # type: ignore[arg-type]
         why["opt_num_tokens"] = (
             "min(max_batch_size*max_beam_width, max_num_tokens): TRT-LLM's own default with a single profile, "
             "set explicitly so the engine config equals the plan"
@@ -115,41 +115,41 @@ def derive_engine_config(spec: BuildSpec, toolchain: Any, gpu: Any, model_config
 
 
 def _limits(spec: BuildSpec, why: dict[str, str]) -> dict[str, int | str | None]:
-    engine, chunked = spec.engine, spec.triton.enable_chunked_context
-    if engine.max_num_tokens is not None:
-        max_num_tokens = engine.max_num_tokens
-        if max_num_tokens < engine.max_input_len and not chunked:
+    spec_limits, chunked = spec.limits, spec.runtime.chunked_prefill
+    if spec_limits.max_num_tokens is not None:
+        max_num_tokens = spec_limits.max_num_tokens
+        if max_num_tokens < spec_limits.max_input_len and not chunked:
             raise RuleViolation(
-                ("engine", "max_num_tokens"),
-                f"max_num_tokens {max_num_tokens} < max_input_len {engine.max_input_len}: "
+                ("limits", "max_num_tokens"),
+                f"max_num_tokens {max_num_tokens} < max_input_len {spec_limits.max_input_len}: "
                 "a full prompt could not be processed in one step",
-                f"raise max_num_tokens to at least {engine.max_input_len}, or set triton.enable_chunked_context: true",
+                f"raise max_num_tokens to at least {spec_limits.max_input_len}, or set runtime.chunked_prefill: true",
             )
-        why["max_num_tokens"] = "set by engine.max_num_tokens in the spec"
+        why["max_num_tokens"] = "set by limits.max_num_tokens in the spec"
     else:
-        default, reason = default_max_num_tokens(engine.profile.value)  # type: ignore[arg-type]
-        max_num_tokens = default if chunked else max(default, engine.max_input_len)
+        default, reason = default_max_num_tokens(spec_limits.profile.value)  # type: ignore[arg-type]
+        max_num_tokens = default if chunked else max(default, spec_limits.max_input_len)
         why["max_num_tokens"] = reason + ("" if chunked else "; at least max_input_len since chunked context is off")
-    cap = engine.max_batch_size * engine.max_seq_len
+    cap = spec_limits.max_batch_size * spec_limits.max_seq_len
     if max_num_tokens > cap:
         max_num_tokens = cap
         why["max_num_tokens"] += f"; capped at max_batch_size*max_seq_len = {cap} (TRT-LLM caps it too)"
     for key in ("max_batch_size", "max_input_len", "max_seq_len", "max_beam_width"):
-        why[key] = f"engine.{key} from the spec"
+        why[key] = f"limits.{key} from the spec"
     why["kv_cache_type"] = "paged KV cache: required by in-flight batching; memory is allocated per block, not per max_seq_len"
     return {
-        "max_batch_size": engine.max_batch_size,
-        "max_input_len": engine.max_input_len,
-        "max_seq_len": engine.max_seq_len,
+        "max_batch_size": spec_limits.max_batch_size,
+        "max_input_len": spec_limits.max_input_len,
+        "max_seq_len": spec_limits.max_seq_len,
         "max_num_tokens": max_num_tokens,
         "opt_num_tokens": None,  # set once multiple_profiles is final
-        "max_beam_width": engine.max_beam_width,
+        "max_beam_width": spec_limits.max_beam_width,
         "kv_cache_type": "paged",
     }
 
 
 def _normalize_override(contract: FlagContract, key: str, value: object) -> str | bool | None:
-    """An engine.plugins value as PluginConfig stores it: True/False for features, None for a disabled plugin."""
+    """An backend.plugins value as PluginConfig stores it: True/False for features, None for a disabled plugin."""
     flag = contract.lookup(key)
     assert flag is not None
     if flag.choices == ["enable", "disable"]:
@@ -166,20 +166,20 @@ def _normalize_override(contract: FlagContract, key: str, value: object) -> str 
 def _apply_overrides(
     spec: BuildSpec, contract: FlagContract, limits: dict[str, Any], plugin_config: dict[str, Any], why: dict[str, str]
 ) -> tuple[list[str], dict[str, str]]:
-    """engine.plugins on top of the profile, each checked against the toolchain's flag table."""
+    """backend.plugins on top of the profile, each checked against the toolchain's flag table."""
     overrides: list[str] = []
     spec_keys: dict[str, str] = {}
-    for key, raw in spec.engine.plugins.items():
-        where = ("engine", "plugins", key)
+    for key, raw in spec.backend.plugins.items():  # type: ignore[union-attr]  # an engine backend's
+        where = ("backend", "plugins", key)
         if key == "tokens_per_block":
-            raise RuleViolation(where, "tokens_per_block is not a plugin override", "set engine.tokens_per_block")
+            raise RuleViolation(where, "tokens_per_block is not a plugin override", "set limits.tokens_per_block")
         if key in ("paged_kv_cache", "kv_cache_type"):
             # Planned like any setting; the rules refuse what in-flight batching cannot serve.
             value = spec_value(key, raw)
             if key == "paged_kv_cache":
                 value = "paged" if value is True else "continuous"
             limits["kv_cache_type"] = value
-            why["kv_cache_type"] = f"set by engine.plugins.{key} in the spec"
+            why["kv_cache_type"] = f"set by backend.plugins.{key} in the spec"
             spec_keys["kv_cache_type"] = key
             continue
         flag = contract.lookup(key)
@@ -196,7 +196,7 @@ def _apply_overrides(
         if problem:
             raise RuleViolation(where, problem, "pick an allowed value")
         plugin_config[key] = value
-        why[key] = "set by engine.plugins in the spec"
+        why[key] = "set by backend.plugins in the spec"
         overrides.append(key)
         spec_keys[key] = key
     return overrides, spec_keys
@@ -225,10 +225,10 @@ def _follow_trtllm_build(config: EngineConfig, table: RuleTable) -> None:
                 if key in config.spec_keys:
                     spec_key = config.spec_keys[key]
                     raise RuleViolation(
-                        ("engine", "plugins", spec_key),
+                        ("backend", "plugins", spec_key),
                         f"{spec_key}: {render_value(config.plugin_config.get(key))} would not take effect: "
                         f"{finding.message}",
-                        f"remove engine.plugins.{spec_key}",
+                        f"remove backend.plugins.{spec_key}",
                     )
                 target = config.limits if key in config.limits else config.plugin_config
                 target[key] = value
@@ -242,7 +242,7 @@ def _follow_trtllm_build(config: EngineConfig, table: RuleTable) -> None:
 def _refusal(finding: Finding, config: EngineConfig) -> Exception:
     blamed = [config.spec_keys[flag] for flag in finding.flags if flag in config.spec_keys]
     if blamed:
-        return RuleViolation(("engine", "plugins", blamed[0]), finding.message, f"remove engine.plugins.{blamed[0]}")
+        return RuleViolation(("backend", "plugins", blamed[0]), finding.message, f"remove backend.plugins.{blamed[0]}")
     if "quant_algo" in finding.flags:
         if config.facts.quant_algo is not None:
             return RuleViolation(("quantization", "algo"), finding.message,
@@ -262,22 +262,21 @@ def _serving_rules(spec: BuildSpec, config: EngineConfig) -> None:
     fp8_weights = spec.quantization.algo == "fp8"
 
     def blame(key: str) -> FieldPath:
-        return ("engine", "plugins", key) if key in overrides else ("engine", "plugins")
+        return ("backend", "plugins", key) if key in overrides else ("backend", "plugins")
 
-    triton = spec.triton
     if not pc.get("use_paged_context_fmha"):
-        for option in ("enable_chunked_context", "enable_kv_cache_reuse"):
-            if not getattr(triton, option):
+        for option in ("chunked_prefill", "kv_cache_reuse"):
+            if not getattr(spec.runtime, option):
                 continue
             if "use_paged_context_fmha" in overrides:
                 raise RuleViolation(blame("use_paged_context_fmha"),
-                                    f"use_paged_context_fmha is off but triton.{option} needs it",
-                                    f"remove the override or set triton.{option}: false")
+                                    f"use_paged_context_fmha is off but runtime.{option} needs it",
+                                    f"remove the override or set runtime.{option}: false")
             raise RuleViolation(
-                ("triton", option),
-                f"triton.{option} needs an engine built with use_paged_context_fmha, which this build turns off "
+                ("runtime", option),
+                f"runtime.{option} needs an engine built with use_paged_context_fmha, which this build turns off "
                 f"({config.why.get('use_paged_context_fmha', 'see the plan')})",
-                f"set triton.{option}: false, or change the quantization/KV cache that turns it off",
+                f"set runtime.{option}: false, or change the quantization/KV cache that turns it off",
             )
     for key in ("low_latency_gemm_plugin", "low_latency_gemm_swiglu_plugin", "gemm_swiglu_plugin"):
         if pc.get(key) is not None and not (fp8_weights and family == "hopper"):
@@ -285,7 +284,7 @@ def _serving_rules(spec: BuildSpec, config: EngineConfig) -> None:
                 blame(key),
                 f"{key} runs FP8 kernels that exist for Hopper only (quantization {spec.quantization.algo}, "
                 f"family {family})",
-                f"remove engine.plugins.{key}",
+                f"remove backend.plugins.{key}",
             )
     if pc.get("gemm_plugin") == "nvfp4" and family != "blackwell":
         raise RuleViolation(blame("gemm_plugin"), "gemm_plugin nvfp4 needs a Blackwell GPU (SM100+)", "use auto")

@@ -63,7 +63,7 @@ def inflight_batching_settings(tokens_per_block: int) -> dict[str, Setting]:
         ),
         "tokens_per_block": Setting(
             value=tokens_per_block,
-            why="paged KV cache block size (engine.tokens_per_block); the serving config must use the same",
+            why="paged KV cache block size (limits.tokens_per_block); the serving config must use the same",
         ),
     }
 

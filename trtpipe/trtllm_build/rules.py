@@ -214,7 +214,7 @@ def command_value(flag: str, raw: str | None) -> Any:
 
 
 def spec_value(flag: str, raw: Any) -> Any:
-    """An `engine.plugins` value (YAML bool or word) as trtllm-build would hold it."""
+    """An `backend.plugins` value (YAML bool or word) as trtllm-build would hold it."""
     if flag == "kv_cache_type":
         return None if raw is None else str(raw).lower()
     if flag in _INT_FLAGS:

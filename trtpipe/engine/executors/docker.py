@@ -23,7 +23,7 @@ from trtpipe.engine.executors.base import timed_out as timed_out_error
 from trtpipe.engine.executors.local import CONVERSION_ENV
 from trtpipe.errors import InvalidInput, MissingCapability
 from trtpipe.shipped import configs_dir, package_dir
-from trtpipe.spec import DEFAULT_TIMEOUT_S
+from trtpipe.backend_options import DEFAULT_TIMEOUT_S
 
 CHECKPOINT_MOUNT = "/trtpipe/checkpoint"
 ENGINE_MOUNT = "/trtpipe/engine"
@@ -395,7 +395,7 @@ class DockerExecutor:
                 pass
         code = int(status.get("StatusCode", 1)) if isinstance(status, dict) else int(status)
         if timed_out:
-            field = "engine.conversion_timeout" if what == "checkpoint conversion" else "engine.timeout"
+            field = "backend.conversion_timeout" if what == "checkpoint conversion" else "backend.build_timeout"
             raise timed_out_error(f"{what} (docker, {spec.image_tag})", self.timeout_s, log, spec_field=field)
         if oom or code != 0:
             reason = "OOM-killed" if oom else None

@@ -24,7 +24,7 @@ from trtpipe.engine.executors.base import (
 from trtpipe.errors import MissingCapability
 from trtpipe.gpu import probe_host
 from trtpipe.shipped import package_dir
-from trtpipe.spec import DEFAULT_TIMEOUT_S
+from trtpipe.backend_options import DEFAULT_TIMEOUT_S
 from trtpipe.versions import TENSORRT_DISTRIBUTIONS, TRTLLM_DISTRIBUTIONS, installed_version, versions_match
 
 # What a conversion process gets in its environment on every executor: Hugging Face offline (the
@@ -139,7 +139,7 @@ class LocalExecutor:
             title=f"trtllm-build {plan.trtllm_version}",
         )
         if outcome.timed_out:
-            raise timed_out("trtllm-build", self.timeout_s, log, spec_field="engine.timeout")
+            raise timed_out("trtllm-build", self.timeout_s, log, spec_field="backend.build_timeout")
         if outcome.returncode != 0:
             raise failure_from_log("trtllm-build", log, outcome.returncode)
         return ExecutorResult(
@@ -184,7 +184,7 @@ class LocalExecutor:
         outcome = run_logged_process(argv, log, timeout_s=self.timeout_s, env=self.conversion_env(),
                                      show_progress=self.show_progress, title="checkpoint conversion")
         if outcome.timed_out:
-            raise timed_out("checkpoint conversion (local)", self.timeout_s, log, spec_field="engine.conversion_timeout")
+            raise timed_out("checkpoint conversion (local)", self.timeout_s, log, spec_field="backend.conversion_timeout")
         if outcome.returncode != 0:
             raise conversion_failure(log, outcome.returncode, where="local")
         return ExecutorResult(executor=self.name, returncode=0, log_path=log, duration_s=outcome.duration_s,
