@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from trtpipe.resolve import ResolvedSpec
     from trtpipe.store.local import Store
 
-MEMO_VERSION = 2  # 2: each stage says whether it serves (the runner reports its path)
+MEMO_VERSION = 3  # 3: the resolve step's notes are kept and printed; 2: each stage says whether it serves (the runner reports its path)
 MEMO_FOLDER = "memos"
 
 Fingerprint = list[int]
@@ -255,6 +255,8 @@ def warm_build(spec_path: Path | str, store: Store, *, progress: bool, configs: 
         with runner.running():
             runner.add(StageReport(name="resolve", outcome="hit", seconds=checked - started,
                                    detail=f"{result['details']['resolve']}; inputs unchanged, last resolution reused"))
+            for note in result["notes"]:
+                runner.note(f"    note: {note}", style="yellow")
             runner.add(StageReport(name="plan", outcome="hit", seconds=0.0,
                                    detail=f"{result['details']['plan']}; inputs unchanged, last plan reused"))
             runner.run_plan(plan)
@@ -372,6 +374,7 @@ def memo_of(spec_path: Path | str, *, resolved: ResolvedSpec, report: BuildRepor
         "result": {
             "name": report.name, "target": report.target, "toolchain": report.toolchain, "backend": report.backend,
             "details": details,
+            "notes": resolved.notes,  # the resolve step's notes (the spec's earlier shape, a preview line's)
             "stages": planned,
             "record": record,
         },
