@@ -151,3 +151,40 @@ def test_a_shared_channel_is_what_its_adopted_trail_says_and_its_head_stamps_the
     shared.log.append({**fields, "to_digest": C})  # adopting more of the shared trail moves the projection
     (rebuilt,) = saved(tmp_path)
     assert digests(rebuilt)["prod"] == (C, [B]) and rebuilt.heads[f"{MODEL}/{TARGET}/prod"].records == 2
+
+
+def test_promote_and_rollback_on_a_full_disk_move_the_channel_and_the_next_read_rebuilds_the_state(
+        isolated_home: Path, store_entry, cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trtpipe.release import projection
+    from trtpipe.release.channels import ChannelScope, ChannelStore
+    from trtpipe.results import ResultsLog
+
+    entries = [store_entry(isolated_home, c * 16, seed=c) for c in "ab"]
+    for entry in entries:
+        ResultsLog(isolated_home).record(entry.digest, "smoke", True, {})
+    a, b = (e.digest for e in entries)
+    assert cli("promote", a, "--to", "prod")[0] == 0
+    path = state_path(isolated_home)
+    assert digests(read_state(path)) == {"prod": (a, [])}
+    real_write = projection.write_text_atomically
+
+    def full_disk(*_args, **_kwargs) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(projection, "write_text_atomically", full_disk)
+    code, out, err = cli("promote", b, "--to", "prod", "--json")
+    assert code == 0 and json.loads(out)["action"] == "promote", err
+    assert digests(read_state(path)) == {"prod": (a, [])}  # the state write failed after the append
+    scope = ChannelScope(model=MODEL, target=TARGET)
+    assert ChannelStore(isolated_home).get(scope, "prod").digest == b  # still the trail's word
+    monkeypatch.setattr(projection, "write_text_atomically", real_write)
+    assert ChannelStore(isolated_home).get(scope, "prod").digest == b
+    assert digests(read_state(path)) == {"prod": (b, [a])}  # rebuilt by the read
+    monkeypatch.setattr(projection, "write_text_atomically", full_disk)
+    code, _, err = cli("rollback", "prod")
+    assert code == 0, err
+    assert digests(read_state(path)) == {"prod": (b, [a])}
+    monkeypatch.setattr(projection, "write_text_atomically", real_write)
+    code, out, _ = cli("channels", "--json")
+    assert code == 0 and [(c["channel"], c["digest"]) for c in json.loads(out)["channels"]] == [("prod", a)]
+    assert digests(read_state(path)) == {"prod": (a, [])}
