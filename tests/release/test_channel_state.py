@@ -188,3 +188,17 @@ def test_promote_and_rollback_on_a_full_disk_move_the_channel_and_the_next_read_
     code, out, _ = cli("channels", "--json")
     assert code == 0 and [(c["channel"], c["digest"]) for c in json.loads(out)["channels"]] == [("prod", a)]
     assert digests(read_state(path)) == {"prod": (a, [])}
+
+
+def test_a_legacy_pointer_file_is_ignored_the_trail_is_the_truth(tmp_path: Path) -> None:
+    from trtpipe.release.channels import ChannelScope, ChannelStore
+
+    move(tmp_path, "promote", A)
+    legacy = tmp_path / "channels" / MODEL / TARGET / "prod.json"  # from before channels were the trail's projection
+    legacy.parent.mkdir(parents=True)
+    legacy.write_text(json.dumps({"channel": "prod", "model": MODEL, "target": TARGET, "digest": C, "set_at": "t",
+                                  "set_by": "old", "history": []}))
+    store = ChannelStore(tmp_path)
+    assert store.get(ChannelScope(model=MODEL, target=TARGET), "prod").digest == A
+    assert store.pins() == {A: [f"{MODEL}/{TARGET}/prod"]}
+    assert digests(read_state(state_path(tmp_path))) == {"prod": (A, [])}
