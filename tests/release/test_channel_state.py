@@ -202,3 +202,20 @@ def test_a_legacy_pointer_file_is_ignored_the_trail_is_the_truth(tmp_path: Path)
     assert store.get(ChannelScope(model=MODEL, target=TARGET), "prod").digest == A
     assert store.pins() == {A: [f"{MODEL}/{TARGET}/prod"]}
     assert digests(read_state(state_path(tmp_path))) == {"prod": (A, [])}
+
+
+def test_a_reader_writes_the_state_only_when_the_release_lock_is_free_and_the_holder_writes_it_when_done(
+        tmp_path: Path) -> None:
+    from trtpipe.release.channels import ChannelScope, ChannelStore
+
+    scope = ChannelScope(model=MODEL, target=TARGET)
+    move(tmp_path, "promote", A)
+    writer, reader = ChannelStore(tmp_path), ChannelStore(tmp_path)
+    with writer.lock():
+        move(tmp_path, "promote", B)  # what a promotion appends under the lock
+        assert reader.get(scope, "prod").digest == B  # the trail's word ...
+        assert not state_path(tmp_path).exists()  # ... but the reader did not write while the lock was held
+    assert digests(read_state(state_path(tmp_path))) == {"prod": (B, [A])}  # the holder wrote it, letting go
+    move(tmp_path, "rollback", A)
+    assert reader.get(scope, "prod").digest == A
+    assert digests(read_state(state_path(tmp_path))) == {"prod": (A, [])}  # the lock was free: the reader wrote it
