@@ -213,7 +213,7 @@ def test_a_remote_of_an_unknown_scheme_is_one_line_exit_2(tmp_path: Path, capsys
 def _long_store(root: Path) -> dict[str, str]:
     """A workspace with an artifact of a long key and name, a channel pointing at it and a build record."""
     from trtpipe.build_record import BuildRecord, write_record
-    from trtpipe.release.channels import ChannelPointer, ChannelStore
+    from trtpipe.release.audit import append_audit
     from trtpipe.store.local import Store
 
     key = "k" * 64
@@ -222,8 +222,8 @@ def _long_store(root: Path) -> dict[str, str]:
     with store.building("repository", key) as b:
         (b.dir / "trtpipe.json").write_text("{}")
         entry = b.commit(inputs={"name": name, "target": {"gpu": "cpu-reference"}})
-    ChannelStore(root).write(ChannelPointer(channel="production-eu-west", model=name, target="cpu-reference",
-                                            digest=entry.digest, set_at="2026-01-01T00:00:00", set_by="release-bot"))
+    append_audit(root, channel="production-eu-west", model=name, target="cpu-reference", action="promote",
+                 from_digest=None, to_digest=entry.digest, at="2026-01-01T00:00:00", who="release-bot")
     write_record(root, BuildRecord(id="r1", started_at="2026-01-01T00:00:00", finished_at="2026-01-01T00:00:01",
                                    status="ok", host="h", platform="p", python="3", spec_path="s.yaml", model=name,
                                    target="cpu-reference", artifacts={"repository": entry.digest}))

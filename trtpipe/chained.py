@@ -13,7 +13,7 @@ the log: the record count and the last hash, written after every append) anchors
   name, its record count, last hash and sequence; rewriting the head needs the key, so a shortened,
   emptied, deleted or re-hashed log is detected whenever the head is checked against the key's public
   half. Deleting the log AND its head leaves nothing to check here (an empty workspace looks the same):
-  the channel pointers (`trtpipe.release.trail`), the high-water mark and the registry's copy show it.
+  the high-water mark and the registry's copy show it (the channels are the trail's projection, gone with it).
 
 Heads are numbered (`sequence`, one more with every head written; a head written before heads carried
 one counts as its record count) and the newest seen is kept as the log's high-water mark (`mark`, a path

@@ -237,6 +237,10 @@ def test_concurrent_promotions_one_wins(isolated_home, store_entry) -> None:
     assert "moved to" in loser_err and "nothing changed" in loser_err and "Traceback" not in loser_err
     winner = a if outcomes[0][0] == 0 else b
     loser = b if winner is a else a
+    from trtpipe.release.projection import read_state, state_path
+
+    on_disk = read_state(state_path(isolated_home))  # as the two processes left it: whole, stamped, the winner's
+    assert on_disk is not None and [(p.channel, p.digest) for p in on_disk.channels] == [("prod", winner.digest)]
     assert prod_digest(isolated_home) == winner.digest
     records = read_audit(isolated_home, channel="prod")
     assert [(r.action, r.from_digest, r.to_digest) for r in records] == [

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from trtpipe.chained import head_bytes_of, head_document, record_hash
+from trtpipe.release.channels import ChannelScope, ChannelStore
 from trtpipe.release.shared_trail import SharedChannel
 from trtpipe.signing_keys import release_key
 from trtpipe.results import ResultsLog
@@ -53,8 +54,9 @@ class Workspace:
         return json.loads(text)
 
     def pointer(self) -> str | None:
-        path = self.home / "channels" / MODEL / TARGET / f"{CHANNEL}.json"
-        return json.loads(path.read_text())["digest"] if path.exists() else None
+        """What the channel names here: the replay of this workspace's adopted copy of its trail."""
+        found = ChannelStore(self.home).get(ChannelScope(model=MODEL, target=TARGET), CHANNEL)
+        return found.digest if found else None
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
-"""The trail is the truth: kills at every step of promote, a damaged trail, a torn line, a pointer
-written by hand, and results that are evidence (hand-recorded, appended or truncated result logs)."""
+"""The trail is the truth: kills at every step of promote, a damaged trail, a torn line, a channel state
+file edited by hand, and results that are evidence (hand-recorded, appended or truncated result logs)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import pytest
 from trtpipe.chained import record_hash
 from trtpipe.release.audit import audit_path, read_audit
 from trtpipe.release.channels import ChannelScope, ChannelStore
-from trtpipe.release.trail import disagreements, verify_trail
+from trtpipe.release.projection import state_path
+from trtpipe.release.trail import verify_trail
 from trtpipe.signing_keys import release_key
 from trtpipe.results import ResultsLog
 from trtpipe.settings import Settings
@@ -59,7 +60,7 @@ def two_tested(home: Path, store_entry) -> tuple:
     return a, b
 
 
-def test_sigkill_at_every_step_of_promote_never_leaves_a_silent_disagreement(isolated_home, store_entry, cli, tmp_path) -> None:
+def test_sigkill_at_every_step_of_promote_never_parts_a_channel_from_its_record(isolated_home, store_entry, cli, tmp_path) -> None:
     a, b = two_tested(isolated_home, store_entry)
     assert cli("promote", a.digest, "--to", "prod")[0] == 0
     base = tmp_path / "base"
@@ -77,24 +78,28 @@ def test_sigkill_at_every_step_of_promote_never_leaves_a_silent_disagreement(iso
         moved = pointer(home) == b.digest
         recorded = [r for r in read_audit(home) if r.action == "promote" and r.to_digest == b.digest]
         problems = verify_trail(home)
-        # Never a pointer ahead of the trail: a moved pointer has its record.
-        assert not moved or recorded, step
-        # Trail and pointer disagree only where verify says so (and then the channel is behind its record).
-        if disagreements(home):
-            assert problems and recorded and not moved, (step, problems)
+        # The record is the move: the channel has moved exactly when its record is in the trail.
+        assert moved == bool(recorded), step
         outcomes.append((step, moved, bool(recorded), bool(problems)))
-        # The next promote completes or redoes the move: one promote record, pointer and trail agree.
+        # The next promote redoes the move if it has no record, else finds it done: one promote record.
         code, _, err = cli("promote", b.digest, "--to", "prod", "--store", str(home))
         assert code == 0, (step, err)
         assert pointer(home) == b.digest
         assert len([r for r in read_audit(home) if r.action == "promote" and r.to_digest == b.digest]) == 1, step
+        # A record whose head the kill cut off stays unanchored until the trail's next append mends it (as any
+        # interrupted append does; a promote finding the move done appends nothing) ...
+        after = verify_trail(home)
+        assert all("are not anchored by the head" in p for p in after) and (not after or recorded), (step, after)
+        # ... which the next move does.
+        assert cli("promote", a.digest, "--to", "dev", "--store", str(home))[0] == 0
         assert verify_trail(home) == [], (step, verify_trail(home))
     else:
         pytest.fail("promote never completed")
     print("kill steps:", outcomes)
-    assert len(outcomes) >= 4  # the record's write and fsync, the head, the pointer at least
-    # Some kills land before the record (nothing happened), some after it (the pointer lags, reported).
-    assert any(not rec for _, _, rec, _ in outcomes) and any(rec and not moved for _, moved, rec, _ in outcomes)
+    assert len(outcomes) >= 4  # the record's write and fsync, the head, the state file at least
+    # Some kills land before the record (nothing happened), some after it (the channel has moved, whatever the
+    # state file says: the next read rebuilds it).
+    assert any(not rec for _, _, rec, _ in outcomes) and any(rec and moved for _, moved, rec, _ in outcomes)
 
 
 def _rehash(lines: list[str], start: int, edit) -> list[str]:
@@ -161,15 +166,10 @@ def test_without_a_key_a_consistent_rewrite_of_trail_and_head_passes_with_a_key_
     head_path.write_text(json.dumps(head))
     # Without the key the workspace's high-water mark (outside audit/) still remembers the record rewritten...
     assert any("rewritten" in p and "high-water mark" in p for p in verify_trail(isolated_home))
-    # ...and whoever can write the whole workspace removes it too; the pointers record who set them, and verify
-    # compares that with the trail: the rewrite is still caught ...
+    # ...and whoever can write the whole workspace removes it too. The channels are the trail's projection: they
+    # follow the rewrite (dev now says someone-else set it), so nothing else here remembers the record.
     shutil.rmtree(isolated_home / "marks")
-    assert any("set by release-tester" in p and "set by someone-else" in p for p in verify_trail(isolated_home))
-    # ... unless the pointers are rewritten to match as well, which needs no key either.
-    from trtpipe.release.trail import replay
-
-    for rewritten in replay(read_audit(isolated_home)).pointers.values():
-        ChannelStore(isolated_home).write(rewritten)
+    assert ChannelStore(isolated_home).get(SCOPE, "dev").set_by == "someone-else"
     assert verify_trail(isolated_home) == []  # without the key: undetectable (the documented limit)
     assert any("signature does not verify" in p for p in verify_trail(isolated_home, signed))
     code, out, _ = cli("channels", "--verify", "--public-key", str(tmp_path / "release.pub"))
@@ -178,17 +178,16 @@ def test_without_a_key_a_consistent_rewrite_of_trail_and_head_passes_with_a_key_
     head.update(signature=None, key_id=None)
     head_path.write_text(json.dumps(head))
     assert any("not signed" in p for p in verify_trail(isolated_home, signed))
-    # Deleting trail and head leaves no log to check (a fresh workspace looks the same): the pointers
-    # still name what the trail no longer says, and the high-water mark (kept again by the verify that
-    # found the trail intact) what the trail held.
+    # Deleting trail and head leaves no log to check (a fresh workspace looks the same): the high-water mark
+    # (kept again by the verify that found the trail intact) remembers what the trail held; the channels,
+    # the trail's projection, are gone with it.
     path.unlink()
     head_path.unlink()
     problems = verify_trail(isolated_home, signed)
-    assert len(problems) == 3 and "cut back: it holds 0 records" in problems[0], problems
-    assert all("last word is nothing" in p for p in problems[1:]), problems
+    assert len(problems) == 1 and "cut back: it holds 0 records" in problems[0], problems
+    assert ChannelStore(isolated_home).all() == []
     shutil.rmtree(isolated_home / "marks")
-    problems = verify_trail(isolated_home, signed)
-    assert len(problems) == 2 and all("last word is nothing" in p for p in problems), problems
+    assert verify_trail(isolated_home, signed) == []  # trail, head and mark all gone: a fresh workspace
 
 
 @pytest.mark.parametrize("whole", [False, True])
@@ -218,23 +217,26 @@ def test_a_torn_last_line_is_repaired_and_recorded(isolated_home, store_entry, c
     assert verify_trail(isolated_home) == []
 
 
-def test_a_pointer_the_trail_never_set_is_reported_and_refused(isolated_home, store_entry, cli) -> None:
+def test_a_state_file_naming_a_digest_the_trail_never_set_is_rebuilt_and_moves_go_on(isolated_home, store_entry,
+                                                                                     cli) -> None:
     a, b = two_tested(isolated_home, store_entry)
     never = store_entry(isolated_home, "d4" * 8, seed="d")
     assert cli("promote", a.digest, "--to", "prod")[0] == 0
-    path = ChannelStore(isolated_home).path(SCOPE, "prod")
+    path = state_path(isolated_home)
     doc = json.loads(path.read_text())
-    doc["digest"] = never.digest
+    doc["channels"][0]["digest"] = never.digest
     path.write_text(json.dumps(doc))
     code, out, _ = cli("channels", "--verify")
-    assert code == 1 and never.digest in out and "last word is " + a.digest in out
-    code, _, err = cli("promote", b.digest, "--to", "prod")
-    assert code == 1 and "disagrees" not in err.lower() or code == 1
-    assert "nothing changed" in err and len(err.strip().splitlines()) == 1
-    assert pointer(isolated_home) == never.digest
-    assert read_audit(isolated_home)[-1].action == "refused"
+    assert code == 0 and never.digest not in out and a.digest in out and "audit chain: intact" in out
+    assert never.digest not in path.read_text()  # rebuilt from the trail
+    path.write_text(json.dumps(doc))
+    code, out, err = cli("promote", b.digest, "--to", "prod", "--json")
+    assert code == 0 and json.loads(out)["from_digest"] == a.digest, err
+    assert pointer(isolated_home) == b.digest
     code, _, err = cli("rollback", "prod")
-    assert code == 1 and "nothing changed" in err
+    assert code == 0, err
+    assert pointer(isolated_home) == a.digest and [r.action for r in read_audit(isolated_home)] == ["promote", "promote",
+                                                                                                    "rollback"]
 
 
 def test_hand_recorded_results_count_only_where_the_policy_allows_and_then_as_forced(

@@ -188,10 +188,10 @@ def test_cache_commands(built, tmp_path: Path, tools) -> None:
     shown = json.loads(tools.run_cli(home, "cache", "show", key[:10], "--json").stdout)
     assert shown["manifest"]["key"] == key and shown["digest"] == built[1]["artifacts"]["engine"]
     # A channel pin protects an artifact from rm and gc (the pins come from the release area's channels).
-    from trtpipe.release.channels import ChannelPointer, ChannelStore
+    from trtpipe.release.audit import append_audit
 
-    pointer = ChannelStore(home).write(ChannelPointer(channel="prod", model="tiny", target="cpu-reference",
-                                                      digest=built[1]["artifacts"]["engine"], set_at="t", set_by="test"))
+    channel = dict(channel="prod", model="tiny", target="cpu-reference", at="t", who="test")
+    moved = append_audit(home, action="promote", from_digest=None, to_digest=built[1]["artifacts"]["engine"], **channel)
     refused = tools.run_cli(home, "cache", "rm", f"engine/{key}")
     assert refused.returncode == 4 and "tiny/cpu-reference/prod" in refused.stderr  # Conflict: a channel pins it
     gc = json.loads(tools.run_cli(home, "cache", "gc", "--max-size", "1B", "--json").stdout)
@@ -200,7 +200,8 @@ def test_cache_commands(built, tmp_path: Path, tools) -> None:
         f"checkpoint/{built[1]['keys']['checkpoint']}", f"repository/{built[1]['keys']['publish']}"
     }
     assert tools.run_cli(home, "cache", "verify").returncode == 0
-    pointer.unlink()
+    # The move undone in the trail (an aborted record): the channel no longer pins it.
+    append_audit(home, action="aborted", from_digest=moved.to_digest, to_digest=None, undoes=moved.seq, **channel)
     assert tools.run_cli(home, "cache", "rm", f"engine/{key}").returncode == 0
     assert json.loads(tools.run_cli(home, "cache", "ls", "--json").stdout) == []
     assert tools.run_cli(home, "cache", "show", "nope").returncode == 2

@@ -1,4 +1,4 @@
-"""The store survives its own damage (issue 14): a damaged manifest.json, a channel file gc cannot read,
+"""The store survives its own damage (issue 14): a damaged manifest.json, a damaged channel state or trail,
 a garbage digest cache, a stored file that is not a file. Each is reproduced the way it was found, then
 the answer is checked: one line (no traceback), the exit code, the entry set aside, nothing pinned lost."""
 
@@ -174,7 +174,8 @@ def test_a_pinned_entry_with_a_damaged_manifest_is_kept_and_restored_to_its_dige
     assert not (home / kept).exists()
 
 
-# Each way a channel pointer file was found unreadable; gc must stop, naming it, and delete nothing.
+# Each way the channel state file (the trail's projection) was found damaged: gc rebuilds it from the trail
+# and keeps what the channels pin.
 def _garbage(path: Path) -> None:
     path.write_bytes(b"\x8b\x00garbage{")
 
@@ -195,41 +196,65 @@ def _a_folder(path: Path) -> None:
 
 def _not_a_digest(path: Path) -> None:
     data = json.loads(path.read_text())
-    path.write_text(json.dumps({**data, "digest": "sha256:NOPE"}))
+    data["channels"][0]["digest"] = "sha256:NOPE"
+    path.write_text(json.dumps(data))
 
 
-def _misplaced(path: Path) -> None:
-    path.rename(path.parent.parent / path.name)  # <model>/dev.json: out of place, its target folder gone
-    path.parent.rmdir()
+def _emptied(path: Path) -> None:
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "channels": []}))  # pins nothing, stamp not recomputed
 
 
-CHANNEL_DAMAGES = {f.__name__.strip("_"): f for f in (_garbage, _truncated, _dangling, _a_folder, _not_a_digest, _misplaced)}
+def _removed(path: Path) -> None:
+    path.unlink()
 
 
-@pytest.mark.parametrize("damage", sorted(CHANNEL_DAMAGES))
-def test_gc_stops_at_a_channel_file_it_cannot_read_and_deletes_nothing(
+STATE_DAMAGES = {f.__name__.strip("_"): f for f in (_garbage, _truncated, _dangling, _a_folder, _not_a_digest, _emptied,
+                                                    _removed)}
+
+
+@pytest.mark.parametrize("damage", sorted(STATE_DAMAGES))
+def test_gc_rebuilds_a_damaged_channel_state_from_the_trail_and_keeps_what_it_pins(
     damage: str, home: Path, pristine: tuple[Path, dict[str, str]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     _pin_repository(home, pristine[1]["repository"], capsys)
-    (pointer,) = (home / "channels").glob("*/*/*.json")
-    CHANNEL_DAMAGES[damage](pointer)
+    STATE_DAMAGES[damage](home / "channels" / "state.json")
+    code, out, err = _run(capsys, "cache", "gc", "--max-age", "0s", "--max-size", "0", "--json", "--store", str(home))
+    assert code == 0, err
+    pinned = "repository/" + _entry_dir(home, "repository").name
+    assert pinned in json.loads(out)["kept_pinned"] and (home / pinned).is_dir()
+
+
+@pytest.mark.parametrize("damage", ["garbage-line", "empty-line"])
+def test_gc_stops_at_a_trail_it_cannot_read_and_deletes_nothing(
+    damage: str, home: Path, pristine: tuple[Path, dict[str, str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trtpipe.release.audit import audit_path
+
+    _pin_repository(home, pristine[1]["repository"], capsys)
+    trail = audit_path(home)
+    text = trail.read_text()
+    trail.write_text(text + "\x8b garbage{\n" if damage == "garbage-line" else "\n" + text)
     before = sorted(str(p) for p in home.rglob("*") if "channels" not in p.parts)
 
     code, out, err = _run(capsys, "cache", "gc", "--max-age", "0s", "--max-size", "0", "--store", str(home))
     assert code == 1 and out == ""
     line = err.strip()
     assert len(line.splitlines()) == 1 and line.startswith("error: ") and "Traceback" not in line
-    assert str(home / "channels" / "tiny-damage") in line and "cannot tell what it pins" in line
+    assert str(trail) in line and "edited by hand" in line
     after = sorted(str(p) for p in home.rglob("*") if "channels" not in p.parts)
     assert after == before  # not one file removed, pinned or not
 
 
-def test_channel_lock_and_atomic_temp_files_are_not_pointers(
+def test_the_lock_temp_files_and_old_pointer_files_are_not_channels(
     home: Path, pristine: tuple[Path, dict[str, str]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     _pin_repository(home, pristine[1]["repository"], capsys)
-    (pointer,) = (home / "channels").glob("*/*/*.json")
-    (pointer.parent / ".dev.json.abc123.tmp").write_text("{half a poin")  # a promotion killed mid-write
+    channels = home / "channels"
+    (channels / ".state.json.abc123.tmp").write_text("{half a sta")  # a rebuild killed mid-write
+    legacy = channels / "tiny-damage" / "cpu-reference" / "dev.json"  # a pointer file from before the projection
+    legacy.parent.mkdir(parents=True)
+    legacy.write_bytes(b"\x8b\x00garbage{")
     code, out, err = _run(capsys, "cache", "gc", "--max-age", "0s", "--json", "--store", str(home))
     assert code == 0, err
     assert "repository/" + _entry_dir(home, "repository").name in json.loads(out)["kept_pinned"]

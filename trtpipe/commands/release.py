@@ -93,7 +93,7 @@ def rollback_command(
 
 def channels_command(
     verify: bool = typer.Option(False, "--verify", help="Check the audit trail's hash chain, its anchored head (signed, "
-                                "with a key) and every pointer against the trail; non-zero exit on any problem."),
+                                "with a key) and every shared channel's trail; non-zero exit on any problem."),
     public_key: Optional[Path] = typer.Option(None, "--public-key", help="Release public key (PEM) the trail's head must "
                                               "be signed by (default: the TRTPIPE_SIGNING_KEY setting's)."),
     registry: bool = typer.Option(True, "--registry/--no-registry", help="Read each shared channel's trail from its registry "

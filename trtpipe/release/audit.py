@@ -7,8 +7,8 @@ signed with the release key when one is set) shows a shortened, emptied, deleted
 (`trtpipe channels --verify`) reports every problem. trtpipe only ever appends (one fsynced write,
 under a lock); a torn last line is mended by the next append and the mending recorded (`repair`).
 
-The trail is the truth about channels: promotion appends its record before it moves anything
-(`trtpipe.release.trail` replays the trail and compares the pointers with it).
+The trail is the truth about channels: a promotion is its record, and the channels are what replaying
+the trail gives (`trtpipe.release.projection`; `trtpipe.release.trail` judges the trails).
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from trtpipe.chained import GENESIS, ChainedLog, HeadKey, Repair
 from trtpipe.errors import IntegrityError
 
-# repair: the trail mended itself (a torn line, a lagging head) or a channel pointer was brought back to
-# the trail's last word; aborted: the promotion `undoes` names did not complete (nothing moved); policy: the
-# workspace's trust policy was set, or a command ran with --no-policy (`trtpipe.release.workspace_policy`).
+# repair: the trail mended itself (a torn line, a lagging head), a registry channel tag was moved back to the
+# trail's last word, or (in trails kept before channels were the trail's projection) a pointer was; aborted: the
+# promotion `undoes` names did not complete (nothing moved); policy: the workspace's trust policy was set, or a
+# command ran with --no-policy (`trtpipe.release.workspace_policy`).
 AuditAction = Literal["promote", "force-promote", "rollback", "refused", "conflict", "repair", "aborted", "policy"]
 TRAIL_WIDE = "*"  # the channel/model/target of a record about the trail itself
 

@@ -1,30 +1,32 @@
-"""Channel pointers: `<home>/channels/<model>/<target>/<channel>.json`, each naming one artifact digest.
+"""Channel pointers: what each channel (per model and target) names, as the trail replays it.
 
-A pointer file holds the current `digest` and the stack of earlier ones (`history`, newest last) that
-`rollback` returns to. `pins()` names every one of them: what the store's gc and verify must keep
-(the store is handed the pins; it never reads these files). Writes are atomic (temp file + os.replace) and happen
-under one release lock (`channels/.lock`), which promote and rollback hold across their
-compare-and-swap and the audit append.
+A channel's pointer holds the current `digest` and the stack of earlier ones (`history`, newest last) that
+`rollback` returns to. `pins()` names every one of them: what the store's gc and verify must keep (the store
+is handed the pins; it never reads the channels). The pointers are a projection of the trail, kept in one
+state file (`channels/state.json`, `trtpipe.release.projection`) that is rebuilt whenever it is not what the
+trail says: promote and rollback only append to the trail, under one release lock (`channels/.lock`) held
+across their compare-and-swap and the append. The per-channel pointer files of older homes
+(`channels/<model>/<target>/<channel>.json`) are ignored.
 """
 
 from __future__ import annotations
 
-import os
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from filelock import FileLock, Timeout
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from trtpipe.atomic import write_text_atomically
-from trtpipe.errors import IntegrityError, TimedOut
+from trtpipe.errors import TimedOut
 from trtpipe.names import check_name  # the one plain-name rule: the spec is checked against it too
 
+if TYPE_CHECKING:
+    from trtpipe.release.projection import ChannelState
+
 LOCK_TIMEOUT_S = 60.0
-_DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 class ChannelScope(BaseModel):
@@ -74,15 +76,17 @@ def now_iso() -> str:
 
 
 class ChannelStore:
-    """Reads and atomically replaces channel pointer files under `<home>/channels/`."""
+    """The channels of a workspace, read from their projection of the trail (`trtpipe.release.projection`)."""
 
     def __init__(self, home: Path) -> None:
         self.home = Path(home)
         self.root = self.home / "channels"
+        self._held = 0  # how deep this store holds the release lock (it then writes the state file itself)
 
     @contextmanager
     def lock(self) -> Iterator[None]:
-        """The release lock: held across a channel's compare-and-swap, its write and its audit record."""
+        """The release lock: held across a channel's compare-and-swap and its audit record. Let go normally, it
+        first writes the state file as the trail now says (a failed write is left for the next read)."""
         self.root.mkdir(parents=True, exist_ok=True)
         lock = FileLock(str(self.root / ".lock"), timeout=LOCK_TIMEOUT_S)
         try:
@@ -93,104 +97,53 @@ class ChannelStore:
                 operation="waiting for the release lock", seconds=LOCK_TIMEOUT_S,
                 fix="wait for it to finish and try again",
             ) from None
+        self._held += 1
         try:
             yield
+            self.state()  # the projection follows what was appended: written before the lock is let go
         finally:
+            self._held -= 1
             lock.release()
 
-    def path(self, scope: ChannelScope, channel: str) -> Path:
-        return self.root / check_name("model", scope.model) / check_name("target", scope.target) / f"{check_name('channel', channel)}.json"
+    def state(self) -> ChannelState:
+        """Every channel as the trails say now (the state file rebuilt when it is not that)."""
+        from trtpipe.release.projection import current_state
+
+        return current_state(self.home, self._save)
+
+    def _save(self, state: ChannelState) -> None:
+        """Write the rebuilt state file: under the release lock when this store holds it, else only if the lock
+        is free (a promotion or rollback under way writes it when it is done). Best effort: a write that fails
+        (a full disk, a read-only home) leaves a stale file, which the next read rebuilds."""
+        from trtpipe.release.projection import state_path, write_state
+
+        path = state_path(self.home)
+        try:
+            if self._held:
+                write_state(path, state)
+                return
+            self.root.mkdir(parents=True, exist_ok=True)
+            lock = FileLock(str(self.root / ".lock"), timeout=0)
+            try:
+                lock.acquire()
+            except Timeout:
+                return
+            try:
+                write_state(path, state)
+            finally:
+                lock.release()
+        except OSError:
+            return
 
     def get(self, scope: ChannelScope, channel: str) -> ChannelPointer | None:
-        return self._read(self.path(scope, channel))
-
-    def _read(self, path: Path) -> ChannelPointer | None:
-        if not path.is_file():
-            return None
-        try:
-            return ChannelPointer.model_validate_json(path.read_text(encoding="utf-8"))
-        except (ValidationError, ValueError):
-            raise IntegrityError(
-                f"{path}: channel pointer is corrupt", path=str(path),
-                fix="restore it from the audit trail, or remove it and promote again",
-            ) from None
-
-    def write(self, pointer: ChannelPointer) -> Path:
-        """Atomically replace the pointer file (the caller holds `lock()`)."""
-        path = self.path(pointer.scope, pointer.channel)
-        write_text_atomically(path, pointer.model_dump_json(indent=2) + "\n")
-        return path
+        for what, name in (("model", scope.model), ("target", scope.target), ("channel", channel)):
+            check_name(what, name)
+        return next((p for p in self.all() if (p.model, p.target, p.channel) == (scope.model, scope.target, channel)), None)
 
     def all(self) -> list[ChannelPointer]:
-        """Every pointer under `channels/`. Anything there that is not a readable, valid pointer file in
-        its place (`<model>/<target>/<channel>.json`) is an error naming it, never skipped: whoever asks
-        (gc, verify, rm) must not mistake an unreadable pin for no pin."""
-        out = [self._read_pinned(path) for path in self._pointer_files()]
-        return sorted(out, key=lambda p: (p.model, p.target, p.channel))
-
-    def _pointer_files(self) -> list[Path]:
-        """The pointer files, walked strictly: hidden names (the release lock, atomic writes' temp files)
-        are skipped; a folder that cannot be listed, a symlink, a file out of place or a non-file where a
-        pointer belongs is an IntegrityError naming it."""
-        if not os.path.lexists(self.root):
-            return []
-        found: list[Path] = []
-
-        def walk(folder: Path, depth: int) -> None:
-            try:
-                children = sorted(os.scandir(folder), key=lambda e: e.name)
-            except OSError as err:
-                raise self._unusable(folder, f"cannot be listed ({err.strerror or err})") from None
-            for child in children:
-                if child.name.startswith("."):
-                    continue
-                path = Path(child.path)
-                if child.is_symlink():
-                    raise self._unusable(path, "is a symlink, not a channel folder or pointer file")
-                if depth < 2:
-                    if not child.is_dir(follow_symlinks=False):
-                        raise self._unusable(path, f"is a file where a {('model', 'target')[depth]} folder belongs "
-                                                   f"(pointers live at <model>/<target>/<channel>.json)")
-                    walk(path, depth + 1)
-                elif child.is_file(follow_symlinks=False) and child.name.endswith(".json"):
-                    found.append(path)
-                else:
-                    raise self._unusable(path, "is not a <channel>.json pointer file "
-                                               "(pointers live at <model>/<target>/<channel>.json)")
-
-        if not self.root.is_dir():
-            raise self._unusable(self.root, "is not a folder")
-        walk(self.root, 0)
-        return found
-
-    def _unusable(self, path: Path, why: str) -> IntegrityError:
-        return IntegrityError(
-            f"{path}: {why}; cannot tell what it pins, so nothing was changed",
-            path=str(path), fix="move it out of the channels folder, or restore it from the audit trail",
-        )
-
-    def _read_pinned(self, path: Path) -> ChannelPointer:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as err:
-            raise self._unusable(path, f"cannot be read ({err.strerror or err})") from None
-        except ValueError:
-            raise self._unusable(path, "is not UTF-8 text") from None
-        try:
-            pointer = ChannelPointer.model_validate_json(text)
-        except (ValidationError, ValueError):
-            raise IntegrityError(
-                f"{path}: channel pointer is corrupt; cannot tell what it pins, so nothing was changed", path=str(path),
-                fix="restore it from the audit trail, or remove it and promote again",
-            ) from None
-        for digest in (pointer.digest, *(h.digest for h in pointer.history)):
-            if not _DIGEST_RE.fullmatch(digest):
-                raise IntegrityError(
-                    f"{path}: channel pointer names {digest[:80]!r}, which is not an artifact digest; "
-                    "cannot tell what it pins, so nothing was changed", path=str(path),
-                    fix="restore it from the audit trail, or remove it and promote again",
-                )
-        return pointer
+        """Every channel, sorted by model, target and channel. A trail that cannot be read is an IntegrityError
+        naming it, never "no channels": whoever asks (gc, verify, rm) must not mistake an unreadable pin for no pin."""
+        return sorted(self.state().channels, key=lambda p: (p.model, p.target, p.channel))
 
     def find(self, channel: str, *, model: str | None = None, target: str | None = None) -> list[ChannelPointer]:
         return [
@@ -201,7 +154,7 @@ class ChannelStore:
 
     def pins(self) -> dict[str, list[str]]:
         """Every digest a channel holds or can roll back to (what gc must keep) -> the channels naming it,
-        as `model/target/channel`. A corrupt pointer file is an error, never "pins nothing"."""
+        as `model/target/channel`. An unreadable trail is an error, never "pins nothing"."""
         out: dict[str, list[str]] = {}
         for pointer in self.all():
             label = f"{pointer.model}/{pointer.target}/{pointer.channel}"

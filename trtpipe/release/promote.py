@@ -11,11 +11,12 @@ that records no gates gets the default `ChannelGates()` (smoke required). The so
 Results: a gate reads only results recorded for exactly the artifact's digest (smoke, parity and
 bench record under the repository digest the server reports serving, `trtpipe.serving.identity`).
 
-The trail is the truth (`trtpipe.release.trail`): a move appends its audit record (fsynced, the
-head re-anchored) BEFORE it moves the registry tag and then the pointer, so a crash leaves the pointer
-behind the trail, never ahead; the next promote or rollback of that channel completes the
-interrupted move (recorded `repair`), and refuses (recorded `refused`) when the pointer disagrees
-with the trail otherwise. A registry tag that cannot be moved leaves an `aborted` record.
+The trail is the truth (`trtpipe.release.trail`): a move is its audit record (fsynced, the head
+re-anchored), appended BEFORE the registry tag moves. A channel is what the trail replays to
+(`trtpipe.release.projection`, its state file written when the release lock is let go), so there is no
+pointer to move and none a crash can leave behind. A registry tag that cannot be moved leaves an
+`aborted` record (the replay undoes the move); a crash before the tag moved leaves the tag behind its
+record, which the next promote or rollback of a shared channel moves back (recorded `repair`).
 
 Evidence: a result log that fails its chain or head check is refused (recorded `refused`); a
 hand-recorded result counts only where the trust policy allows it (`allow_hand_recorded`), and a
@@ -29,8 +30,8 @@ nothing. `expect_from` makes the expected digest explicit (CI passes what it tes
 Shared channels: promoting a registry artifact makes the channel shared through that registry
 (`trtpipe.release.shared_trail`): the channel's state is what the registry's trail of it says (caught up
 first), the move is appended there by compare-and-swap on the trail's tag (a lost race retried while the
-channel still holds the expected digest, a `conflict` when it does not), then the channel tag moves and
-the pointer is written from the adopted trail. Refusals and conflicts stay in the workspace trail.
+channel still holds the expected digest, a `conflict` when it does not), then the channel tag moves; the
+channel is what the adopted trail replays to. Refusals and conflicts stay in the workspace trail.
 
 `dry_run`: everything up to the verdicts (catching up read only), nothing written or recorded.
 
@@ -59,8 +60,8 @@ from trtpipe.release.gates import GateResult, evaluate_gates
 from trtpipe.release.shared_trail import SharedChannel, Standing, channel_tag, require_consistent, shared_channel, \
     shared_channels, standing
 from trtpipe.release.shared_trail import append as append_shared
-from trtpipe.release.trail import MOVES, apply, disagreements, move_channel_tag, open_shared_remote, \
-    project_pointer, reconcile, replay, same_pointer, settle_shared, shared_standing
+from trtpipe.release.trail import MOVES, move_channel_tag, open_shared_remote, replay, same_pointer, settle_shared, \
+    shared_standing
 from trtpipe.release.policy import TrustPolicy
 from trtpipe.results import ResultRecord, ResultsLog, current_user, normalize_digest
 from trtpipe.settings import Settings
@@ -398,7 +399,7 @@ def _move_shared(home: Path, shared: SharedChannel, remote: RemoteCache, key: Re
                  seed: list[dict[str, Any]] = ()) -> AuditRecord:
     """Record one move of a shared channel in its registry trail (compare-and-swap, retried while `still` holds
     for what the trail says the channel is at; `_ChannelMoved` when it does not), then move the channel tag to
-    `tag_ref` and write the pointer. A tag that cannot be moved leaves an `aborted` record (best effort: if
+    `tag_ref`. A tag that cannot be moved leaves an `aborted` record (best effort: if
     that cannot be written either, the trail's last word stands and the next promote or rollback moves the tag)."""
     def fields_for(records: list[AuditRecord]) -> list[dict[str, Any]]:
         start = list(seed) if not records else []  # an empty shared trail starts with this workspace's history
@@ -430,9 +431,7 @@ def _move_shared(home: Path, shared: SharedChannel, remote: RemoteCache, key: Re
                 append_shared(shared, remote, key, abort_if_last)
             except (TrtpipeError, _ChannelMoved):  # the trail's last word stands; the next move puts the tag right
                 pass
-            project_pointer(home, shared)
             raise
-    project_pointer(home, shared)
     return record
 
 
@@ -458,10 +457,8 @@ def promote(workspace: Workspace, request: PromoteRequest, *, policy: TrustPolic
     who = current_user(settings)
     shared, remote = _shared_target(home, art, scope, channel, settings)
     found: Standing | None = None
-    with channels.lock():  # the trail is the truth: catch up, complete an interrupted move, refuse a disagreeing pointer
+    with channels.lock():  # the trail is the truth: the channel is what it replays to (a shared one's caught up first)
         if shared is None:
-            if not dry_run:
-                reconcile(home, scope, channel, who=who, key=key, settings=settings)
             before = channels.get(scope, channel)
         else:
             found = standing(shared, remote, key)
@@ -575,13 +572,12 @@ def promote(workspace: Workspace, request: PromoteRequest, *, policy: TrustPolic
             except _ChannelMoved as moved:
                 raise conflict(moved.now.digest if moved.now else None) from None
             return outcome(action, now_digest, record, tag=tag, trail=trail_where)
-        # The trail first (fsynced): a crash from here on leaves the pointer behind the trail, which the
-        # next promote or rollback of this channel completes; never a moved pointer without its record.
+        # The record is the move (fsynced): the channel is what the trail replays to, so there is no pointer
+        # to write and none to leave behind; the state file follows when the lock is let go.
         record = append_audit(home, key=key, **fields)
         if tag is not None:
             _move_tag_or_abort(home, key, record, lambda: move_channel_tag(art.remote, art.ref, art.model,  # type: ignore[arg-type]
                                                                            art.target, channel))
-        channels.write(apply(now, record))
     return outcome(action, now_digest, record, tag=tag)
 
 
@@ -625,7 +621,7 @@ def pick_channel(channels: ChannelStore, channel: str, model: str | None, target
 
 def catch_up(workspace: Workspace, *, channel: str | None = None) -> list[Standing]:
     """Adopt the registry's trail of every shared channel (named `channel`, or all) whose copy there is
-    consistent with this workspace's, and write their pointers; an inconsistent or unreachable one is left
+    consistent with this workspace's (the channels then replay from it); an inconsistent or unreachable one is left
     as it is (its standing says why). Under the release lock."""
     home, settings = workspace.root, workspace.settings
     key = release_key(settings)
@@ -658,7 +654,6 @@ def rollback(workspace: Workspace, channel: str, *, model: str | None = None, ta
     shared = shared_channel(home, chosen.model, chosen.target, channel)
     with channels.lock():
         if shared is None:
-            reconcile(home, chosen.scope, channel, who=who, key=key, settings=settings)
             now = channels.get(chosen.scope, channel)
         else:
             remote = open_shared_remote(shared, settings)
@@ -695,19 +690,17 @@ def rollback(workspace: Workspace, channel: str, *, model: str | None = None, ta
         if tag is not None:
             _move_tag_or_abort(home, key, record, lambda: move_channel_tag(  # type: ignore[arg-type]
                 workspace.remote_for(previous.ref), previous.ref, now.model, now.target, channel))
-        channels.write(apply(now, record))
         return record
 
 
 def channel_states(workspace: Workspace) -> list[dict[str, Any]]:
     """Each channel of the workspace with its digest, where it lives, who set it, the depth of its rollback
-    history, and what the trail says it should hold (`trail_digest`; `agrees` False when they differ)."""
+    history, and what the trail says it should hold (`trail_digest`, `agrees`: kept for readers of the JSON;
+    the channel is the trail's projection, so it always agrees)."""
     from trtpipe.release.trail import channel_records
 
     home = workspace.root
-    audit = read_audit(home)
     moves = [r for _, r in channel_records(home) if r.action in ("promote", "force-promote", "rollback")]
-    disagreeing = {d.cid: d for d in disagreements(home, audit)}
     out = []
     for pointer in ChannelStore(home).all():
         last = next((r for r in reversed(moves) if r.channel == pointer.channel and r.model == pointer.model
@@ -717,8 +710,6 @@ def channel_states(workspace: Workspace) -> list[dict[str, Any]]:
             "ref": pointer.ref, "set_at": pointer.set_at, "set_by": pointer.set_by,
             "previous": pointer.previous.digest if pointer.previous else None, "history_depth": len(pointer.history),
             "last_action": last.action if last else None, "last_reason": last.reason if last else None,
-            "agrees": (pointer.model, pointer.target, pointer.channel) not in disagreeing,
-            "trail_digest": (lambda d: d.trail.digest if d and d.trail else (None if d else pointer.digest))(
-                disagreeing.get((pointer.model, pointer.target, pointer.channel))),
+            "agrees": True, "trail_digest": pointer.digest,
         })
     return out

@@ -218,7 +218,7 @@ def _audit(home: Path, model: str | None, verdict: TrailVerdict) -> tuple[AuditS
 
 
 def _pointers(home: Path, model: str | None, verdict: TrailVerdict) -> list[ChannelPointer]:
-    """Every channel's pointer: the pointer file, or for a shared channel what the registry's trail says (when
+    """Every channel's pointer: the trail's projection, or for a shared channel what the registry's trail says (when
     it is consistent with this workspace's copy)."""
     by_cid = {(p.model, p.target, p.channel): p for p in ChannelStore(home).all()}
     for found in verdict.standings:

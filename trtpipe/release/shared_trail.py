@@ -8,7 +8,7 @@ release key when one is set) is kept in that repository under the movable tag
 is the JSONL records. Each workspace keeps the copy it last adopted at
 `<home>/audit/channels/<model>/<target>/<channel>.jsonl` (with its head and `<channel>.source.json`:
 where the registry copy lives, the manifest digest adopted, and the hashes of the records this
-workspace wrote). The channel's pointer file is what replaying that copy gives.
+workspace wrote). The channel is what replaying that copy gives (`trtpipe.release.projection`).
 
 Writing (promote, rollback): read the registry's copy (the tag's manifest digest D and the trail);
 check it (below) and adopt it; decide the move on it; append the record; store the new copy by digest;

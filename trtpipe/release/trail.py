@@ -1,16 +1,13 @@
-"""The trail is the truth: channel pointers are what replaying the audit trail gives, and nothing else.
+"""The trail is the truth: channels are what replaying the audit trail gives, and nothing else.
 
-Promotion and rollback append their record (fsynced) before they move a registry tag or a pointer,
-so a crash can leave a pointer BEHIND the trail, never ahead of it. `replay` rebuilds every channel's
-pointer (digest, ref, rollback history) from the trail; `disagreements` compares the pointer files
-with it. A pointer that stands exactly where the trail stood before that channel's last move is an
-interrupted move: `reconcile` completes it (registry tag, then pointer) and records a `repair`.
-Any other disagreement (a pointer at a digest the trail never put there, a pointer file deleted
-or written by hand) is reported by `channels --verify` and refuses promotion and rollback of that
-channel, recorded as `refused`; nothing is trusted from the pointer file.
+Promotion and rollback append their record (fsynced) and write no pointer: every read of the channels
+replays the trails (`trtpipe.release.projection`, whose state file `channels/state.json` is rebuilt
+whenever it is not that replay), so no pointer can stand anywhere the trail did not put it. A crash
+after the record leaves at most a registry tag behind its record: the next promote or rollback of a
+shared channel moves it back (recorded `repair`), and `channels --verify` reports it meanwhile.
 
 A channel promoted through a registry is shared: its trail is the registry's copy
-(`trtpipe.release.shared_trail`), this workspace's adopted copy of it is what its pointer is replayed
+(`trtpipe.release.shared_trail`), this workspace's adopted copy of it is what the channel is replayed
 from, and the workspace trail keeps only what happened here (refusals, conflicts, repairs).
 `trail_verdict` is the one judgement of all of it: `channels --verify` and the release page render it.
 
@@ -25,69 +22,15 @@ from pathlib import Path
 
 from trtpipe.errors import IntegrityError, NotFound, TrtpipeError, UsageError
 from trtpipe.release.audit import TRAIL_WIDE, AuditRecord, append_audit, read_audit, trail_log
-from trtpipe.release.channels import ChannelPointer, ChannelScope, ChannelStore, PointerTarget, now_iso
+from trtpipe.release.channels import ChannelPointer, ChannelStore, now_iso
+from trtpipe.release.projection import MOVES, ChannelId, Replayed, apply, replay
 from trtpipe.release.shared_trail import SharedChannel, Standing, channel_tag, shared_channels, standing, trail_tag
 from trtpipe.settings import Settings
 from trtpipe.signing_keys import ReleaseKey
 from trtpipe.store.remote import ChannelMirror, RemoteCache
 
-ChannelId = tuple[str, str, str]  # model, target, channel
-MOVES = ("promote", "force-promote", "rollback")
-
-
-# --------------------------------------------------------------------------- replay
-
-
-@dataclass
-class Replayed:
-    """What the trail says of every channel: its pointer, and for each its last move and the state before."""
-
-    pointers: dict[ChannelId, ChannelPointer]
-    last_move: dict[ChannelId, AuditRecord]
-    before_last_move: dict[ChannelId, ChannelPointer | None]
-
-
-def _id(record: AuditRecord) -> ChannelId:
-    return (record.model, record.target, record.channel)
-
-
-def replay(records: list[AuditRecord]) -> Replayed:
-    state: dict[ChannelId, ChannelPointer] = {}
-    last_move: dict[ChannelId, AuditRecord] = {}
-    before: dict[ChannelId, ChannelPointer | None] = {}
-    snapshots: dict[int, tuple[ChannelId, ChannelPointer | None, AuditRecord | None, ChannelPointer | None]] = {}
-    for record in records:
-        cid = _id(record)
-        if record.action in MOVES and record.to_digest:
-            prior = state.get(cid)
-            snapshots[record.seq] = (cid, prior, last_move.get(cid), before.get(cid))
-            state[cid] = apply(prior, record)
-            last_move[cid], before[cid] = record, prior
-        elif record.action == "aborted" and record.undoes in snapshots:
-            cid, prior, move, prior_before = snapshots[record.undoes]
-            if prior is None:
-                state.pop(cid, None)
-            else:
-                state[cid] = prior
-            if move is None:
-                last_move.pop(cid, None)
-                before.pop(cid, None)
-            else:
-                last_move[cid], before[cid] = move, prior_before
-    return Replayed(state, last_move, before)
-
-
-def apply(prior: ChannelPointer | None, record: AuditRecord) -> ChannelPointer:
-    """The pointer a promote or rollback record puts in place over `prior`."""
-    if record.action == "rollback" and prior is not None and prior.history:
-        back = prior.history[-1]
-        return ChannelPointer(channel=record.channel, model=record.model, target=record.target, digest=back.digest,
-                              ref=back.ref, set_at=record.at, set_by=record.who, history=prior.history[:-1])
-    history = list(prior.history) if prior is not None else []
-    if prior is not None and record.action != "rollback":
-        history.append(PointerTarget(digest=prior.digest, ref=prior.ref, set_at=prior.set_at, set_by=prior.set_by))
-    return ChannelPointer(channel=record.channel, model=record.model, target=record.target, digest=record.to_digest or "",
-                          ref=record.ref, set_at=record.at, set_by=record.who, history=history)
+__all__ = ["MOVES", "ChannelId", "Replayed", "TrailVerdict", "adopt_trail", "apply", "channel_records", "move_channel_tag",
+           "replay", "same_pointer", "settle_shared", "trail_verdict", "verify_trail"]
 
 
 def same_pointer(a: ChannelPointer | None, b: ChannelPointer | None) -> bool:
@@ -95,103 +38,6 @@ def same_pointer(a: ChannelPointer | None, b: ChannelPointer | None) -> bool:
     if a is None or b is None:
         return a is b
     return a.digest == b.digest and [h.digest for h in a.history] == [h.digest for h in b.history]
-
-
-def _stamps(p: ChannelPointer) -> list[tuple[str, str, str | None]]:
-    return [(p.set_by, p.set_at, p.ref), *((h.set_by, h.set_at, h.ref) for h in p.history)]
-
-
-def same_record(a: ChannelPointer | None, b: ChannelPointer | None) -> bool:
-    """`same_pointer`, and who set it, when and from which ref (its history's too) as the trail records them:
-    what `channels --verify` compares, so a hand edit of `set_by`/`set_at` is a disagreement. (Moves decide
-    on `same_pointer`: what a channel serves is its digest and history.)"""
-    return same_pointer(a, b) and (a is None or b is None or _stamps(a) == _stamps(b))
-
-
-@dataclass(frozen=True)
-class Disagreement:
-    cid: ChannelId
-    pointer: ChannelPointer | None
-    trail: ChannelPointer | None
-    interrupted: bool  # the pointer stands where the trail stood before the channel's last move
-    trail_path: str | None = None  # a shared channel's adopted trail (None: the workspace trail)
-
-    def line(self, home: Path) -> str:
-        model, target, channel = self.cid
-        path = ChannelStore(home).path(ChannelScope(model=model, target=target), channel)
-        says = self.pointer.digest if self.pointer else "nothing (the file is missing)"
-        last = self.trail.digest if self.trail else "nothing (no promotion of this channel)"
-        why = ("a promotion or rollback was interrupted after its audit record and before the pointer moved"
-               if self.interrupted else "the pointer was changed outside trtpipe, or the trail lost records")
-        which = f"the channel's trail ({self.trail_path})" if self.trail_path else "the audit trail"
-        if self.pointer is not None and self.trail is not None and same_pointer(self.pointer, self.trail):
-            index, (by, at, ref), (trail_by, trail_at, trail_ref) = next(
-                (i, p, t) for i, (p, t) in enumerate(zip(_stamps(self.pointer), _stamps(self.trail))) if p != t)
-            what = says if index == 0 else f"{self.pointer.history[index - 1].digest} (its history entry {index})"
-            return (f"{path}: the pointer says {what} was set by {by} at {at} (ref {ref}), but {which} records it set "
-                    f"by {trail_by} at {trail_at} (ref {trail_ref}) (the pointer was changed outside trtpipe)")
-        return f"{path}: the pointer names {says}, {which}'s last word is {last} ({why})"
-
-
-def disagreements(home: Path, records: list[AuditRecord] | None = None) -> list[Disagreement]:
-    """Every channel whose pointer file is not what its trail says: the workspace trail's replay, or for a
-    shared channel the replay of its adopted trail (`interrupted`: the pointer stands where that trail
-    stood before some of its last records, as a crash between adopting and writing the pointer leaves it)."""
-    replayed = replay(read_audit(home) if records is None else records)
-    shared = {s.cid: s for s in shared_channels(home)}
-    pointers = {(p.model, p.target, p.channel): p for p in ChannelStore(home).all()}
-    out = []
-    for cid in sorted(set(pointers) | set(replayed.pointers) | set(shared)):
-        pointer = pointers.get(cid)
-        if cid in shared:
-            states = replay_prefixes(shared[cid].local_records(), cid)
-            if not same_record(pointer, states[-1]):
-                out.append(Disagreement(cid, pointer, states[-1], any(same_record(pointer, s) for s in states[:-1]),
-                                        trail_path=str(shared[cid].log.path)))
-            continue
-        trail = replayed.pointers.get(cid)
-        if not same_record(pointer, trail):
-            interrupted = cid in replayed.last_move and same_record(pointer, replayed.before_last_move.get(cid))
-            out.append(Disagreement(cid, pointer, trail, interrupted))
-    return out
-
-
-def replay_prefixes(records: list[AuditRecord], cid: ChannelId) -> list[ChannelPointer | None]:
-    """The channel's pointer before any record, after the first, ... after all of `records` (one trail)."""
-    states: list[ChannelPointer | None] = [None]
-    for end in range(1, len(records) + 1):
-        if records[end - 1].action in (*MOVES, "aborted"):
-            states.append(replay(records[:end]).pointers.get(cid))
-    return states
-
-
-def reconcile(home: Path, scope: ChannelScope, channel: str, *, who: str, key: ReleaseKey | None = None,
-              settings: Settings) -> AuditRecord | None:
-    """Bring one channel's pointer to the trail's last word if a move was interrupted (recorded as
-    `repair`); refuse (recorded as `refused`) if the pointer disagrees otherwise. The caller holds
-    the release lock. Returns the repair record, or None when the pointer agrees."""
-    cid: ChannelId = (scope.model, scope.target, channel)
-    replayed = replay(read_audit(home))
-    pointer, trail = ChannelStore(home).get(scope, channel), replayed.pointers.get(cid)
-    if same_pointer(pointer, trail):
-        return None
-    found = Disagreement(cid, pointer, trail, cid in replayed.last_move and same_pointer(pointer, replayed.before_last_move.get(cid)))
-    if not found.interrupted or found.trail is None:
-        append_audit(home, key=key, at=now_iso(), who=who, action="refused", channel=channel, model=scope.model,
-                     target=scope.target, from_digest=found.pointer.digest if found.pointer else None,
-                     to_digest=None, detail="channel pointer disagrees with the trail: " + found.line(home))
-        raise IntegrityError(
-            f"{found.line(home)}; nothing changed",
-            path=str(ChannelStore(home).path(scope, channel)),
-            fix="put the pointer back where the audit trail says (its last promote or rollback record for this "
-                "channel names the digest), or restore the trail from a backup",
-        )
-    _move_registry_tag(home, found.trail, settings)
-    ChannelStore(home).write(found.trail)
-    return append_audit(home, key=key, at=now_iso(), who=who, action="repair", channel=channel, model=scope.model,
-                        target=scope.target, from_digest=found.pointer.digest if found.pointer else None,
-                        to_digest=found.trail.digest, ref=found.trail.ref,
-                        detail="completed an interrupted move: the pointer now names what the trail's last record says")
 
 
 def adopt_trail(home: Path, key: ReleaseKey | None, *, who: str) -> AuditRecord | None:
@@ -224,14 +70,6 @@ def move_channel_tag(remote: ChannelMirror, pinned: str, model: str, target: str
     tag = channel_tag(model, target, channel)
     remote.point_tag(pinned, tag)
     return tag
-
-
-def _move_registry_tag(home: Path, pointer: ChannelPointer, settings: Settings) -> None:
-    from trtpipe.stages import weight_file_rule
-    from trtpipe.store.remote import is_remote_url, open_remote_for_ref
-
-    if pointer.ref and is_remote_url(pointer.ref):
-        move_channel_tag(open_remote_for_ref(pointer.ref, settings, weight_file_rule()), pointer.ref, pointer.model, pointer.target, pointer.channel)
 
 
 # --------------------------------------------------------------------------- shared channels
@@ -284,49 +122,17 @@ def channel_tag_problem(remote: RemoteCache, cid: ChannelId, pointer: ChannelPoi
             "of the channel moves it back)")
 
 
-def project_pointer(home: Path, shared: SharedChannel) -> ChannelPointer | None:
-    """Write the channel's pointer file as its adopted trail replays (removed when the trail names nothing)."""
-    state = replay(shared.local_records()).pointers.get(shared.cid)
-    store = ChannelStore(home)
-    if state is None:
-        store.path(ChannelScope(model=shared.model, target=shared.target), shared.channel).unlink(missing_ok=True)
-    else:
-        store.write(state)
-    return state
-
-
 def settle_shared(home: Path, shared: SharedChannel, found: Standing, remote: RemoteCache, *, who: str,
                   key: ReleaseKey | None, settings: Settings, strict: bool = True) -> ChannelPointer | None:
-    """Catch up with the registry (the caller holds the release lock; `found` is consistent): adopt its copy,
-    write the pointer it replays to, and move the channel tag back where the trail says if it is elsewhere
-    (recorded `repair` in the workspace trail). A pointer file that no prefix of the adopted trail explains
-    was written by hand: refused (recorded `refused`); with `strict` False (a listing) left alone, unrecorded,
-    for `trail_verdict` to report, and the channel tag is not moved. Returns the channel's pointer."""
+    """Catch up with the registry (the caller holds the release lock; `found` is consistent): adopt its copy
+    (the channel is then what it replays to) and move the channel tag back where the trail says if it is
+    elsewhere (recorded `repair` in the workspace trail; with `strict` False, a listing, the tag is left for
+    `trail_verdict` to report). Returns the channel's pointer."""
     from trtpipe.release.shared_trail import adopt
-
-    store = ChannelStore(home)
-    scope = ChannelScope(model=shared.model, target=shared.target)
-    if shared.source() is None:
-        # First adoption: the pointer file (if any) is the workspace trail's; it must agree with that first.
-        if not strict:
-            return store.get(scope, shared.channel)
-        reconcile(home, scope, shared.channel, who=who, key=key, settings=settings)
-    else:
-        pointer = store.get(scope, shared.channel)
-        states = replay_prefixes(shared.local_records(), shared.cid)
-        if not any(same_pointer(pointer, s) for s in states):
-            if not strict:
-                return pointer
-            disagreement = Disagreement(shared.cid, pointer, states[-1], False, trail_path=str(shared.log.path))
-            append_audit(home, key=key, at=now_iso(), who=who, action="refused", channel=shared.channel, model=shared.model,
-                         target=shared.target, from_digest=pointer.digest if pointer else None, to_digest=None,
-                         detail="channel pointer disagrees with the channel's trail: " + disagreement.line(home))
-            raise IntegrityError(f"{disagreement.line(home)}; nothing changed", path=str(store.path(scope, shared.channel)),
-                                 fix="remove the pointer file: it is written again from the channel's trail")
-    adopt(shared, found, remote.url)
-    state = project_pointer(home, shared) if found.registry is not None and not found.registry.legacy else store.get(scope, shared.channel)
     from trtpipe.store.remote import is_remote_url
 
+    adopt(shared, found, remote.url)
+    state = next((p for p in ChannelStore(home).all() if (p.model, p.target, p.channel) == shared.cid), None)
     if strict and state is not None and state.ref and is_remote_url(state.ref) and found.state not in ("legacy", "new"):
         named = channel_tag_names(remote, shared.cid)
         if named != state.digest:
@@ -354,7 +160,7 @@ class TrailVerdict:
 def trail_verdict(home: Path, key: ReleaseKey | None = None, settings: Settings | None = None, *,
                   registry: bool = False) -> TrailVerdict:
     """The one judgement `channels --verify` and the release page render: the workspace trail's chain and
-    anchored head (signed, with a key), every pointer against its trail's last word, and (`registry`) every
+    anchored head (signed, with a key), the adopted copy of every shared channel's trail, and (`registry`) every
     shared channel's trail against the registry's copy and the channel tag against the trail, and the
     head-only copies of channels not shared yet (kept by trtpipe before trails were shared). `settings`: the
     caller's, which reach the registry (required with `registry`; unused without it)."""
@@ -386,7 +192,6 @@ def trail_verdict(home: Path, key: ReleaseKey | None = None, settings: Settings 
             problems.extend(found.problems)
             if found.note:
                 notes.append(found.note)
-        problems.extend(d.line(home) for d in disagreements(home))
         if registry:
             problems.extend(_legacy_problems(home, key, settings, {s.shared.cid for s in standings}, notes))  # type: ignore[arg-type]
     except IntegrityError as err:
