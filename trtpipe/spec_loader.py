@@ -377,6 +377,10 @@ def _describe(error: dict[str, Any], field_path: FieldPath, data: Any = None,
     if kind == "union_tag_invalid":
         return (f"{ctx.get('tag')!r} is not a backend",
                 f"use one of: {', '.join(BACKEND_CLASSES)}")
+    if kind == "extra_forbidden" and len(field_path) == 1 and name in spec_shape.EARLIER_SECTIONS:
+        # an earlier section that is not a mapping (a mapping would have been moved: trtpipe.spec_shape)
+        return (f"expected a mapping of keys, got {shown}",
+                "write its fields under limits:, runtime: and backend: (the spec's sections today)")
     if kind == "extra_forbidden":
         if len(field_path) == 2 and field_path[0] == "backend" and backend_options_of(data) is not None:
             not_offered = spec_shape.not_offered_line(data["backend"]["kind"], name, format_field(written), value)

@@ -156,7 +156,8 @@ def upgrade(data: dict[str, Any], positions: dict[FieldPath, Position], file: st
         upgraded.written_as[BACKEND_KIND] = BACKEND_NAME
         if BACKEND_NAME in positions:
             new_positions[BACKEND_KIND] = positions[BACKEND_NAME]
-    options = BACKEND_CLASSES[kind].options if kind in BACKEND_CLASSES else None
+    known = BACKEND_CLASSES.get(kind) if isinstance(kind, str) else None  # the spec's own check names a bad one
+    options = known.options if known is not None else None
     for section in EARLIER_SECTIONS:
         values = data.get(section)
         if not isinstance(values, dict):
@@ -202,7 +203,8 @@ def upgrade(data: dict[str, Any], positions: dict[FieldPath, Position], file: st
 
 def not_offered_line(kind: str, field_name: str, shown_field: str, value: Any) -> tuple[str, str] | None:
     """(what, fix) when the backend `kind` has no place for the field `field_name` of another backend's section."""
-    options = BACKEND_CLASSES[kind].options if kind in BACKEND_CLASSES else None
+    known = BACKEND_CLASSES.get(kind) if isinstance(kind, str) else None  # the spec's own check names a bad one
+    options = known.options if known is not None else None
     why = options.not_offered.get(field_name) if options is not None else None
     if why is None:
         return None

@@ -105,3 +105,14 @@ def test_the_repository_key_keeps_its_field_names() -> None:
         "streaming", "tensorrt_llm_instance_count", "preprocessing_instance_count", "postprocessing_instance_count",
         "max_batch_size", "kv_cache_free_gpu_mem_fraction", "batch_scheduler_policy", "enable_chunked_context",
         "enable_kv_cache_reuse", "max_queue_delay_microseconds"])
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("backend: [1, 2]\nengine: {max_batch_size: 3}\n", ":5:1: backend: expected a mapping of keys, got list"),
+    ("engine: 5\n", ":5:1: engine: expected a mapping of keys, got 5; write its fields under limits:, runtime: "
+                    "and backend:"),
+    ("backend: {kind: [1]}\n", ":5:1: backend: '[1]' is not a backend"),
+    ("limits: 3\nengine: {max_seq_len: 9}\n", ":5:1: limits: expected a mapping of keys, got 3"),
+])
+def test_a_malformed_mix_of_shapes_is_one_positioned_line(tmp_path: Path, text: str, expected: str) -> None:
+    assert expected in _refusal(_spec(tmp_path, text))
