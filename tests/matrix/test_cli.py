@@ -96,6 +96,7 @@ def test_ctrl_c_cancels_every_task_and_says_what_finished(ray_cluster: RayTestCl
                              ray_cluster.address, "--store", registry.url("matrix/ctrl-c")],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
+    stdout: list[str] = []
     running = threading.Event()
 
     def read() -> None:
@@ -105,18 +106,29 @@ def test_ctrl_c_cancels_every_task_and_says_what_finished(ray_cluster: RayTestCl
             if " running " in line:
                 running.set()
 
+    def read_stdout() -> None:
+        assert proc.stdout is not None
+        stdout.append(proc.stdout.read())
+
+    # One reader per pipe, each to its end: proc.communicate() would read stderr too, beside this reader, and the
+    # lines it took (the closing "interrupted:" line among them) would be lost to the assertions below.
     reader = threading.Thread(target=read, daemon=True)
+    out_reader = threading.Thread(target=read_stdout, daemon=True)
     reader.start()
+    out_reader.start()
     try:
         # Deadlines for a loaded machine (a CI run that took 81 minutes failed this test): the first task may take
         # minutes to start, and cancelling every task out goes through Ray; neither wait ends early on success.
         assert running.wait(420), "".join(lines)[-3000:]
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=360)
+        proc.wait(timeout=360)
     finally:
         if proc.poll() is None:
             proc.kill()
-    reader.join(10)
+    reader.join(60)
+    out_reader.join(60)
+    assert not reader.is_alive() and not out_reader.is_alive(), "a pipe was still open a minute after the exit"
+    out = "".join(stdout)
     err = "".join(lines)
     assert proc.returncode == 130, err[-3000:]
     last = err.strip().splitlines()[-1]
