@@ -100,13 +100,12 @@ def without_equivalent(loaded: LoadedSpec) -> list[UnmappedSetting]:
         if name not in type(options).model_fields:
             continue
         value = getattr(options, name)
-        fields = ([((name, key), getattr(value, key), type(value).model_fields[key]) for key in type(value).model_fields]
-                  if isinstance(value, BaseModel) else [((name,), value, type(options).model_fields[name])])
-        for path, leaf, info in fields:
+        fields = ([((name, key), getattr(value, key)) for key in type(value).model_fields]
+                  if isinstance(value, BaseModel) else [((name,), value)])
+        for path, leaf in fields:
             written = loaded.position(("backend", *path)) is not None
-            if ("backend", *path) in loaded.written_as:  # the earlier shape: it loads without what holds its default
-                written = ("backend", *path) not in spec_shape.UNUSED_ELSEWHERE and \
-                    leaf != info.get_default(call_default_factory=True)
+            if ("backend", *path) in loaded.written_as:  # the earlier shape: what it would drop needs no change
+                written = not spec_shape.drops(("backend", *path), leaf)
             rows.append(UnmappedSetting(spec_field=loaded.shown(("backend", *path)), value=leaf, blocking=written,
                                         reason=why if written else why + " (not written: nothing to do)"))
     return rows

@@ -214,6 +214,13 @@ class RuntimeSection(StrictModel):
     kv_cache_reuse: bool = Field(default=False, description="Reuse KV cache blocks across requests.")
 
 
+def target_default_backend(data: dict[str, Any]) -> str:
+    """The backend a spec's data builds with when it names none: its target's default (trtpipe.toolchain)."""
+    target = data.get("target")
+    gpu = target.get("gpu", CPU_REFERENCE) if isinstance(target, dict) else CPU_REFERENCE
+    return default_backend("cpu" if gpu == CPU_REFERENCE else "gpu")
+
+
 class BuildSpec(StrictModel):
     """One build: model, target, quantization, limits, runtime knobs, the backend's own section, toolchain."""
 
@@ -242,10 +249,7 @@ class BuildSpec(StrictModel):
             return data
         backend = data.get("backend")
         if backend is None or (isinstance(backend, dict) and "kind" not in backend):
-            target = data.get("target")
-            gpu = target.get("gpu", CPU_REFERENCE) if isinstance(target, dict) else CPU_REFERENCE
-            kind = default_backend("cpu" if gpu == CPU_REFERENCE else "gpu")
-            data = {**data, "backend": {**(backend or {}), "kind": kind}}
+            data = {**data, "backend": {**(backend or {}), "kind": target_default_backend(data)}}
         return data
 
     @field_validator("name")

@@ -23,7 +23,8 @@ from pydantic import BaseModel
 
 from trtpipe.backend_options import EngineBackendOptions
 from trtpipe.errors import SpecError
-from trtpipe.toolchain import BACKEND_CLASSES, default_backend
+from trtpipe.spec import target_default_backend
+from trtpipe.toolchain import BACKEND_CLASSES
 
 FieldPath = tuple[str | int, ...]
 Position = tuple[int, int]
@@ -132,9 +133,13 @@ def _backend_kind(data: dict[str, Any]) -> Any:
             return backend["kind"]
     elif backend is not None:
         return backend
-    target = data.get("target")
-    gpu = target.get("gpu", "cpu-reference") if isinstance(target, dict) else "cpu-reference"
-    return default_backend("cpu" if gpu == "cpu-reference" else "gpu")
+    return target_default_backend(data)
+
+
+def drops(new: FieldPath, value: Any) -> bool:
+    """Whether a backend-section field `new` moved from the earlier shape is dropped for a backend that has no place
+    for it (the module doc): it bounded nothing there, or it holds its default."""
+    return new in UNUSED_ELSEWHERE or value == _default_at(new)
 
 
 def is_earlier_shape(data: dict[str, Any]) -> bool:
@@ -166,7 +171,7 @@ def upgrade(data: dict[str, Any], positions: dict[FieldPath, Position], file: st
             old: FieldPath = (section, key)
             new = MOVES.get(old, UNKNOWN_KEYS_GO_TO[section] + (key,))
             if new[0] == "backend" and options is not None and new[1] not in options.model_fields:
-                if new in UNUSED_ELSEWHERE or value == _default_at(new):
+                if drops(new, value):
                     upgraded.dropped.append(old)
                     continue
                 what, fix = not_offered_line(str(kind), str(new[1]), dotted(old), value) or (
